@@ -1,0 +1,71 @@
+"""The REST API: a Flask application factory with blueprints, served by gunicorn (``cronman api``)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import redis
+from flask import Flask, jsonify
+from werkzeug.exceptions import HTTPException
+
+from cronman.errors import CronmanError
+from cronman.keys import Keys
+from cronman.settings import Settings, load_settings
+from cronman.store import JobStore, make_engine
+
+log = logging.getLogger("cronman.api")
+
+MAX_BODY_BYTES = 1024 * 1024
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: JobStore
+    redis: redis.Redis
+    keys: Keys
+
+    def notify_change(self) -> None:
+        """Wake the scheduler nodes; they poll anyway, so a failure here only slows them down."""
+        try:
+            self.redis.publish(self.keys.changes_channel, b"")
+        except redis.RedisError as exc:
+            log.warning("could not publish a change notification: %s", exc)
+
+
+def _error(status: int, code: str, message: str, field: str | None = None):  # type: ignore[no-untyped-def]
+    return jsonify({"error": {"code": code, "message": message, "field": field}}), status
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    settings = settings or load_settings()
+    app = Flask("cronman")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.json.compact = True  # type: ignore[attr-defined]
+    engine = make_engine(settings.database_url)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+    app.extensions["cronman"] = Services(settings, JobStore(engine), client, Keys(settings.redis_prefix))
+
+    from api.jobs import bp as jobs_bp
+    from api.ops import bp as ops_bp
+
+    app.register_blueprint(jobs_bp)
+    app.register_blueprint(ops_bp)
+
+    @app.errorhandler(CronmanError)
+    def _cronman_error(exc: CronmanError):  # type: ignore[no-untyped-def]
+        return _error(exc.status, exc.code, exc.message, exc.field)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):  # type: ignore[no-untyped-def]
+        code = (exc.name or "error").lower().replace(" ", "_")
+        return _error(exc.code or 500, code, exc.description or exc.name)
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):  # type: ignore[no-untyped-def]
+        log.exception("unhandled error")
+        return _error(500, "internal_error", "an internal error occurred; it has been logged")
+
+    return app

@@ -1,0 +1,262 @@
+"""The OpenAPI 3.1 description of the API, built from the same models that validate requests."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
+
+from cronman import __version__
+from cronman.spec import JOB_ID_PATTERN, JobSpec, RetryPolicy, Schedule, Target
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Job(_Out):
+    """A job as the API returns it: the definition plus read-only fields."""
+
+    id: str
+    namespace: str
+    name: str | None = None
+    schedule: Schedule
+    target: Target
+    payload: Any
+    retry: RetryPolicy
+    paused: bool
+    created_at: str = Field(json_schema_extra={"format": "date-time"})
+    updated_at: str = Field(json_schema_extra={"format": "date-time"})
+    version: int
+    next_fire_at: str | None = Field(json_schema_extra={"format": "date-time"})
+
+
+class JobList(_Out):
+    jobs: list[Job]
+    next_cursor: str | None
+
+
+class Execution(_Out):
+    execution_id: str = Field(description="Stable for an occurrence: the same on every attempt and redelivery.")
+    job_id: str
+    scheduled_for: str = Field(json_schema_extra={"format": "date-time"})
+    event_index: int
+    attempt: int = Field(description="1-based")
+    trigger: Literal["schedule", "manual"]
+    status: Literal["succeeded", "failed", "permanently_failed", "skipped"]
+    node: str | None
+    fired_at: str | None
+    finished_at: str | None
+    lag_ms: int | None
+    http_status: int | None
+    error: str | None
+    duplicates: int = Field(description="Extra deliveries of this attempt detected (0 normally).")
+
+
+class ExecutionList(_Out):
+    executions: list[Execution]
+    next_cursor: str | None
+
+
+class NextTimes(_Out):
+    next: list[str]
+
+
+class Triggered(_Out):
+    job_id: str
+    execution_id: str
+    scheduled_for: str
+
+
+class ErrorDetail(_Out):
+    code: str
+    message: str
+    field: str | None
+
+
+class Error(_Out):
+    error: ErrorDetail
+
+
+class ClusterNode(_Out):
+    id: str
+    heartbeat_age_seconds: float
+    slots_owned: int
+    jobs_owned: int | None
+    ready: bool
+    started_at: str | None
+
+
+class Cluster(_Out):
+    replication_factor: int
+    slots: int
+    nodes: list[ClusterNode]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_ERRORS = {
+    "400": _json(_ref("Error"), "Invalid input"),
+    "404": _json(_ref("Error"), "No such job"),
+}
+_JOB_ID = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": JOB_ID_PATTERN, "maxLength": 128},
+}
+
+
+def _page(limit_max: int) -> list[dict[str, Any]]:
+    return [
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": limit_max}},
+        {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+    ]
+
+
+def _body(schema: dict[str, Any], types: tuple[str, ...] = ("application/json",)) -> dict[str, Any]:
+    return {"required": True, "content": {t: {"schema": schema} for t in types}}
+
+
+def _paths() -> dict[str, Any]:
+    job_ok = _json(_ref("Job"), "The job")
+    write_errors = {
+        **_ERRORS,
+        "409": _json(_ref("Error"), "Conflict"),
+        "413": _json(_ref("Error"), "Too large"),
+        "415": _json(_ref("Error"), "Not JSON"),
+    }
+    action = {"parameters": [_JOB_ID], "responses": {"200": job_ok, **_ERRORS}}
+    return {
+        "/v1/jobs": {
+            "post": {
+                "summary": "Create a job",
+                "operationId": "createJob",
+                "requestBody": _body(_ref("JobSpec")),
+                "responses": {"201": _json(_ref("Job"), "Created"), **write_errors},
+            },
+            "get": {
+                "summary": "List jobs",
+                "operationId": "listJobs",
+                "parameters": _page(1000),
+                "responses": {"200": _json(_ref("JobList"), "A page of jobs"), "400": _ERRORS["400"]},
+            },
+        },
+        "/v1/jobs/{job_id}": {
+            "parameters": [_JOB_ID],
+            "get": {"summary": "Get a job", "operationId": "getJob", "responses": {"200": job_ok, **_ERRORS}},
+            "put": {
+                "summary": "Create or replace a job",
+                "operationId": "putJob",
+                "requestBody": _body(_ref("JobSpec")),
+                "responses": {"200": job_ok, "201": _json(_ref("Job"), "Created"), **write_errors},
+            },
+            "patch": {
+                "summary": "Update some fields (JSON merge patch; payload and a schedule or target whose type "
+                "changes are replaced whole)",
+                "operationId": "patchJob",
+                "requestBody": _body({"type": "object"}, ("application/json", "application/merge-patch+json")),
+                "responses": {"200": job_ok, **write_errors},
+            },
+            "delete": {
+                "summary": "Delete a job",
+                "operationId": "deleteJob",
+                "responses": {"204": {"description": "Deleted"}, "404": _ERRORS["404"]},
+            },
+        },
+        "/v1/jobs/{job_id}/next": {
+            "get": {
+                "summary": "The next fire times",
+                "operationId": "nextFireTimes",
+                "parameters": [
+                    _JOB_ID,
+                    {"name": "count", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+                    {"name": "after", "in": "query", "schema": {"type": "string", "format": "date-time"}},
+                ],
+                "responses": {"200": _json(_ref("NextTimes"), "Fire times, ISO-8601 UTC"), **_ERRORS},
+            }
+        },
+        "/v1/jobs/{job_id}/executions": {
+            "get": {
+                "summary": "Execution history, newest first",
+                "operationId": "listExecutions",
+                "parameters": [_JOB_ID, *_page(1000)],
+                "responses": {"200": _json(_ref("ExecutionList"), "A page of executions"), **_ERRORS},
+            },
+        },
+        "/v1/jobs/{job_id}/pause": {"post": {"summary": "Pause", "operationId": "pauseJob", **action}},
+        "/v1/jobs/{job_id}/resume": {"post": {"summary": "Resume", "operationId": "resumeJob", **action}},
+        "/v1/jobs/{job_id}/trigger": {
+            "post": {
+                "summary": "Fire once now",
+                "operationId": "triggerJob",
+                "parameters": [_JOB_ID],
+                "responses": {"202": _json(_ref("Triggered"), "Accepted"), **_ERRORS},
+            },
+        },
+        "/v1/cluster": {
+            "get": {
+                "summary": "Live scheduler nodes",
+                "operationId": "getCluster",
+                "responses": {"200": _json(_ref("Cluster"), "The cluster")},
+            }
+        },
+        "/healthz": {
+            "get": {
+                "summary": "Liveness",
+                "operationId": "healthz",
+                "responses": {"200": _json({"type": "object"}, "Alive")},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "summary": "Readiness",
+                "operationId": "readyz",
+                "responses": {"200": _json({"type": "object"}, "Ready"), "503": _json({"type": "object"}, "Not ready")},
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "operationId": "metrics",
+                "responses": {
+                    "200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}
+                },
+            }
+        },
+    }
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    models: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
+        (JobSpec, "validation"),
+        (Job, "serialization"),
+        (JobList, "serialization"),
+        (Execution, "serialization"),
+        (ExecutionList, "serialization"),
+        (NextTimes, "serialization"),
+        (Triggered, "serialization"),
+        (Error, "serialization"),
+        (Cluster, "serialization"),
+    ]
+    _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "cronman",
+            "version": __version__,
+            "description": "Register jobs over HTTP; a cluster of scheduler nodes fires each job's HTTP callback "
+            "or SQS message on time, at least once, with a stable execution id.",
+        },
+        "paths": _paths(),
+        "components": {"schemas": top["$defs"]},
+    }

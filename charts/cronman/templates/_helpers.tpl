@@ -1,0 +1,167 @@
+{{/*
+Expand the name of the chart.
+*/}}
+{{- define "cronman.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Create a default fully qualified app name.
+We truncate at 63 chars because some Kubernetes name fields are limited to this (by the DNS naming spec).
+If release name contains chart name it will be used as a full name.
+*/}}
+{{- define "cronman.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Name of one component's objects: (list $ "scheduler") or, with a shorter limit, (list $ "maintain" 52).
+CronJob names may not exceed 52 characters.
+*/}}
+{{- define "cronman.componentName" -}}
+{{- $ctx := index . 0 }}
+{{- $max := 63 }}
+{{- if gt (len .) 2 }}{{ $max = index . 2 }}{{ end }}
+{{- $suffix := printf "-%s" (index . 1) }}
+{{- $base := include "cronman.fullname" $ctx | trunc (int (sub $max (len $suffix))) | trimSuffix "-" }}
+{{- printf "%s%s" $base $suffix }}
+{{- end }}
+
+{{/*
+Create chart name and version as used by the chart label.
+*/}}
+{{- define "cronman.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Common labels
+*/}}
+{{- define "cronman.labels" -}}
+helm.sh/chart: {{ include "cronman.chart" . }}
+{{ include "cronman.selectorLabels" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: cronman
+{{- end }}
+
+{{/*
+Selector labels (each workload adds app.kubernetes.io/component).
+*/}}
+{{- define "cronman.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "cronman.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Create the name of the service account to use
+*/}}
+{{- define "cronman.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "cronman.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The container image.
+*/}}
+{{- define "cronman.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) }}
+{{- end }}
+
+{{/*
+Name of the Secret holding CRONMAN_DATABASE_URL, CRONMAN_REDIS_URL and CRONMAN_API_KEY.
+*/}}
+{{- define "cronman.secretName" -}}
+{{- .Values.existingSecret | default (include "cronman.fullname" .) }}
+{{- end }}
+
+{{/*
+ConfigMap data: the non-secret CRONMAN_* settings. Whole numbers are printed without an exponent.
+*/}}
+{{- define "cronman.configData" -}}
+{{- range $key, $value := .Values.config }}
+{{- if kindIs "float64" $value }}
+{{- if eq $value (floor $value) }}
+{{ $key }}: {{ int64 $value | toString | quote }}
+{{- else }}
+{{ $key }}: {{ $value | toString | quote }}
+{{- end }}
+{{- else }}
+{{ $key }}: {{ $value | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Secret data (base64). Empty values are left out so the program never sees an empty URL.
+*/}}
+{{- define "cronman.secretData" -}}
+{{- with .Values.database.url }}
+CRONMAN_DATABASE_URL: {{ . | b64enc | quote }}
+{{- end }}
+{{- with .Values.redis.url }}
+CRONMAN_REDIS_URL: {{ . | b64enc | quote }}
+{{- end }}
+{{- with .Values.auth.adminKey }}
+CRONMAN_API_KEY: {{ . | b64enc | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+Pod annotations that roll the pods when the settings change.
+*/}}
+{{- define "cronman.checksums" -}}
+checksum/config: {{ include "cronman.configData" . | sha256sum }}
+checksum/secret: {{ printf "%s\n%s" (include "cronman.secretName" .) (include "cronman.secretData" .) | sha256sum }}
+{{- end }}
+
+{{/*
+envFrom for the long-running pods and the CronJob: the ConfigMap, then the Secret (later sources win).
+*/}}
+{{- define "cronman.envFrom" -}}
+- configMapRef:
+    name: {{ include "cronman.fullname" . }}
+- secretRef:
+    name: {{ include "cronman.secretName" . }}
+{{- with .Values.extraEnvFrom }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Writable scratch space; the root filesystem is read-only.
+*/}}
+{{- define "cronman.tmpVolumeMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end }}
+
+{{- define "cronman.tmpVolume" -}}
+- name: tmp
+  emptyDir: {}
+{{- end }}
+
+{{/*
+Refuse settings that cannot work.
+*/}}
+{{- define "cronman.validateValues" -}}
+{{- $lease := .Values.config.CRONMAN_LEASE_SECONDS | default 5 | float64 }}
+{{- $grace := .Values.scheduler.terminationGracePeriodSeconds | float64 }}
+{{- if le $grace $lease }}
+{{- fail (printf "scheduler.terminationGracePeriodSeconds (%v) must be longer than config.CRONMAN_LEASE_SECONDS (%v)" .Values.scheduler.terminationGracePeriodSeconds .Values.config.CRONMAN_LEASE_SECONDS) }}
+{{- end }}
+{{- end }}

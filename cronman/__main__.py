@@ -1,0 +1,5 @@
+import sys
+
+from cronman.cli import main
+
+sys.exit(main())

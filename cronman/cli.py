@@ -1,0 +1,152 @@
+"""The ``cronman`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from cronman import __version__
+from cronman.settings import Settings, load_settings
+
+
+def _settings(**overrides: object) -> Settings:
+    try:
+        return load_settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        name = "CRONMAN_" + "_".join(str(p) for p in err["loc"]).upper()
+        raise SystemExit(f"cronman: invalid setting {name}: {err['msg']}") from None
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    from api.server import serve
+    from cronman.logs import configure_logging
+
+    settings = _settings(api_port=args.port, api_host=args.host)
+    configure_logging(settings.log_level)
+    serve(settings)
+    return 0
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from cronman.logs import configure_logging
+    from scheduler_node.node import Node
+
+    settings = _settings(node_id=args.node_id, node_port=args.port)
+    if "|" in settings.node_id:
+        raise SystemExit("cronman: a node id must not contain '|'")
+    configure_logging(settings.log_level)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await Node(settings).run(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from cronman.migrate import run_maintenance, upgrade
+    from cronman.store import make_engine
+
+    settings = _settings()
+    upgrade(settings.database_url)
+    engine = make_engine(settings.database_url, pool_size=1)
+    report = run_maintenance(
+        engine, datetime.now(UTC).date(), settings.history_retention_days, settings.partitions_ahead_days
+    )
+    print(json.dumps({"migrated": True, "partitions_created": report.created}))
+    return 0
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from cronman.migrate import run_maintenance
+    from cronman.store import make_engine
+
+    settings = _settings()
+    today = datetime.strptime(args.today, "%Y-%m-%d").date() if args.today else datetime.now(UTC).date()
+    engine = make_engine(settings.database_url, pool_size=1)
+    report = run_maintenance(engine, today, settings.history_retention_days, settings.partitions_ahead_days)
+    print(
+        json.dumps(
+            {
+                "partitions_created": report.created,
+                "partitions_dropped": report.dropped,
+                "tombstones_purged": report.tombstones_purged,
+                "triggers_purged": report.triggers_purged,
+            }
+        )
+    )
+    return 0
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from cronman.devstack import run_dev
+
+    return run_dev(_settings(), args.nodes, args.api_port, Path(args.data_dir))
+
+
+def cmd_receive(args: argparse.Namespace) -> int:
+    from cronman.receiver import serve_forever
+
+    serve_forever(args.port, args.fail_first, args.fail_status)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cronman", description="REST cron management with a replicated scheduler.")
+    p.add_argument("--version", action="version", version=f"cronman {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("dev", help="run the whole system locally (embedded PostgreSQL, Redis, SQS)")
+    s.add_argument("--nodes", type=int, default=3, help="scheduler nodes (default 3)")
+    s.add_argument("--api-port", type=int, default=8080, help="API port (default 8080)")
+    s.add_argument("--data-dir", default=".cronman-dev", help="where data and logs live (default .cronman-dev)")
+    s.set_defaults(fn=cmd_dev)
+
+    s = sub.add_parser("api", help="serve the REST API (gunicorn)")
+    s.add_argument("--port", type=int, default=None, help="overrides CRONMAN_API_PORT")
+    s.add_argument("--host", default=None, help="overrides CRONMAN_API_HOST")
+    s.set_defaults(fn=cmd_api)
+
+    s = sub.add_parser("scheduler", help="run a scheduler node")
+    s.add_argument("--node-id", default=None, help="overrides CRONMAN_NODE_ID (default: the host name)")
+    s.add_argument("--port", type=int, default=None, help="health/metrics port; overrides CRONMAN_NODE_PORT")
+    s.set_defaults(fn=cmd_scheduler)
+
+    s = sub.add_parser("migrate", help="apply database migrations and create history partitions")
+    s.set_defaults(fn=cmd_migrate)
+
+    s = sub.add_parser("maintain", help="create history partitions ahead and drop expired ones")
+    s.add_argument("--today", default=None, help="act as if today were YYYY-MM-DD (UTC)")
+    s.set_defaults(fn=cmd_maintain)
+
+    s = sub.add_parser("receive", help="a local HTTP receiver that prints each delivery")
+    s.add_argument("--port", type=int, default=9000)
+    s.add_argument(
+        "--fail-first", type=int, default=0, help="answer an error to the first N attempts of each execution"
+    )
+    s.add_argument("--fail-status", type=int, default=500)
+    s.set_defaults(fn=cmd_receive)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.fn(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Executions: stable ids, statuses and retry backoff (pure functions)."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+
+_NAMESPACE = uuid.UUID("5f0c6f1e-9a43-4c53-9a39-6f1f3c2d7a10")
+
+
+class Status(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PERMANENTLY_FAILED = "permanently_failed"
+    SKIPPED = "skipped"
+
+
+class Trigger(enum.StrEnum):
+    SCHEDULE = "schedule"
+    MANUAL = "manual"
+
+
+def execution_id(job_id: str, scheduled_ms: int, event_index: int = 0, trigger: str = Trigger.SCHEDULE) -> str:
+    """The id of one occurrence: the same on every node, attempt, takeover and redelivery."""
+    return str(uuid.uuid5(_NAMESPACE, f"{job_id}\x00{scheduled_ms}\x00{event_index}\x00{trigger}"))
+
+
+def backoff_ms(attempt: int, base_seconds: float, max_seconds: float) -> int:
+    """Delay before attempt ``attempt + 1`` after attempt ``attempt`` (1-based) failed."""
+    delay = base_seconds * (2 ** max(attempt - 1, 0))
+    return int(min(delay, max_seconds) * 1000)

@@ -1,0 +1,97 @@
+"""Day partitions of the execution history: created ahead, dropped (never bulk-deleted) past retention."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+
+from sqlalchemy import Connection, text
+
+from cronman.db import PARTITION_PREFIX
+
+_NAME_RE = re.compile(rf"^{PARTITION_PREFIX}(\d{{8}})$")
+_LOCK_KEY = 0x63726F6E  # advisory lock serialising partition DDL across processes
+
+
+def partition_name(day: date) -> str:
+    return f"{PARTITION_PREFIX}{day:%Y%m%d}"
+
+
+def day_of_ms(ms: int) -> date:
+    return datetime.fromtimestamp(ms // 1000, UTC).date()
+
+
+def existing_partitions(conn: Connection) -> dict[date, str]:
+    rows = conn.execute(
+        text(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = 'scheduled_jobs'"
+        )
+    ).scalars()
+    out: dict[date, str] = {}
+    for name in rows:
+        m = _NAME_RE.match(name)
+        if m:
+            out[datetime.strptime(m.group(1), "%Y%m%d").date()] = name
+    return out
+
+
+def ensure_partitions(conn: Connection, days: Iterable[date]) -> list[str]:
+    """Create the partitions for ``days`` that do not exist yet; return the names created."""
+    wanted = sorted(set(days))
+    if not wanted:
+        return []
+    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
+    have = existing_partitions(conn)
+    created: list[str] = []
+    for day in wanted:
+        if day in have:
+            continue
+        lo = datetime.combine(day, time(0), UTC)
+        hi = lo + timedelta(days=1)
+        name = partition_name(day)
+        conn.execute(
+            text(
+                f'CREATE TABLE IF NOT EXISTS "{name}" PARTITION OF scheduled_jobs '
+                f"FOR VALUES FROM ('{lo.isoformat()}') TO ('{hi.isoformat()}')"
+            )
+        )
+        created.append(name)
+    return created
+
+
+def drop_expired(conn: Connection, today: date, retention_days: int) -> list[str]:
+    """Drop whole partitions whose day is older than the retention."""
+    cutoff = today - timedelta(days=retention_days)
+    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _LOCK_KEY})
+    dropped: list[str] = []
+    for day, name in sorted(existing_partitions(conn).items()):
+        if day < cutoff:
+            conn.execute(text(f'DROP TABLE IF EXISTS "{name}"'))
+            dropped.append(name)
+    return dropped
+
+
+@dataclass
+class MaintenanceReport:
+    created: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    tombstones_purged: int = 0
+    triggers_purged: int = 0
+
+
+def maintain(conn: Connection, today: date, retention_days: int, ahead_days: int) -> MaintenanceReport:
+    """Create partitions from yesterday to ``ahead_days`` ahead, drop expired ones, purge old tombstones."""
+    report = MaintenanceReport()
+    report.created = ensure_partitions(conn, (today + timedelta(days=d) for d in range(-1, ahead_days + 1)))
+    report.dropped = drop_expired(conn, today, retention_days)
+    # Nodes learn of a delete within seconds; a day-old tombstone has done its work.
+    report.tombstones_purged = conn.execute(
+        text("DELETE FROM jobs WHERE deleted_at < now() - interval '1 day'")
+    ).rowcount
+    report.triggers_purged = conn.execute(
+        text("DELETE FROM job_triggers WHERE requested_at < now() - interval '1 day'")
+    ).rowcount
+    return report

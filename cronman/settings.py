@@ -1,0 +1,80 @@
+"""One typed settings object, read once from ``CRONMAN_*`` environment variables.
+
+Everything below the command line takes explicit arguments; only the entry points call
+:func:`load_settings`.
+"""
+
+from __future__ import annotations
+
+import socket
+from functools import cached_property
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_node_id() -> str:
+    return socket.gethostname()
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CRONMAN_", extra="ignore", frozen=True)
+
+    # Stores
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/cronman"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "cronman:"
+
+    # SQS
+    sqs_endpoint_url: str | None = None
+    sqs_region: str = "us-east-1"
+
+    # API
+    api_host: str = "0.0.0.0"
+    api_port: int = Field(8080, ge=0, le=65535)
+    api_workers: int = Field(2, ge=1, le=64)
+    api_url: str | None = None
+    dev_mode: bool = False
+
+    # Scheduler node
+    node_id: str = Field(default_factory=_default_node_id, min_length=1, max_length=200)
+    node_host: str = "0.0.0.0"
+    node_port: int = Field(9090, ge=0, le=65535)
+    heartbeat_interval_seconds: float = Field(3.0, gt=0)
+    heartbeat_ttl_seconds: float = Field(30.0, gt=0)
+    membership_poll_seconds: float = Field(1.0, gt=0)
+    lease_seconds: float = Field(5.0, gt=0)
+    done_ttl_seconds: float = Field(120.0, gt=0)
+    replication_factor: int = Field(2, ge=1, le=8)
+    change_poll_seconds: float = Field(1.0, gt=0)
+    load_grace_seconds: float = Field(10.0, ge=0)
+    max_in_flight: int = Field(1000, ge=1)
+    history_flush_seconds: float = Field(0.1, gt=0)
+    history_buffer_max: int = Field(1_000_000, ge=1000)
+    maintain_interval_seconds: float = Field(3600.0, gt=0)
+
+    # History
+    history_retention_days: int = Field(45, ge=1)
+    partitions_ahead_days: int = Field(7, ge=1, le=60)
+
+    # Logging
+    log_level: str = "INFO"
+
+    # Test-only fault injection: comma-separated hook names (see scheduler_node.faults).
+    test_faults: str = ""
+
+    @field_validator("redis_prefix")
+    @classmethod
+    def _prefix_nonempty(cls, v: str) -> str:
+        if not v:
+            raise ValueError("must not be empty")
+        return v
+
+    @cached_property
+    def faults(self) -> frozenset[str]:
+        return frozenset(f.strip() for f in self.test_faults.split(",") if f.strip())
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment (plus explicit overrides, which win)."""
+    return Settings(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,272 @@
+"""The job definition as users write it: validated, frozen models (the REST contract, v1).
+
+Validation happens once, when a model is built; stored documents are trusted afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from cronman.errors import InvalidInput
+from cronman.schedule import FoldPolicy, GapPolicy, timing_from_dict, validate_cron, validate_timezone
+from cronman.timeutil import to_ms
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+JOB_ID_RE = re.compile(JOB_ID_PATTERN)
+MAX_PAYLOAD_BYTES = 256 * 1024
+MAX_EVERY_SECONDS = 366 * 86400
+_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+_RESERVED_HEADERS = {"content-length", "host", "transfer-encoding", "connection"}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class _Bounds(_Model):
+    start_at: AwareDatetime | None = Field(None, description="No occurrence before this instant.")
+    end_at: AwareDatetime | None = Field(None, description="No occurrence after this instant.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _Bounds:
+        if self.start_at and self.end_at and self.end_at <= self.start_at:
+            raise PydanticCustomError("invalid_bounds", "end_at must be later than start_at", {"field": "end_at"})
+        return self
+
+
+class CronSchedule(_Bounds):
+    type: Literal["cron"]
+    expression: str = Field(
+        max_length=200,
+        description="5 fields (minute hour day-of-month month day-of-week), or 6 with a leading seconds field.",
+        examples=["0 7 * * *"],
+    )
+    timezone: str = Field("UTC", max_length=64, description="IANA time zone name.")
+    dst_gap: GapPolicy = Field(
+        GapPolicy.SHIFT,
+        description="A local time that does not exist (spring forward): shift = fire at the first instant "
+        "after the gap; skip = do not fire.",
+    )
+    dst_fold: FoldPolicy = Field(
+        FoldPolicy.FIRST,
+        description="A local time that happens twice (fall back): first = fire once, at the first; "
+        "both = fire at each.",
+    )
+
+    @field_validator("expression")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        error = validate_cron(v)
+        if error:
+            raise PydanticCustomError("invalid_cron", error)
+        return " ".join(v.split())
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        error = validate_timezone(v)
+        if error:
+            raise PydanticCustomError("invalid_timezone", error)
+        return v
+
+    @model_validator(mode="after")
+    def _fires(self) -> CronSchedule:
+        timing = timing_from_dict(self.model_dump(mode="json", exclude_none=True), "")
+        after = to_ms(self.start_at) - 1 if self.start_at else to_ms(datetime(2000, 1, 1, tzinfo=UTC))
+        if timing.next_after(after) is None:
+            raise PydanticCustomError("invalid_cron", "this cron expression never fires", {"field": "expression"})
+        return self
+
+
+class IntervalSchedule(_Bounds):
+    type: Literal["interval"]
+    every_seconds: int = Field(gt=0, le=MAX_EVERY_SECONDS, description="Seconds between occurrences.")
+
+
+class OnceSchedule(_Bounds):
+    type: Literal["once"]
+    at: AwareDatetime = Field(description="The one instant to fire at (ISO-8601 with an offset).")
+
+    @model_validator(mode="after")
+    def _within(self) -> OnceSchedule:
+        if (self.start_at and self.at < self.start_at) or (self.end_at and self.at > self.end_at):
+            raise PydanticCustomError(
+                "invalid_bounds", "at lies outside start_at..end_at: the job would never fire", {"field": "at"}
+            )
+        return self
+
+
+Schedule = Annotated[CronSchedule | IntervalSchedule | OnceSchedule, Field(discriminator="type")]
+
+
+class HttpTarget(_Model):
+    type: Literal["http"]
+    url: str = Field(min_length=1, max_length=2048, examples=["https://example.com/hook"])
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    headers: dict[str, Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict, max_length=50)
+    timeout_seconds: float = Field(10.0, gt=0, le=300, allow_inf_nan=False)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        try:
+            parts = urlsplit(v)
+            parts.port  # noqa: B018 - raises on a malformed port
+        except ValueError as exc:
+            raise PydanticCustomError("invalid_url", "malformed URL: {reason}", {"reason": str(exc)}) from None
+        if parts.scheme not in ("http", "https"):
+            raise PydanticCustomError("invalid_url", "url must start with http:// or https://")
+        if not parts.hostname:
+            raise PydanticCustomError("invalid_url", "url must name a host")
+        if any(c.isspace() for c in v):
+            raise PydanticCustomError("invalid_url", "url must not contain whitespace")
+        return v
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not _HEADER_NAME_RE.match(name):
+                raise PydanticCustomError(
+                    "invalid_header", "invalid header name '{name}'", {"name": name, "field": name}
+                )
+            lower = name.lower()
+            if lower in _RESERVED_HEADERS or lower.startswith("cronman-"):
+                raise PydanticCustomError(
+                    "invalid_header", "header '{name}' is set by cronman", {"name": name, "field": name}
+                )
+            if "\r" in value or "\n" in value:
+                raise PydanticCustomError(
+                    "invalid_header", "header '{name}' has a line break", {"name": name, "field": name}
+                )
+        return v
+
+
+class SqsTarget(_Model):
+    type: Literal["sqs"]
+    queue_url: str = Field(
+        min_length=1, max_length=2048, examples=["https://sqs.us-east-1.amazonaws.com/123456789012/jobs"]
+    )
+    message_group_id: str | None = Field(None, min_length=1, max_length=128, description="Required for FIFO queues.")
+
+    @field_validator("queue_url")
+    @classmethod
+    def _queue_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname or len(parts.path.strip("/")) == 0:
+            raise PydanticCustomError("invalid_url", "queue_url must be an SQS queue URL, https://host/account/queue")
+        return v
+
+    @model_validator(mode="after")
+    def _fifo(self) -> SqsTarget:
+        if self.queue_url.endswith(".fifo") and not self.message_group_id:
+            raise PydanticCustomError(
+                "missing_field", "message_group_id is required for a FIFO queue", {"field": "message_group_id"}
+            )
+        return self
+
+
+Target = Annotated[HttpTarget | SqsTarget, Field(discriminator="type")]
+
+
+class RetryPolicy(_Model):
+    max_attempts: int = Field(3, ge=1, le=100, description="Attempts in all, the first included.")
+    backoff_seconds: float = Field(
+        1.0, ge=0, le=3600, allow_inf_nan=False, description="Delay after the first failure; doubles each attempt."
+    )
+    max_backoff_seconds: float = Field(60.0, ge=0, le=86400, allow_inf_nan=False)
+
+
+class JobSpec(_Model):
+    """A job as written by a user (POST/PUT body)."""
+
+    id: str | None = Field(None, pattern=JOB_ID_PATTERN, description="Letters, digits, . _ : - ; at most 128.")
+    name: str | None = Field(None, max_length=200)
+    schedule: Schedule
+    target: Target
+    payload: Any = Field(default_factory=dict, description="Any JSON; delivered verbatim as the body.")
+    retry: RetryPolicy = Field(default_factory=lambda: RetryPolicy())
+    paused: bool = False
+
+    @field_validator("payload")
+    @classmethod
+    def _payload_size(cls, v: Any) -> Any:
+        if len(json.dumps(v, separators=(",", ":"))) > MAX_PAYLOAD_BYTES:
+            raise PydanticCustomError("too_large", "payload exceeds {limit} bytes", {"limit": MAX_PAYLOAD_BYTES})
+        return v
+
+
+_TAGS = {"cron", "interval", "once", "http", "sqs"}
+_CUSTOM = {
+    "invalid_cron",
+    "invalid_timezone",
+    "invalid_url",
+    "invalid_header",
+    "invalid_bounds",
+    "missing_field",
+    "too_large",
+}
+_CODES = {
+    "extra_forbidden": "unknown_field",
+    "missing": "missing_field",
+    "union_tag_invalid": "invalid_type",
+    "union_tag_not_found": "missing_field",
+    "string_pattern_mismatch": "invalid_value",
+}
+
+
+def _field_path(loc: tuple[Any, ...], kind: str) -> str:
+    parts: list[str] = []
+    for i, part in enumerate(loc):
+        if i > 0 and isinstance(part, str) and part in _TAGS and loc[i - 1] in ("schedule", "target"):
+            continue
+        if isinstance(part, str) and part.startswith("function-"):
+            continue
+        parts.append(str(part))
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        parts.append("type")
+    return ".".join(parts)
+
+
+def invalid_input(exc: ValidationError) -> InvalidInput:
+    """The first validation error as a user-facing 400."""
+    err = exc.errors(include_url=False)[0]
+    kind = err["type"]
+    field = _field_path(tuple(err["loc"]), kind)
+    extra = (err.get("ctx") or {}).get("field")
+    if extra:
+        field = f"{field}.{extra}" if field else str(extra)
+    message = err["msg"]
+    if kind == "extra_forbidden":
+        message = f"unknown field {field!r}"
+    elif kind == "missing":
+        message = f"{field} is required"
+    elif kind == "string_pattern_mismatch" and field == "id":
+        message = "id must be 1-128 characters: letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
+    elif field:
+        message = f"{field}: {message}"
+    code = kind if kind in _CUSTOM else _CODES.get(kind, "invalid_value")
+    return InvalidInput(message, field=field or None, code=code)
+
+
+def parse_job(body: str | bytes) -> JobSpec:
+    """Validate a JSON document as a job (strict types: no "5" for 5)."""
+    try:
+        return JobSpec.model_validate_json(body)
+    except ValidationError as exc:
+        raise invalid_input(exc) from None

@@ -1,0 +1,53 @@
+"""Prometheus series of one scheduler node."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class NodeMetrics:
+    def __init__(self, node_id: str) -> None:
+        r = self.registry = CollectorRegistry()
+        self.executions = Counter("cronman_executions", "Attempts finished, by status", ["status"], registry=r)
+        self.lag = Histogram(
+            "cronman_fire_lag_seconds",
+            "Fired time minus scheduled time (first attempts)",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.claims = Counter(
+            "cronman_claims", "Execution claims, by result (won, lost, taken_over, superseded)", ["result"], registry=r
+        )
+        self.duplicates = Counter("cronman_duplicates_detected", "Deliveries known to have happened twice", registry=r)
+        self.callback_latency = Histogram(
+            "cronman_callback_seconds",
+            "Callback latency by target type",
+            ["target"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.jobs_owned = Gauge("cronman_jobs_owned", "Jobs this node owns", registry=r)
+        self.slots_owned = Gauge("cronman_slots_owned", "Slots this node owns", registry=r)
+        self.live_nodes = Gauge("cronman_live_nodes", "Live nodes this node sees", registry=r)
+        self.heartbeat_age = Gauge(
+            "cronman_heartbeat_age_seconds", "Seconds since this node's last heartbeat", registry=r
+        )
+        self.slots_moved = Counter(
+            "cronman_slots_moved", "Slots loaded or dropped on membership changes", ["direction"], registry=r
+        )
+        self.history_batch = Histogram(
+            "cronman_history_batch_rows",
+            "Rows per history write",
+            buckets=(1, 10, 50, 100, 500, 1000, 5000, 20000),
+            registry=r,
+        )
+        self.history_failures = Counter("cronman_history_write_failures", "Failed history writes", registry=r)
+        self.history_dropped = Counter("cronman_history_rows_dropped", "History rows dropped (buffer full)", registry=r)
+        self.history_buffered = Gauge("cronman_history_rows_buffered", "History rows waiting to be written", registry=r)
+        self.in_flight = Gauge("cronman_in_flight", "Executions held by this node", registry=r)
+        self.changes_applied = Counter("cronman_job_changes_applied", "Job changes applied from the feed", registry=r)
+        self.info = Gauge("cronman_node_info", "Node identity", ["node"], registry=r)
+        self.info.labels(node=node_id).set(1)

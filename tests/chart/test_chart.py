@@ -1,0 +1,408 @@
+"""Render the Helm chart with the real helm binary and check what an operator relies on.
+
+Needs only PyYAML and network access on the first run (to fetch helm, see helm.py). Without helm the
+tests are skipped locally and fail when CI is set.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "cronman"
+RELEASE = "t"
+NAMESPACE = "cronman"
+FULLNAME = f"{RELEASE}-cronman"
+HOOK_PHASES = "pre-install,pre-upgrade"
+
+Doc = dict[str, Any]
+
+
+def _load_helm_module() -> Any:
+    # Loaded by path so the tests work whatever the package layout and pytest import mode.
+    spec = importlib.util.spec_from_file_location("_cronman_chart_helm", Path(__file__).with_name("helm.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_helm = _load_helm_module()
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    try:
+        return cast(Path, _helm.helm_binary())
+    except _helm.HelmUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"helm is required when CI is set: {exc}")
+        pytest.skip(f"helm is not available: {exc}")
+
+
+def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+@functools.cache
+def _render(helm: Path, sets: tuple[str, ...]) -> tuple[Doc, ...]:
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_helm(helm, *args)
+    assert proc.returncode == 0, proc.stderr
+    return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+
+
+def render(helm: Path, *sets: str) -> list[Doc]:
+    return list(_render(helm, sets))
+
+
+def find(docs: list[Doc], kind: str, name: str | None = None) -> list[Doc]:
+    return [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+
+
+def one(docs: list[Doc], kind: str, name: str) -> Doc:
+    found = find(docs, kind, name)
+    assert len(found) == 1, f"expected one {kind} {name}, got {[d['metadata']['name'] for d in find(docs, kind)]}"
+    return found[0]
+
+
+def pod_template(obj: Doc) -> Doc:
+    spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+    return cast(Doc, spec["template"])
+
+
+def pod_spec(obj: Doc) -> Doc:
+    return cast(Doc, pod_template(obj)["spec"])
+
+
+def pod_labels(obj: Doc) -> dict[str, str]:
+    return cast(dict[str, str], pod_template(obj)["metadata"]["labels"])
+
+
+def pod_annotations(obj: Doc) -> dict[str, str]:
+    return cast(dict[str, str], pod_template(obj)["metadata"]["annotations"])
+
+
+def workloads(docs: list[Doc]) -> Iterator[Doc]:
+    for d in docs:
+        if d["kind"] in ("Deployment", "Job", "CronJob"):
+            yield d
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def decoded(secret: Doc) -> dict[str, str]:
+    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+
+
+# ---- lint and the default render ----
+
+
+def test_lint_strict_is_clean(helm: Path) -> None:
+    proc = run_helm(helm, "lint", "--strict", str(CHART))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "[WARNING]" not in out and "[ERROR]" not in out, out
+
+
+def test_default_render_is_valid_objects(helm: Path) -> None:
+    docs = render(helm)
+    seen = set()
+    for d in docs:
+        assert d.get("apiVersion") and d.get("kind"), d
+        name = d["metadata"]["name"]
+        assert name and len(name) <= 63, name
+        assert (d["kind"], name) not in seen, f"duplicate {d['kind']} {name}"
+        seen.add((d["kind"], name))
+    expected = {
+        ("Deployment", f"{FULLNAME}-api"),
+        ("Deployment", f"{FULLNAME}-scheduler"),
+        ("Service", f"{FULLNAME}-api"),
+        ("Service", f"{FULLNAME}-scheduler"),
+        ("ConfigMap", FULLNAME),
+        ("Secret", FULLNAME),
+        ("ServiceAccount", FULLNAME),
+        ("PodDisruptionBudget", f"{FULLNAME}-scheduler"),
+        ("Job", f"{FULLNAME}-migrate"),
+        ("CronJob", f"{FULLNAME}-maintain"),
+    }
+    assert expected <= seen, expected - seen
+    assert not find(docs, "Ingress") and not find(docs, "ServiceMonitor")
+
+
+def test_deployments_run_the_right_commands_with_default_replicas(helm: Path) -> None:
+    docs = render(helm)
+    api = one(docs, "Deployment", f"{FULLNAME}-api")
+    scheduler = one(docs, "Deployment", f"{FULLNAME}-scheduler")
+    assert api["spec"]["replicas"] == 2
+    assert scheduler["spec"]["replicas"] == 3
+    assert pod_spec(api)["containers"][0]["args"] == ["api"]
+    assert pod_spec(scheduler)["containers"][0]["args"] == ["scheduler"]
+    for d in (api, scheduler):
+        assert selects(d["spec"]["selector"]["matchLabels"], pod_labels(d))
+    # The two Deployments must not select each other's pods.
+    assert not selects(api["spec"]["selector"]["matchLabels"], pod_labels(scheduler))
+    assert not selects(scheduler["spec"]["selector"]["matchLabels"], pod_labels(api))
+
+
+@pytest.mark.parametrize(("component", "port_name", "port"), [("api", "http", 8080), ("scheduler", "metrics", 9090)])
+def test_probes(helm: Path, component: str, port_name: str, port: int) -> None:
+    container = pod_spec(one(render(helm), "Deployment", f"{FULLNAME}-{component}"))["containers"][0]
+    assert {"name": port_name, "containerPort": port, "protocol": "TCP"} in container["ports"]
+    liveness = container["livenessProbe"]["httpGet"]
+    readiness = container["readinessProbe"]["httpGet"]
+    assert (liveness["path"], liveness["port"]) == ("/healthz", port_name)
+    assert (readiness["path"], readiness["port"]) == ("/readyz", port_name)
+
+
+def test_image_defaults_to_app_version(helm: Path) -> None:
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    for w in workloads(render(helm)):
+        for c in pod_spec(w)["containers"]:
+            assert c["image"] == f"ghcr.io/cronman/cronman:{app_version}"
+
+
+def test_migrations_job_is_a_pre_install_and_pre_upgrade_hook(helm: Path) -> None:
+    docs = render(helm)
+    job = one(docs, "Job", f"{FULLNAME}-migrate")
+    ann = job["metadata"]["annotations"]
+    assert ann["helm.sh/hook"] == HOOK_PHASES
+    assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    spec = pod_spec(job)
+    assert spec["containers"][0]["args"] == ["migrate"]
+    assert spec["restartPolicy"] == "Never"
+    # The chart's ServiceAccount does not exist yet when a pre-install hook runs.
+    assert "serviceAccountName" not in spec
+    # Its settings come from hook objects created before it (lower weight), not from the release's
+    # ConfigMap/Secret, which do not exist yet on install.
+    for ref in spec["containers"][0]["envFrom"]:
+        kind, name = (
+            ("ConfigMap", ref["configMapRef"]["name"])
+            if "configMapRef" in ref
+            else ("Secret", ref["secretRef"]["name"])
+        )
+        source = one(docs, kind, name)
+        source_ann = source["metadata"].get("annotations", {})
+        assert source_ann.get("helm.sh/hook") == HOOK_PHASES, f"{kind} {name} is not a hook"
+        assert int(source_ann["helm.sh/hook-weight"]) < int(ann["helm.sh/hook-weight"])
+
+
+def test_migrations_can_be_disabled(helm: Path) -> None:
+    docs = render(helm, "migrations.enabled=false")
+    assert not find(docs, "Job")
+    assert not [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+
+
+def test_scheduler_pdb_selects_only_scheduler_pods(helm: Path) -> None:
+    docs = render(helm)
+    pdb = one(docs, "PodDisruptionBudget", f"{FULLNAME}-scheduler")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    selector = pdb["spec"]["selector"]["matchLabels"]
+    assert selects(selector, pod_labels(one(docs, "Deployment", f"{FULLNAME}-scheduler")))
+    assert not selects(selector, pod_labels(one(docs, "Deployment", f"{FULLNAME}-api")))
+
+
+def test_termination_grace_exceeds_lease(helm: Path) -> None:
+    docs = render(helm)
+    lease = float(one(docs, "ConfigMap", FULLNAME)["data"]["CRONMAN_LEASE_SECONDS"])
+    grace = pod_spec(one(docs, "Deployment", f"{FULLNAME}-scheduler"))["terminationGracePeriodSeconds"]
+    assert lease == 5
+    assert grace > lease
+
+
+def test_grace_not_longer_than_lease_is_refused(helm: Path) -> None:
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", "config.CRONMAN_LEASE_SECONDS=30")
+    assert proc.returncode != 0
+    assert "terminationGracePeriodSeconds" in proc.stderr
+
+
+def test_scheduler_node_id_is_the_pod_name(helm: Path) -> None:
+    container = pod_spec(one(render(helm), "Deployment", f"{FULLNAME}-scheduler"))["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["CRONMAN_NODE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["CRONMAN_NODE_PORT"]["value"] == "9090"
+
+
+def test_scheduler_spreads_across_nodes(helm: Path) -> None:
+    deployment = one(render(helm), "Deployment", f"{FULLNAME}-scheduler")
+    spec, labels = pod_spec(deployment), pod_labels(deployment)
+    (spread,) = spec["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(spread["labelSelector"]["matchLabels"], labels)
+    (term,) = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert selects(term["podAffinityTerm"]["labelSelector"]["matchLabels"], labels)
+
+
+def test_maintenance_cronjob_runs_maintain(helm: Path) -> None:
+    cronjob = one(render(helm), "CronJob", f"{FULLNAME}-maintain")
+    assert cronjob["spec"]["schedule"] == "17 * * * *"
+    assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
+    container = pod_spec(cronjob)["containers"][0]
+    assert container["command"] + container["args"] == ["cronman", "maintain"]
+
+
+def test_every_pod_gets_the_configmap_and_secret(helm: Path) -> None:
+    docs = render(helm)
+    for name in (f"{FULLNAME}-api", f"{FULLNAME}-scheduler"):
+        refs = pod_spec(one(docs, "Deployment", name))["containers"][0]["envFrom"]
+        assert {"configMapRef": {"name": FULLNAME}} in refs
+        assert {"secretRef": {"name": FULLNAME}} in refs
+    refs = pod_spec(one(docs, "CronJob", f"{FULLNAME}-maintain"))["containers"][0]["envFrom"]
+    assert {"configMapRef": {"name": FULLNAME}} in refs and {"secretRef": {"name": FULLNAME}} in refs
+    config = one(docs, "ConfigMap", FULLNAME)["data"]
+    assert config["CRONMAN_LOG_LEVEL"] == "INFO"
+    assert config["CRONMAN_HISTORY_RETENTION_DAYS"] == "45"
+    assert config["CRONMAN_REPLICATION_FACTOR"] == "2"
+    assert all(k.startswith("CRONMAN_") for k in config)
+    # Nothing secret in the ConfigMap; empty URLs are left out of the Secret.
+    assert not {"CRONMAN_DATABASE_URL", "CRONMAN_REDIS_URL", "CRONMAN_API_KEY"} & set(config)
+    assert decoded(one(docs, "Secret", FULLNAME)) == {}
+
+
+def test_secret_values(helm: Path) -> None:
+    docs = render(
+        helm,
+        "database.url=postgresql://u:p@db:5432/cronman",
+        "redis.url=redis://redis:6379/0",
+        "auth.adminKey=k3y",
+    )
+    expected = {
+        "CRONMAN_DATABASE_URL": "postgresql://u:p@db:5432/cronman",
+        "CRONMAN_REDIS_URL": "redis://redis:6379/0",
+        "CRONMAN_API_KEY": "k3y",
+    }
+    assert decoded(one(docs, "Secret", FULLNAME)) == expected
+    assert decoded(one(docs, "Secret", f"{FULLNAME}-migrations")) == expected
+    # Pods roll when the settings change.
+    default_ann = pod_annotations(one(render(helm), "Deployment", f"{FULLNAME}-api"))
+    changed_ann = pod_annotations(one(docs, "Deployment", f"{FULLNAME}-api"))
+    assert default_ann["checksum/secret"] != changed_ann["checksum/secret"]
+
+
+def test_containers_are_locked_down(helm: Path) -> None:
+    for w in workloads(render(helm)):
+        spec = pod_spec(w)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            assert c["resources"]["requests"] and c["resources"]["limits"]
+
+
+def test_services_target_the_right_pods(helm: Path) -> None:
+    docs = render(helm)
+    api_svc = one(docs, "Service", f"{FULLNAME}-api")
+    assert api_svc["spec"]["ports"][0]["targetPort"] == "http"
+    assert selects(api_svc["spec"]["selector"], pod_labels(one(docs, "Deployment", f"{FULLNAME}-api")))
+    sched_svc = one(docs, "Service", f"{FULLNAME}-scheduler")
+    assert sched_svc["spec"]["ports"][0]["port"] == 9090
+    assert sched_svc["spec"]["ports"][0]["name"] == "metrics"
+    assert selects(sched_svc["spec"]["selector"], pod_labels(one(docs, "Deployment", f"{FULLNAME}-scheduler")))
+
+
+# ---- custom values ----
+
+
+def test_scheduler_replicas_can_be_raised(helm: Path) -> None:
+    docs = render(helm, "scheduler.replicas=5")
+    assert one(docs, "Deployment", f"{FULLNAME}-scheduler")["spec"]["replicas"] == 5
+
+
+def test_existing_secret_replaces_the_chart_secret(helm: Path) -> None:
+    docs = render(helm, "existingSecret=my-secret", "database.url=postgresql://ignored")
+    assert not find(docs, "Secret")
+    for w in workloads(docs):
+        refs = pod_spec(w)["containers"][0]["envFrom"]
+        assert {"secretRef": {"name": "my-secret"}} in refs, w["metadata"]["name"]
+
+
+def test_ingress(helm: Path) -> None:
+    docs = render(
+        helm,
+        "ingress.enabled=true",
+        "ingress.className=nginx",
+        "ingress.hosts[0].host=cron.example.com",
+        "ingress.hosts[0].paths[0].path=/",
+        "ingress.tls[0].secretName=cron-tls",
+        "ingress.tls[0].hosts[0]=cron.example.com",
+    )
+    (ingress,) = find(docs, "Ingress")
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["spec"]["tls"] == [{"hosts": ["cron.example.com"], "secretName": "cron-tls"}]
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "cron.example.com"
+    backend = rule["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": f"{FULLNAME}-api", "port": {"name": "http"}}
+
+
+def test_service_monitors(helm: Path) -> None:
+    docs = render(helm, "serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom")
+    monitors = find(docs, "ServiceMonitor")
+    assert len(monitors) == 2
+    services = find(docs, "Service")
+    for monitor in monitors:
+        assert monitor["metadata"]["labels"]["release"] == "prom"
+        (svc,) = [s for s in services if selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])]
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["port"] in {p["name"] for p in svc["spec"]["ports"]}
+        assert endpoint["path"] == "/metrics"
+    assert {m["metadata"]["name"] for m in monitors} == {f"{FULLNAME}-api", f"{FULLNAME}-scheduler"}
+
+
+def test_service_account_annotations(helm: Path) -> None:
+    arn = "arn:aws:iam::123456789012:role/cronman-sqs"
+    docs = render(helm, f"serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn={arn}")
+    sa = one(docs, "ServiceAccount", FULLNAME)
+    assert sa["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": arn}
+    for name in (f"{FULLNAME}-api", f"{FULLNAME}-scheduler"):
+        assert pod_spec(one(docs, "Deployment", name))["serviceAccountName"] == FULLNAME
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("scheduler.replicas=abc", ("scheduler", "replicas")),
+        ("scheduler.replicas=0", ("scheduler", "replicas")),
+        ("api.replicas=0", ("api", "replicas")),
+        ("config.LOG_LEVEL=DEBUG", ("LOG_LEVEL",)),
+    ],
+)
+def test_invalid_values_are_refused_by_the_schema(helm: Path, value: str, words: tuple[str, ...]) -> None:
+    proc = run_helm(helm, "template", RELEASE, str(CHART), "--set", value)
+    assert proc.returncode != 0, proc.stdout
+    assert "schema" in proc.stderr, proc.stderr
+    assert all(w in proc.stderr for w in words), proc.stderr
+
+
+def test_notes_show_how_to_create_a_first_job(helm: Path) -> None:
+    proc = run_helm(helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    assert "/v1/jobs" in notes and "/v1/jobs/hello/executions" in notes
+    assert "Authorization: Bearer $CRONMAN_API_KEY" in notes
+    assert "Content-Type: application/json" in notes
+    assert "WARNING" in notes  # no database/redis URL was given
+    body = json.loads(notes.split("-d '", 1)[1].split("'", 1)[0])
+    assert body == {
+        "id": "hello",
+        "schedule": {"type": "interval", "every_seconds": 60},
+        "target": {"type": "http", "url": "https://example.com/hook"},
+        "payload": {"hello": "world"},
+    }

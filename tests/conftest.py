@@ -1,0 +1,148 @@
+"""Shared fixtures: a real PostgreSQL, Redis and SQS endpoint, started by the suite itself unless
+CRONMAN_TEST_DATABASE_URL / CRONMAN_TEST_REDIS_URL point at existing ones.
+
+Each test gets clean state: its own database (a copy of a migrated template) and its own Redis
+key prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from cronman.embedded import EmbeddedPostgres, EmbeddedRedis, LocalSqs
+from cronman.settings import Settings
+
+TEMPLATE_DB = "cronman_template"
+
+
+@pytest.fixture(scope="session")
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="cronman-test-"))
+    path.chmod(0o755)  # the embedded PostgreSQL runs unprivileged when the suite runs as root
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(workdir: Path) -> Iterator[str]:
+    """URL of a maintenance database on the test server (``postgres``)."""
+    given = os.environ.get("CRONMAN_TEST_DATABASE_URL")
+    if given:
+        yield given
+        return
+    server = EmbeddedPostgres(workdir / "pg" / "data", durable=False, log=workdir / "pg-test.log")
+    server.start()
+    yield server.url("postgres")
+    server.stop()
+
+
+def _admin(url: str):  # type: ignore[no-untyped-def]
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    return conn
+
+
+def _with_db(url: str, name: str) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{name}"
+
+
+@pytest.fixture(scope="session")
+def template_url(pg_admin_url: str) -> str:
+    from datetime import UTC, datetime
+
+    from cronman.migrate import run_maintenance, upgrade
+    from cronman.store import make_engine
+
+    name = f"{TEMPLATE_DB}_{uuid.uuid4().hex[:8]}"
+    conn = _admin(pg_admin_url)
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    conn.close()
+    url = _with_db(pg_admin_url, name)
+    upgrade(url)
+    engine = make_engine(url, pool_size=1)
+    run_maintenance(engine, datetime.now(UTC).date(), 45, 7)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def database_url(pg_admin_url: str, template_url: str) -> Iterator[str]:
+    """A fresh, migrated database for this test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    template = template_url.rpartition("/")[2]
+    conn = _admin(pg_admin_url)
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    yield _with_db(pg_admin_url, name)
+    with conn.cursor() as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    conn.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server_url(workdir: Path) -> Iterator[str]:
+    given = os.environ.get("CRONMAN_TEST_REDIS_URL")
+    if given:
+        yield given
+        return
+    server = EmbeddedRedis(workdir / "redis", persist=False)
+    server.start()
+    yield server.url()
+    server.stop()
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}:"
+
+
+@pytest.fixture(scope="session")
+def sqs_endpoint(workdir: Path) -> Iterator[str]:
+    server = LocalSqs(log=workdir / "sqs.log")
+    server.start()
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    yield server.url
+    server.stop()
+
+
+FAST = {
+    "heartbeat_interval_seconds": 0.5,
+    "heartbeat_ttl_seconds": 3.0,
+    "membership_poll_seconds": 0.3,
+    "lease_seconds": 2.0,
+    "change_poll_seconds": 0.3,
+    "history_flush_seconds": 0.05,
+    "load_grace_seconds": 2.0,
+    "node_port": 0,
+    "dev_mode": True,
+}
+
+
+@pytest.fixture
+def settings(database_url: str, redis_server_url: str, redis_prefix: str) -> Settings:
+    return Settings(
+        database_url=database_url, redis_url=redis_server_url, redis_prefix=redis_prefix, node_id="node-a", **FAST
+    )  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The same settings as environment variables, for child processes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRONMAN_")}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        env[f"CRONMAN_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from flask.testing import FlaskClient
+from sqlalchemy import text
+
+from api import create_app
+from cronman.settings import Settings
+from cronman.store import make_engine
+
+
+@pytest.fixture
+def app(settings: Settings):  # type: ignore[no-untyped-def]
+    app = create_app(settings)
+    yield app
+    app.extensions["cronman"].store.engine.dispose()
+
+
+@pytest.fixture
+def client(app) -> FlaskClient:  # type: ignore[no-untyped-def]
+    return app.test_client()
+
+
+@pytest.fixture
+def db(settings: Settings) -> Iterator:  # type: ignore[type-arg]
+    engine = make_engine(settings.database_url, pool_size=1)
+    yield engine
+    engine.dispose()
+
+
+def count(db, sql: str) -> int:  # type: ignore[no-untyped-def]
+    with db.connect() as conn:
+        return int(conn.execute(text(sql)).scalar_one())

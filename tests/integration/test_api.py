@@ -1,0 +1,255 @@
+"""The REST API against a real PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from tests.integration.conftest import count
+
+JOB: dict[str, Any] = {
+    "id": "invoice-reminder-42",
+    "name": "reminder",
+    "schedule": {"type": "cron", "expression": "0 7 * * *", "timezone": "America/New_York"},
+    "target": {
+        "type": "http",
+        "url": "https://example.com/hook",
+        "method": "POST",
+        "headers": {"X-Team": "billing"},
+        "timeout_seconds": 10,
+    },
+    "payload": {"any": "json", "n": [1, 2, 3]},
+    "retry": {"max_attempts": 3, "backoff_seconds": 1, "max_backoff_seconds": 60},
+    "paused": False,
+}
+
+
+def post(client: FlaskClient, doc: Any, path: str = "/v1/jobs", method: str = "post", **kw: Any):  # type: ignore[no-untyped-def]
+    return getattr(client, method)(path, data=json.dumps(doc), content_type="application/json", **kw)
+
+
+def test_create_get_list_delete(client: FlaskClient) -> None:
+    r = post(client, JOB)
+    assert r.status_code == 201, r.json
+    body = r.json
+    assert r.headers["Location"] == "/v1/jobs/invoice-reminder-42"
+    assert body["id"] == "invoice-reminder-42" and body["version"] >= 1
+    assert body["payload"] == JOB["payload"]
+    assert body["schedule"]["timezone"] == "America/New_York"
+    assert body["next_fire_at"].endswith("Z")
+    assert client.get("/v1/jobs/invoice-reminder-42").json == {**body}
+    assert post(client, JOB).status_code == 409
+    listed = client.get("/v1/jobs").json
+    assert [j["id"] for j in listed["jobs"]] == ["invoice-reminder-42"] and listed["next_cursor"] is None
+    assert client.delete("/v1/jobs/invoice-reminder-42").status_code == 204
+    assert client.get("/v1/jobs/invoice-reminder-42").status_code == 404
+    assert client.delete("/v1/jobs/invoice-reminder-42").status_code == 404
+    # a deleted id can be used again
+    assert post(client, JOB).status_code == 201
+
+
+def test_generated_id(client: FlaskClient) -> None:
+    doc = {k: v for k, v in JOB.items() if k != "id"}
+    r = post(client, doc)
+    assert r.status_code == 201 and r.json["id"].startswith("job-")
+
+
+def test_pagination(client: FlaskClient) -> None:
+    for i in range(7):
+        assert post(client, {**JOB, "id": f"job-{i:02d}"}).status_code == 201
+    seen: list[str] = []
+    cursor = None
+    for _ in range(10):
+        page = client.get("/v1/jobs", query_string={"limit": 3, **({"cursor": cursor} if cursor else {})}).json
+        seen += [j["id"] for j in page["jobs"]]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert seen == [f"job-{i:02d}" for i in range(7)]
+    assert client.get("/v1/jobs", query_string={"cursor": "garbage!"}).status_code == 400
+    assert client.get("/v1/jobs", query_string={"limit": 0}).status_code == 400
+    assert client.get("/v1/jobs", query_string={"limit": "x"}).status_code == 400
+
+
+def test_put_creates_then_replaces(client: FlaskClient) -> None:
+    doc = {k: v for k, v in JOB.items() if k != "id"}
+    r1 = post(client, doc, "/v1/jobs/put-me", method="put")
+    assert r1.status_code == 201
+    r2 = post(client, {**doc, "payload": {"v": 2}}, "/v1/jobs/put-me", method="put")
+    assert r2.status_code == 200 and r2.json["payload"] == {"v": 2}
+    assert r2.json["version"] > r1.json["version"] and r2.json["created_at"] == r1.json["created_at"]
+    assert post(client, {**doc, "id": "other"}, "/v1/jobs/put-me", method="put").status_code == 400
+
+
+def test_patch_merges(client: FlaskClient) -> None:
+    post(client, JOB)
+    r = post(
+        client,
+        {"schedule": {"expression": "30 8 * * *"}, "payload": {"replaced": True}},
+        "/v1/jobs/invoice-reminder-42",
+        method="patch",
+    )
+    assert r.status_code == 200, r.json
+    assert r.json["schedule"] == {
+        **JOB["schedule"],
+        "expression": "30 8 * * *",
+        "dst_gap": "shift",
+        "dst_fold": "first",
+    }
+    assert r.json["payload"] == {"replaced": True}
+    assert r.json["target"]["headers"] == {"X-Team": "billing"}
+    # switching the schedule type replaces the schedule object whole
+    r = post(
+        client, {"schedule": {"type": "interval", "every_seconds": 30}}, "/v1/jobs/invoice-reminder-42", method="patch"
+    )
+    assert r.status_code == 200 and r.json["schedule"] == {"type": "interval", "every_seconds": 30}
+    bad = post(client, {"schedule": {"every_seconds": 0}}, "/v1/jobs/invoice-reminder-42", method="patch")
+    assert bad.status_code == 400 and bad.json["error"]["field"] == "schedule.every_seconds"
+    assert client.get("/v1/jobs/invoice-reminder-42").json["schedule"]["every_seconds"] == 30
+    assert post(client, {"name": "x"}, "/v1/jobs/absent", method="patch").status_code == 404
+
+
+def test_pause_resume_trigger(client: FlaskClient) -> None:
+    post(client, JOB)
+    paused = client.post("/v1/jobs/invoice-reminder-42/pause").json
+    assert paused["paused"] is True and paused["next_fire_at"] is None
+    resumed = client.post("/v1/jobs/invoice-reminder-42/resume").json
+    assert resumed["paused"] is False and resumed["next_fire_at"]
+    t = client.post("/v1/jobs/invoice-reminder-42/trigger")
+    assert t.status_code == 202 and t.json["execution_id"]
+    assert client.post("/v1/jobs/nope/trigger").status_code == 404
+
+
+def test_next_fire_times_across_dst(client: FlaskClient) -> None:
+    post(
+        client,
+        {**JOB, "id": "dst", "schedule": {"type": "cron", "expression": "30 2 * * *", "timezone": "America/New_York"}},
+    )
+    r = client.get("/v1/jobs/dst/next", query_string={"after": "2026-03-07T00:00:00Z", "count": 4})
+    assert r.json == {
+        "next": ["2026-03-07T07:30:00Z", "2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z", "2026-03-10T06:30:00Z"]
+    }
+    r = client.get("/v1/jobs/dst/next", query_string={"after": "2026-10-31T00:00:00Z", "count": 3})
+    assert r.json == {"next": ["2026-10-31T06:30:00Z", "2026-11-01T07:30:00Z", "2026-11-02T07:30:00Z"]}
+    assert client.get("/v1/jobs/dst/next", query_string={"after": "yesterday"}).status_code == 400
+    assert client.get("/v1/jobs/dst/next", query_string={"count": 1000}).status_code == 400
+
+
+BAD_BODIES = [
+    ("malformed JSON", b'{"id": "x",', "application/json", 400, "invalid_json", None),
+    ("not an object", b"[1, 2]", "application/json", 400, "invalid_json", None),
+    (
+        "unknown field",
+        json.dumps({**JOB, "colour": "red"}).encode(),
+        "application/json",
+        400,
+        "unknown_field",
+        "colour",
+    ),
+    (
+        "invalid cron",
+        json.dumps({**JOB, "schedule": {"type": "cron", "expression": "99 * * * *"}}).encode(),
+        "application/json",
+        400,
+        "invalid_cron",
+        "schedule.expression",
+    ),
+    (
+        "unknown time zone",
+        json.dumps({**JOB, "schedule": {**JOB["schedule"], "timezone": "Mars/Olympus"}}).encode(),
+        "application/json",
+        400,
+        "invalid_timezone",
+        "schedule.timezone",
+    ),
+    (
+        "missing URL",
+        json.dumps({**JOB, "target": {"type": "http"}}).encode(),
+        "application/json",
+        400,
+        "missing_field",
+        "target.url",
+    ),
+    (
+        "non-positive interval",
+        json.dumps({**JOB, "schedule": {"type": "interval", "every_seconds": 0}}).encode(),
+        "application/json",
+        400,
+        "invalid_value",
+        "schedule.every_seconds",
+    ),
+    ("over-long id", json.dumps({**JOB, "id": "a" * 200}).encode(), "application/json", 400, "invalid_value", "id"),
+    ("non-JSON content type", json.dumps(JOB).encode(), "text/plain", 415, "unsupported_media_type", "Content-Type"),
+    ("no content type", json.dumps(JOB).encode(), None, 415, "unsupported_media_type", "Content-Type"),
+    ("body too large", b'{"x": "' + b"a" * (2 * 1024 * 1024) + b'"}', "application/json", 413, None, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "body", "ctype", "status", "code", "field"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES]
+)
+def test_bad_input_is_a_4xx_and_stores_nothing(
+    client: FlaskClient,
+    db,
+    case: str,
+    body: bytes,  # type: ignore[no-untyped-def]
+    ctype: str | None,
+    status: int,
+    code: str | None,
+    field: str | None,
+) -> None:
+    headers = {"Content-Type": ctype} if ctype else {}
+    for method, path in (("post", "/v1/jobs"), ("put", "/v1/jobs/invoice-reminder-42")):
+        r = getattr(client, method)(path, data=body, headers=headers)
+        assert r.status_code == status, (case, r.json)
+        err = r.json["error"]
+        assert err["message"] and (code is None or err["code"] == code), err
+        if field is not None and not (method == "put" and field == "id"):
+            assert err["field"] == field, err
+    assert count(db, "SELECT count(*) FROM jobs") == 0
+
+
+def test_errors_are_json_never_html(client: FlaskClient) -> None:
+    r = client.get("/v1/nothing-here")
+    assert r.status_code == 404 and r.json["error"]["code"] == "not_found"
+    r = client.patch("/v1/jobs")
+    assert r.status_code == 405 and r.json["error"]["code"]
+
+
+def test_executions_of_unknown_job_is_404(client: FlaskClient) -> None:
+    assert client.get("/v1/jobs/ghost/executions").status_code == 404
+    post(client, JOB)
+    r = client.get("/v1/jobs/invoice-reminder-42/executions")
+    assert r.json == {"executions": [], "next_cursor": None}
+    assert client.get("/v1/jobs/invoice-reminder-42/executions", query_string={"cursor": "bad"}).status_code == 400
+
+
+def test_openapi_describes_every_endpoint(client: FlaskClient) -> None:
+    from openapi_spec_validator import validate
+
+    doc = client.get("/openapi.json").json
+    validate(doc)
+    assert {
+        "/v1/jobs",
+        "/v1/jobs/{job_id}",
+        "/v1/jobs/{job_id}/next",
+        "/v1/jobs/{job_id}/executions",
+        "/v1/jobs/{job_id}/pause",
+        "/v1/jobs/{job_id}/resume",
+        "/v1/jobs/{job_id}/trigger",
+        "/v1/cluster",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    } <= set(doc["paths"])
+    schemas = doc["components"]["schemas"]
+    assert {"CronSchedule", "IntervalSchedule", "OnceSchedule", "HttpTarget", "SqsTarget"} <= set(schemas)
+
+
+def test_health_and_readiness(client: FlaskClient) -> None:
+    assert client.get("/healthz").json == {"status": "ok"}
+    assert client.get("/readyz").json["status"] == "ready"
+    assert client.get("/v1/cluster").json == {"replication_factor": 2, "slots": 4096, "nodes": []}
