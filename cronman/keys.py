@@ -32,6 +32,13 @@ class Keys:
     def execution(self, execution_id: str) -> str:
         return f"{self.prefix}x:{execution_id}"
 
+    def unrecorded(self, node_id: str) -> str:
+        """History rows a node delivered and has not yet written to PostgreSQL."""
+        return f"{self.prefix}unrecorded:{node_id}"
+
+    def recovery_lock(self, node_id: str) -> str:
+        return f"{self.prefix}recover:{node_id}"
+
     @property
     def changes_channel(self) -> str:
         return f"{self.prefix}changes"

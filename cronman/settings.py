@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     heartbeat_ttl_seconds: float = Field(30.0, gt=0)
     membership_poll_seconds: float = Field(1.0, gt=0)
     lease_seconds: float = Field(5.0, gt=0)
-    done_ttl_seconds: float = Field(120.0, gt=0)
+    done_ttl_seconds: float = Field(60.0, gt=0)
     replication_factor: int = Field(2, ge=1, le=8)
     change_poll_seconds: float = Field(1.0, gt=0)
     load_grace_seconds: float = Field(10.0, ge=0)

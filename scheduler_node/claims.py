@@ -57,12 +57,15 @@ class ClaimStore:
             out.extend(int(r) for r in res)
         return out
 
-    async def done(self, keys: Sequence[str], values: Sequence[str]) -> list[bool]:
-        """Mark finished; False where another node had taken the execution over."""
+    async def done(self, keys: Sequence[str], values: Sequence[str], rows: Sequence[str],
+                   unrecorded_key: str) -> list[bool]:
+        """Mark finished, remembering each history row ('' for none) until it is written;
+        False where another node had taken the execution over."""
         out: list[bool] = []
         for i in range(0, len(keys), CHUNK):
-            ks = list(keys[i : i + CHUNK])
-            res = await self._done(keys=ks, args=[self.ttl_ms, self.mine, *values[i : i + CHUNK]])
+            ks = [unrecorded_key, *keys[i : i + CHUNK]]
+            args: list[str | int] = [self.ttl_ms, self.mine, *values[i : i + CHUNK], *rows[i : i + CHUNK]]
+            res = await self._done(keys=ks, args=args)
             out.extend(bool(int(r)) for r in res)
         return out
 

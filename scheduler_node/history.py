@@ -5,6 +5,7 @@ write retried with backoff, so history recorded during an outage is kept, not lo
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -20,10 +21,15 @@ from cronman.partitions import day_of_ms, ensure_partitions
 log = logging.getLogger("cronman.node.history")
 
 _TS = "(timestamptz 'epoch' + %s * interval '1 millisecond')"
-_INSERT = (
+_COLUMNS = (
     "INSERT INTO scheduled_jobs (job_id, scheduled_for, event_index, attempt, execution_id, trigger, status, node, "
     "fired_at, finished_at, lag_ms, http_status, error) VALUES %s "
-    "ON CONFLICT (job_id, scheduled_for, event_index, attempt) DO UPDATE SET duplicates = scheduled_jobs.duplicates "
+)
+# A second row for one attempt from a different delivery counts a duplicate; the same row written
+# again (a retried write, or a survivor recovering a dead node's rows) does not.
+_INSERT = (
+    _COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt) DO UPDATE SET duplicates = "
+    "scheduled_jobs.duplicates "
     "+ CASE WHEN scheduled_jobs.node IS NOT DISTINCT FROM EXCLUDED.node "
     "AND scheduled_jobs.fired_at IS NOT DISTINCT FROM EXCLUDED.fired_at THEN 0 ELSE 1 END "
     "RETURNING duplicates"
@@ -56,7 +62,7 @@ class HistoryWriter:
         *,
         flush_seconds: float,
         max_rows: int,
-        on_batch: Callable[[int, int], None] = lambda rows, dups: None,
+        on_batch: Callable[[list[HistoryRow], int], None] = lambda rows, dups: None,
         on_failure: Callable[[], None] = lambda: None,
         on_dropped: Callable[[int], None] = lambda n: None,
     ) -> None:
@@ -73,13 +79,15 @@ class HistoryWriter:
     def __len__(self) -> int:
         return len(self._buffer)
 
-    def add(self, row: HistoryRow) -> None:
+    def add(self, row: HistoryRow) -> HistoryRow:
+        """Buffer a row for the next write; returns it as it will be written."""
         if row.error and len(row.error) > _MAX_ERROR:
             row = row._replace(error=row.error[:_MAX_ERROR])
         self._buffer.append(row)
         if len(self._buffer) > self.max_rows:
             self._buffer.popleft()
             self._on_dropped(1)
+        return row
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -105,8 +113,16 @@ class HistoryWriter:
                 return False
             self._backoff = 0.0
             self.last_error = None
-            self._on_batch(len(batch), dups)
+            self._on_batch(batch, dups)
         return True
+
+    async def write_now(self, rows: list[HistoryRow]) -> None:
+        """Write rows at once (recovering a dead node's history); raises on failure."""
+        if rows:
+            await asyncio.get_running_loop().run_in_executor(self.executor, self._write, rows)
+
+    def rows_pending(self) -> set[tuple[str, int, int, int]]:
+        return {r[:4] for r in self._buffer}
 
     def _write(self, batch: list[HistoryRow]) -> int:
         days = {day_of_ms(r.scheduled_ms) for r in batch}
@@ -148,3 +164,12 @@ def _dedupe(batch: list[HistoryRow]) -> list[HistoryRow]:
     for r in batch:
         seen[(r.job_id, r.scheduled_ms, r.event_index, r.attempt)] = r
     return list(seen.values())
+
+
+def row_to_text(row: HistoryRow) -> str:
+    """A history row as kept in Redis until it is written (see the done script)."""
+    return json.dumps(list(row), separators=(",", ":"))
+
+
+def row_from_text(text: str | bytes) -> HistoryRow:
+    return HistoryRow(*json.loads(text))

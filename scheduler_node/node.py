@@ -35,7 +35,7 @@ from cronman.timeutil import iso
 from scheduler_node.claims import ClaimStore
 from scheduler_node.dispatch import Delivery, Dispatcher, HttpDispatcher, Outcome, SqsDispatcher
 from scheduler_node.feed import finished_executions, load_slots, poll_changes
-from scheduler_node.history import HistoryRow, HistoryWriter
+from scheduler_node.history import HistoryRow, HistoryWriter, row_from_text, row_to_text
 from scheduler_node.jobs import Decoder, HttpCall, JobRow, OwnedJob
 from scheduler_node.membership import Membership
 from scheduler_node.metrics import NodeMetrics
@@ -44,6 +44,8 @@ log = logging.getLogger("cronman.node")
 
 _MAX_BATCH = 5000  # due executions handled per timer pass
 _CHECK_MARGIN_MS = 300
+_FINAL = frozenset({Status.SUCCEEDED.value, Status.PERMANENTLY_FAILED.value, Status.SKIPPED.value})
+_SWEEP_SECONDS = 60.0
 
 
 class Execution:
@@ -90,7 +92,8 @@ class Node:
         self.checks: list[tuple[int, int, Execution]] = []
         self.manual: list[Execution] = []
         self.held: dict[str, Execution] = {}
-        self._done_pending: list[tuple[Execution, str]] = []
+        self._done_pending: list[tuple[Execution, str, str]] = []  # (execution, status, history row or '')
+        self._absent_since: dict[str, float] = {}
         self._seq = itertools.count()
         self._attempts: set[asyncio.Task[None]] = set()
         self.ready = False
@@ -126,7 +129,6 @@ class Node:
         self._wake = asyncio.Event()
         self._sync_wake = asyncio.Event()
         self._ownership_dirty = asyncio.Event()
-        self._ownership_dirty.set()
         self._done_wake = asyncio.Event()
         history_stop = asyncio.Event()
 
@@ -144,8 +146,11 @@ class Node:
                 self._timer_loop(),
                 self._notify_loop(),
                 self._maintenance_loop(),
+                self._sweep_recorded(),
             )
         ]
+        if "hold_history" in s.faults:  # test fault: never write history (as if PostgreSQL were unreachable)
+            history_stop.set()
         keepers = [
             self._spawn(self._renew_loop()),
             self._spawn(self._done_loop()),
@@ -176,11 +181,56 @@ class Node:
         self.engine.dispose()
         log.info("node stopped", extra={"node": self.node_id, "history_unwritten": len(self.history)})
 
-    def _history_written(self, rows: int, duplicates: int) -> None:
-        self.metrics.history_batch.observe(rows)
+    def _history_written(self, rows: list[HistoryRow], duplicates: int) -> None:
+        self.metrics.history_batch.observe(len(rows))
         if duplicates:
             self.metrics.duplicates.inc(duplicates)
             log.warning("duplicate deliveries detected in history", extra={"count": duplicates})
+        written = [row_to_text(r) for r in rows if r.status in _FINAL]
+        if written:
+            self._spawn(self._forget_recorded(written))
+
+    async def _forget_recorded(self, members: list[str]) -> None:
+        try:
+            await self.redis.srem(self.keys.unrecorded(self.node_id), *members)
+        except (RedisError, OSError) as exc:  # the periodic sweep removes them later
+            log.debug("could not clear recorded rows: %s", exc)
+
+    async def _recover(self, node_id: str) -> None:
+        """Write the history rows a node delivered but did not record before it died."""
+        key = self.keys.unrecorded(node_id)
+        try:
+            lock = self.keys.recovery_lock(node_id)
+            if node_id != self.node_id and not await self.redis.set(lock, self.node_id, nx=True, px=60_000):
+                return  # another survivor is on it
+            members = await self.redis.smembers(key)
+            if not members:
+                return
+            rows = [row_from_text(m) for m in members]
+            await self.history.write_now(rows)
+            await self.redis.srem(key, *members)
+            log.info("recovered history rows of a departed node", extra={"from_node": node_id, "rows": len(rows)})
+        except Exception as exc:  # noqa: BLE001 - a later departure check or restart retries
+            log.warning("could not recover history rows of %s: %s", node_id, exc)
+
+    async def _sweep_recorded(self) -> None:
+        """Drop rows from this node's unrecorded set once they are no longer waiting to be written
+        (a row written before its done mark reached Redis is left behind otherwise)."""
+        while True:
+            await asyncio.sleep(_SWEEP_SECONDS)
+            try:
+                key = self.keys.unrecorded(self.node_id)
+                pending = self.history.rows_pending()
+                cutoff = self.now_ms() - 30_000
+                stale = []
+                for m in await self.redis.smembers(key):
+                    row = row_from_text(m)
+                    if row[:4] not in pending and (row.finished_ms or 0) < cutoff:
+                        stale.append(m)
+                if stale:
+                    await self.redis.srem(key, *stale)
+            except Exception as exc:  # noqa: BLE001 - next sweep
+                log.debug("sweep of recorded rows failed: %s", exc)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return asyncio.get_running_loop().create_task(coro)
@@ -231,19 +281,42 @@ class Node:
                 self.metrics.heartbeat_age.set(time.time() - self.membership.last_beat)
 
     async def _membership_loop(self) -> None:
+        """Track the live set. A node counts as gone only after it has been missing for a heartbeat
+        interval, so a Redis restart (every heartbeat lost at once) does not reshuffle ownership.
+        The first ownership waits a moment for nodes starting at the same time to register."""
+        s = self.s
+        removal_grace = s.heartbeat_interval_seconds + s.membership_poll_seconds
+        settle_until = time.monotonic() + min(s.heartbeat_interval_seconds, 2.0)
+        settled = False
+        await self._recover(self.node_id)  # rows a previous run under this id left unwritten
         while True:
             try:
-                nodes = await self.membership.live()
-                ids = sorted({n.node_id for n in nodes} | {self.node_id})
-                if ids != self.live_ids:
-                    log.info("membership changed", extra={"nodes": ids, "before": self.live_ids})
-                    self.live_ids = ids
+                seen = {n.node_id for n in await self.membership.live()} | {self.node_id}
+                now = time.monotonic()
+                for n in seen:
+                    self._absent_since.pop(n, None)
+                for n in self.live_ids:
+                    if n not in seen:
+                        self._absent_since.setdefault(n, now)
+                gone = {n for n, t in self._absent_since.items() if now - t >= removal_grace}
+                for n in gone:
+                    del self._absent_since[n]
+                    self._spawn(self._recover(n))
+                view = sorted(seen | set(self._absent_since))
+                if view != self.live_ids:
+                    log.info("membership changed", extra={"nodes": view, "before": self.live_ids})
+                    self.live_ids = view
+                    if settled:
+                        self._ownership_dirty.set()
+                        self._sync_wake.set()
+                if not settled and now >= settle_until:
+                    settled = True
                     self._ownership_dirty.set()
                     self._sync_wake.set()
-                self.metrics.live_nodes.set(len(ids))
+                self.metrics.live_nodes.set(len(view))
             except (RedisError, OSError) as exc:
                 log.warning("could not read the cluster membership: %s", exc)
-            await asyncio.sleep(self.s.membership_poll_seconds)
+            await asyncio.sleep(s.membership_poll_seconds)
 
     async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
@@ -333,13 +406,15 @@ class Node:
             try:
                 if self._ownership_dirty.is_set():
                     self._ownership_dirty.clear()
-                    await self._apply_ownership()
+                    try:
+                        await self._apply_ownership()
+                    except BaseException:
+                        self._ownership_dirty.set()
+                        raise
                     self.ready = True
                 await self._poll_changes()
             except Exception as exc:  # noqa: BLE001 - database down: keep firing what we have, retry
                 log.warning("job sync failed: %s", exc)
-                if not self.ready or self.feed_cursor is None:
-                    self._ownership_dirty.set()
                 await asyncio.sleep(1.0)
             try:
                 await asyncio.wait_for(self._sync_wake.wait(), self.s.change_poll_seconds)
@@ -523,8 +598,8 @@ class Node:
             self.metrics.claims.labels("superseded").inc()
             log.warning("lost the claim on an execution", extra={"job_id": e.job.id, "execution_id": e.id})
 
-    def _queue_done(self, e: Execution, status: str) -> None:
-        self._done_pending.append((e, status))
+    def _queue_done(self, e: Execution, status: str, row: str = "") -> None:
+        self._done_pending.append((e, status, row))
         self._done_wake.set()
 
     async def _done_loop(self) -> None:
@@ -544,12 +619,15 @@ class Node:
             batch, self._done_pending = self._done_pending, []
             try:
                 ok = await self.claims.done(
-                    [e.key for e, _ in batch], [f"d|{self.node_id}|{st}|{e.attempt}" for e, st in batch]
+                    [e.key for e, _, _ in batch],
+                    [f"d|{self.node_id}|{st}|{e.attempt}" for e, st, _ in batch],
+                    [row for _, _, row in batch],
+                    self.keys.unrecorded(self.node_id),
                 )
             except BaseException:
                 self._done_pending[:0] = batch
                 raise
-            for (e, _), marked in zip(batch, ok, strict=True):
+            for (e, _, _), marked in zip(batch, ok, strict=True):
                 if not marked:
                     self.metrics.claims.labels("superseded").inc()
                     log.warning(
@@ -600,7 +678,7 @@ class Node:
         else:
             status = Status.FAILED
         m.executions.labels(status.value).inc()
-        self.history.add(
+        row = self.history.add(
             HistoryRow(
                 job.id,
                 e.scheduled_ms,
@@ -629,5 +707,5 @@ class Node:
             self._wake.set()
             return
         self.held.pop(e.key, None)
-        self._queue_done(e, status.value)
+        self._queue_done(e, status.value, row_to_text(row))
         m.in_flight.set(len(self.held))

@@ -77,11 +77,14 @@ def test_interval_job_delivers_payload_and_metadata_then_stops_when_deleted(
     scheduled = [datetime.fromisoformat(r.headers["Cronman-Scheduled-For"].replace("Z", "+00:00")) for r in got]
     assert all((b - a) == timedelta(seconds=1) for a, b in zip(scheduled, scheduled[1:]))
 
-    hist = wait_for(
-        lambda: [e for e in executions(client, "every-second") if e["status"] == "succeeded"], 5, "history rows"
-    )
     ids = {r.execution_id for r in got}
-    assert ids <= {e["execution_id"] for e in hist}
+    hist = wait_for(
+        lambda: (lambda h: h if ids <= {e["execution_id"] for e in h} else None)(
+            [e for e in executions(client, "every-second") if e["status"] == "succeeded"]
+        ),
+        5,
+        "a succeeded history row for every delivery",
+    )
     assert all(e["http_status"] == 200 and e["node"] == "node-a" and e["lag_ms"] >= 0 for e in hist)
 
     assert client.delete("/v1/jobs/every-second").status_code == 204

@@ -1,0 +1,85 @@
+"""History is kept when the node that delivered dies before writing it, and a node stopped with
+SIGTERM leaves the cluster at once with its history written."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import redis
+from flask.testing import FlaskClient
+
+from cronman.cluster import live_nodes
+from cronman.keys import Keys
+from cronman.receiver import Receiver
+from cronman.settings import Settings
+from tests.helpers import start_node_process, wait_for
+
+
+def _create_jobs(client: FlaskClient, url: str, n: int) -> None:
+    for i in range(n):
+        doc = {"id": f"r-{i}", "schedule": {"type": "interval", "every_seconds": 1}, "target": {"type": "http", "url": url}}
+        assert client.post("/v1/jobs", data=json.dumps(doc), content_type="application/json").status_code == 201
+
+
+def _history(client: FlaskClient, n: int) -> dict[str, dict]:
+    rows: dict[str, dict] = {}
+    for i in range(n):
+        for e in client.get(f"/v1/jobs/r-{i}/executions", query_string={"limit": 1000}).json["executions"]:
+            rows[e["execution_id"]] = e
+    return rows
+
+
+def test_a_killed_nodes_unwritten_history_is_recovered_by_a_survivor(
+    client: FlaskClient, settings_env: dict[str, str], workdir: Path, redis_prefix: str
+) -> None:
+    logs = workdir / f"recovery-{redis_prefix.strip(':')}"
+    logs.mkdir()
+    with Receiver() as receiver:
+        a, _ = start_node_process(settings_env, "node-a", logs / "a.log", extra={"CRONMAN_TEST_FAULTS": "hold_history"})
+        b, _ = start_node_process(settings_env, "node-b", logs / "b.log")
+        try:
+            _create_jobs(client, receiver.url, 10)
+            time.sleep(4)
+            a.signal(signal.SIGKILL)
+            a.proc.wait(10)
+            delivered = {r.execution_id for r in receiver.snapshot()}
+            assert delivered
+            # node-a's rows were never written; node-b writes them once node-a's heartbeat is gone
+            rows = wait_for(
+                lambda: (lambda h: h if delivered <= set(h) else None)(_history(client, 10)),
+                20,
+                "a history row for every delivery",
+            )
+            by_a = [e for e in rows.values() if e["execution_id"] in delivered and e["node"] == "node-a"]
+            assert by_a, "node-a delivered nothing: the test proves nothing"
+            assert all(e["status"] == "succeeded" and e["duplicates"] == 0 for e in by_a)
+        finally:
+            a.stop()
+            b.stop()
+
+
+def test_sigterm_leaves_the_cluster_at_once_with_history_written(
+    client: FlaskClient, settings: Settings, settings_env: dict[str, str], workdir: Path, redis_prefix: str
+) -> None:
+    logs = workdir / f"sigterm-{redis_prefix.strip(':')}"
+    logs.mkdir()
+    r = redis.Redis.from_url(settings.redis_url)
+    keys = Keys(settings.redis_prefix)
+    with Receiver(delay=0.5) as receiver:
+        node, _ = start_node_process(settings_env, "node-t", logs / "t.log")
+        try:
+            _create_jobs(client, receiver.url, 5)
+            wait_for(lambda: len(receiver.snapshot()) >= 5, 10, "deliveries")
+            assert [n.node_id for n in live_nodes(r, keys)] == ["node-t"]
+            node.signal(signal.SIGTERM)
+            assert node.proc.wait(30) == 0
+            assert live_nodes(r, keys) == []  # gone at once, not after the heartbeat TTL
+        finally:
+            node.stop()
+    delivered = {x.execution_id for x in receiver.snapshot()}
+    rows = _history(client, 5)
+    assert delivered <= set(rows), "a delivery finished during shutdown was not recorded"
+    assert r.scard(keys.unrecorded("node-t")) == 0
