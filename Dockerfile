@@ -24,8 +24,12 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 RUN pip install --upgrade pip setuptools wheel
 
+# Only what the package is built from (tests/deploy/test_packaging.py builds a wheel from the same list).
 WORKDIR /src
-COPY . .
+COPY pyproject.toml setup.cfg README.md ./
+COPY cronman/ cronman/
+COPY api/ api/
+COPY scheduler_node/ scheduler_node/
 RUN pip install . \
     && cronman --help >/dev/null
 
@@ -51,6 +55,10 @@ ENV PATH=/opt/venv/bin:$PATH \
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 COPY alembic/ /app/alembic/
+
+# Smoke check, away from any source tree: the installed package finds its Lua scripts and the migrations.
+RUN cronman --help >/dev/null \
+    && python -c "from cronman.keys import lua; from cronman.migrate import migrations_dir; lua('members'); print(migrations_dir())"
 
 # Numeric, so Kubernetes can verify runAsNonRoot.
 USER 10001:10001

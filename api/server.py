@@ -1,12 +1,34 @@
-"""``cronman api``: the Flask app under gunicorn."""
+"""``cronman api``: the Flask app under gunicorn.
+
+Logs: gunicorn's own error log goes through the same JSON formatter and redaction filter as the
+application (a ``logconfig_dict``); gunicorn's access log stays off, since :mod:`api.metrics` writes
+one JSON line per request with the route template instead of the raw path.
+
+Metrics: each worker is a process of its own, so prometheus_client runs in multiprocess mode.
+``PROMETHEUS_MULTIPROC_DIR`` is set here, before the workers fork: an existing value is kept (the
+Helm chart points it into the pod's ``/tmp`` emptyDir), otherwise a fresh directory under /tmp is
+made and removed at exit. Files left by an earlier run are cleared at start, and the files of a
+worker that exits are marked dead so its live gauges drop out.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from cronman.logs import logconfig_dict
 from cronman.settings import Settings
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+log = logging.getLogger("cronman.api")
 
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
@@ -25,8 +47,29 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         return create_app(self._settings)
 
 
-def serve(settings: Settings) -> None:
-    options = {
+def prepare_multiprocess_dir(environ: MutableMapping[str, str] = os.environ) -> tuple[Path, bool]:
+    """Make sure ``PROMETHEUS_MULTIPROC_DIR`` names an empty directory; return it and whether it was made here."""
+    given = environ.get(MULTIPROC_ENV)
+    if given:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        for stale in path.glob("*.db"):
+            stale.unlink(missing_ok=True)
+        return path, False
+    path = Path(tempfile.mkdtemp(prefix="cronman-api-metrics-", dir="/tmp"))
+    environ[MULTIPROC_ENV] = str(path)
+    return path, True
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """gunicorn hook, in the master: a worker has exited."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def gunicorn_options(settings: Settings) -> dict[str, Any]:
+    return {
         "bind": f"{settings.api_host}:{settings.api_port}",
         "workers": settings.api_workers,
         "worker_class": "gthread",
@@ -37,7 +80,21 @@ def serve(settings: Settings) -> None:
         "accesslog": None,
         "errorlog": "-",
         "loglevel": settings.log_level.lower(),
+        "logconfig_dict": logconfig_dict(settings.log_level),
+        "child_exit": child_exit,
         "proc_name": "cronman-api",
         "control_socket_disable": True,
     }
-    _Gunicorn(settings, options).run()
+
+
+def serve(settings: Settings) -> None:
+    metrics_dir, made_here = prepare_multiprocess_dir()
+    log.info(
+        "serving the API",
+        extra={"bind": f"{settings.api_host}:{settings.api_port}", "metrics_dir": str(metrics_dir)},
+    )
+    try:
+        _Gunicorn(settings, gunicorn_options(settings)).run()
+    finally:
+        if made_here:
+            shutil.rmtree(metrics_dir, ignore_errors=True)

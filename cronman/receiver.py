@@ -122,8 +122,8 @@ class Receiver:
         self.stop()
 
 
-def serve_forever(port: int, fail_first: int, fail_status: int) -> None:
-    r = Receiver(port=port, fail_first=fail_first, fail_status=fail_status, echo=sys.stdout)
+def serve_forever(port: int, fail_first: int, fail_status: int, host: str = "127.0.0.1") -> None:
+    r = Receiver(host=host, port=port, fail_first=fail_first, fail_status=fail_status, echo=sys.stdout)
     r.start()
     print(f"receiving on {r.url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
     try:

@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -279,12 +280,12 @@ def test_secret_values(helm: Path) -> None:
         helm,
         "database.url=postgresql://u:p@db:5432/cronman",
         "redis.url=redis://redis:6379/0",
-        "auth.adminKey=k3y",
+        "auth.adminKey=k3y-0123456789abcdef",
     )
     expected = {
         "CRONMAN_DATABASE_URL": "postgresql://u:p@db:5432/cronman",
         "CRONMAN_REDIS_URL": "redis://redis:6379/0",
-        "CRONMAN_API_KEY": "k3y",
+        "CRONMAN_API_KEY": "k3y-0123456789abcdef",
     }
     assert decoded(one(docs, "Secret", FULLNAME)) == expected
     assert decoded(one(docs, "Secret", f"{FULLNAME}-migrations")) == expected
@@ -382,6 +383,7 @@ def test_service_account_annotations(helm: Path) -> None:
         ("scheduler.replicas=0", ("scheduler", "replicas")),
         ("api.replicas=0", ("api", "replicas")),
         ("config.LOG_LEVEL=DEBUG", ("LOG_LEVEL",)),
+        ("auth.adminKey=too-short", ("adminKey",)),
     ],
 )
 def test_invalid_values_are_refused_by_the_schema(helm: Path, value: str, words: tuple[str, ...]) -> None:
@@ -406,3 +408,109 @@ def test_notes_show_how_to_create_a_first_job(helm: Path) -> None:
         "target": {"type": "http", "url": "https://example.com/hook"},
         "payload": {"hello": "world"},
     }
+
+
+# ---- alignment with the program ----
+
+# Read by the program outside the settings object (cronman.migrate.migrations_dir).
+_EXTRA_CRONMAN_VARIABLES = {"CRONMAN_MIGRATIONS_DIR"}
+
+
+def _settings_variables() -> set[str]:
+    from cronman.settings import Settings
+
+    return {f"CRONMAN_{name.upper()}" for name in Settings.model_fields} | _EXTRA_CRONMAN_VARIABLES
+
+
+def test_every_cronman_variable_the_chart_sets_is_a_setting(helm: Path) -> None:
+    docs = render(
+        helm,
+        "database.url=postgresql://u:p@db:5432/cronman",
+        "redis.url=redis://redis:6379/0",
+        "auth.adminKey=0123456789abcdef0123",
+    )
+    names: set[str] = set()
+    for d in docs:
+        if d["kind"] in ("ConfigMap", "Secret"):
+            names |= set(d.get("data") or {})
+    for w in workloads(docs):
+        for c in pod_spec(w)["containers"]:
+            names |= {e["name"] for e in c.get("env") or []}
+    names |= set(yaml.safe_load((CHART / "values.yaml").read_text())["config"])
+    cronman_names = {n for n in names if n.startswith("CRONMAN_")}
+    assert {"CRONMAN_DATABASE_URL", "CRONMAN_REDIS_URL", "CRONMAN_API_KEY", "CRONMAN_NODE_ID"} <= cronman_names
+    unknown = cronman_names - _settings_variables()
+    assert not unknown, f"the chart sets variables the program does not read: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize(("component", "port_name"), [("api", "http"), ("scheduler", "metrics")])
+def test_startup_probe_is_liveness(helm: Path, component: str, port_name: str) -> None:
+    container = pod_spec(one(render(helm), "Deployment", f"{FULLNAME}-{component}"))["containers"][0]
+    startup = container["startupProbe"]["httpGet"]
+    assert (startup["path"], startup["port"]) == ("/healthz", port_name)
+
+
+def test_api_metrics_directory_is_in_the_tmp_emptydir(helm: Path) -> None:
+    """gunicorn workers share their series through PROMETHEUS_MULTIPROC_DIR; the root filesystem is
+    read-only, so it must sit in the writable /tmp emptyDir."""
+    spec = pod_spec(one(render(helm), "Deployment", f"{FULLNAME}-api"))
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    path = env["PROMETHEUS_MULTIPROC_DIR"]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mount = next(p for p in sorted(mounts, key=len, reverse=True) if path == p or path.startswith(p.rstrip("/") + "/"))
+    assert mount == "/tmp"
+    assert "emptyDir" in volumes[mounts[mount]]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # Only the API runs several worker processes.
+    scheduler = pod_spec(one(render(helm), "Deployment", f"{FULLNAME}-scheduler"))["containers"][0]
+    assert "PROMETHEUS_MULTIPROC_DIR" not in {e["name"] for e in scheduler["env"]}
+
+
+def _series_names() -> set[str]:
+    """Every sample name the node and the API can expose."""
+    from prometheus_client import CollectorRegistry
+
+    from api.metrics import api_metrics
+    from scheduler_node.metrics import NodeMetrics
+
+    names: set[str] = set()
+    registries: list[Any] = [NodeMetrics("n").registry]
+    api = api_metrics()
+    api_registry = CollectorRegistry()
+    for metric in (api.requests, api.latency, api.job_changes, api.validation_errors):
+        api_registry.register(metric)
+    registries.append(api_registry)
+    for registry in registries:
+        for family in registry.collect():
+            names.add(family.name)
+            for suffix in ("_total", "_count", "_sum", "_bucket", "_created"):
+                names.add(family.name + suffix)
+    return names
+
+
+def test_prometheus_rule_is_off_by_default_and_uses_existing_series(helm: Path) -> None:
+    assert not find(render(helm), "PrometheusRule")
+    docs = render(helm, "prometheusRule.enabled=true", "prometheusRule.labels.release=prom")
+    (rule,) = find(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    alerts = {r["alert"] for r in rules}
+    assert {
+        "CronmanFireLagHigh",
+        "CronmanPermanentFailures",
+        "CronmanDuplicateDeliveries",
+        "CronmanHistoryWritesFailing",
+        "CronmanHeartbeatStale",
+    } <= alerts
+    known = _series_names()
+    jobs = {f'job="{FULLNAME}-api"', f'job="{FULLNAME}-scheduler"'}
+    for r in rules:
+        used = set(re.findall(r"\bcronman_[a-z_]+", r["expr"]))
+        assert used and used <= known, f"{r['alert']} uses unknown series {sorted(used - known)}"
+        assert any(j in r["expr"] for j in jobs) and f'namespace="{NAMESPACE}"' in r["expr"], r["expr"]
+        assert r["labels"]["severity"] in ("warning", "critical")
+    # Each rule selects the Service a ServiceMonitor scrapes.
+    services = {s["metadata"]["name"] for s in find(docs, "Service")}
+    assert {j.split('"')[1] for j in jobs} <= services
