@@ -6,9 +6,12 @@ import logging
 from dataclasses import dataclass
 
 import redis
+import sqlalchemy.exc
 from flask import Flask, jsonify
 from werkzeug.exceptions import HTTPException
 
+from api.metrics import init_app as init_metrics
+from api.metrics import note_error
 from cronman.errors import CronmanError
 from cronman.keys import Keys
 from cronman.settings import Settings, load_settings
@@ -35,6 +38,7 @@ class Services:
 
 
 def _error(status: int, code: str, message: str, field: str | None = None):  # type: ignore[no-untyped-def]
+    note_error(code)
     return jsonify({"error": {"code": code, "message": message, "field": field}}), status
 
 
@@ -54,6 +58,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(jobs_bp)
     app.register_blueprint(ops_bp)
 
+    from api.auth import install_auth
+
+    install_auth(app, settings)
+    init_metrics(app)
+
     @app.errorhandler(CronmanError)
     def _cronman_error(exc: CronmanError):  # type: ignore[no-untyped-def]
         return _error(exc.status, exc.code, exc.message, exc.field)
@@ -62,6 +71,13 @@ def create_app(settings: Settings | None = None) -> Flask:
     def _http_error(exc: HTTPException):  # type: ignore[no-untyped-def]
         code = (exc.name or "error").lower().replace(" ", "_")
         return _error(exc.code or 500, code, exc.description or exc.name)
+
+    @app.errorhandler(sqlalchemy.exc.OperationalError)
+    @app.errorhandler(sqlalchemy.exc.InterfaceError)
+    def _database_unavailable(exc: Exception):  # type: ignore[no-untyped-def]
+        log.warning("database unavailable: %s", type(exc).__name__)
+        resp = _error(503, "unavailable", "the database is unavailable; try again shortly")
+        return resp[0], 503, {"Retry-After": "5"}
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):  # type: ignore[no-untyped-def]

@@ -8,11 +8,15 @@ import uuid
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
-from cronman.errors import InvalidInput, NotFound, UnsupportedMediaType
+from api.auth import caller
+from api.targets import check_callback, has_placeholder, redact_target, restore_secrets
+from cronman.apikeys import DEFAULT_NAMESPACE, check_namespace
+from cronman.errors import Conflict, Forbidden, InvalidInput, NotFound, PayloadTooLarge, UnsupportedMediaType
 from cronman.execution import Trigger, execution_id
 from cronman.schedule import next_times, timing_from_dict
-from cronman.spec import JOB_ID_RE, parse_job
+from cronman.spec import JOB_ID_RE, JobSpec, options_with_defaults, parse_job
 from cronman.store import ExecutionRecord, JobRecord, decode_cursor, encode_cursor
 from cronman.timeutil import iso, iso_dt, parse_iso
 
@@ -32,8 +36,29 @@ def _now_ms() -> int:
 
 
 def _namespace() -> str | None:
-    """The caller's namespace (None: every namespace)."""
-    return None
+    """The caller's namespace (None: every namespace, for the admin key)."""
+    return caller().namespace
+
+
+def _requested_namespace() -> str | None:
+    """The ``namespace`` query parameter: the admin key's way to act in a namespace; a namespace
+    key may name only its own."""
+    requested = request.args.get("namespace")
+    if requested is None:
+        return None
+    check_namespace(requested)
+    own = _namespace()
+    if own is not None and requested != own:
+        raise Forbidden(f"this key belongs to namespace {own!r}; it cannot act in {requested!r}", field="namespace")
+    return requested
+
+
+def _spec(raw: bytes, doc: dict[str, Any], stored_target: dict[str, Any] | None) -> JobSpec:
+    """Validate a job document (after restoring redacted header values) and check its callback."""
+    body = json.dumps(restore_secrets(doc, stored_target)) if has_placeholder(doc) else raw
+    spec = parse_job(body)
+    check_callback(spec, _services().settings)
+    return spec
 
 
 def _json_body() -> tuple[bytes, dict[str, Any]]:
@@ -43,7 +68,14 @@ def _json_body() -> tuple[bytes, dict[str, Any]]:
             f"send the body as JSON with Content-Type: application/json (got {mimetype or 'none'!r})",
             field="Content-Type",
         )
-    raw = request.get_data(cache=True)
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    too_large = PayloadTooLarge(f"the request body exceeds {limit} bytes", field="body")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    try:
+        raw = request.get_data(cache=True)
+    except RequestEntityTooLarge:
+        raise too_large from None
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -83,10 +115,12 @@ def job_json(r: JobRecord, now_ms: int) -> dict[str, Any]:
         doc["name"] = r.name
     doc.update(
         schedule=_type_first(r.schedule),
-        target=_type_first(r.target),
+        target=_type_first(redact_target(r.target)),
         payload=json.loads(r.payload),
         retry=r.retry,
         paused=r.paused,
+        **options_with_defaults(r.options),
+        state="paused" if r.paused else ("active" if nxt is not None else "completed"),
         created_at=iso_dt(r.created_at),
         updated_at=iso_dt(r.updated_at),
         version=r.version,
@@ -111,6 +145,8 @@ def execution_json(e: ExecutionRecord) -> dict[str, Any]:
         "http_status": e.http_status,
         "error": e.error,
         "duplicates": e.duplicates,
+        "throttle_wait_ms": e.throttle_wait_ms,
+        "dead_lettered": e.dead_lettered,
     }
 
 
@@ -124,11 +160,12 @@ def _job_response(record: JobRecord, status: int) -> Response:
 
 @bp.post("")
 def create_job() -> Response:
-    raw, _ = _json_body()
-    spec = parse_job(raw)
+    raw, doc = _json_body()
+    namespace = _requested_namespace() or _namespace() or DEFAULT_NAMESPACE
+    spec = _spec(raw, doc, None)
     job_id = spec.id or f"job-{uuid.uuid4().hex}"
     svc = _services()
-    record = svc.store.create(spec, job_id, _namespace() or "default")
+    record = svc.store.create(spec, job_id, namespace)
     svc.notify_change()
     return _job_response(record, 201)
 
@@ -138,7 +175,7 @@ def list_jobs() -> Response:
     limit = _int_arg("limit", 100, 1, MAX_LIST)
     cursor = request.args.get("cursor") or None
     after = decode_cursor(cursor, (str,))[0] if cursor else None
-    records = _services().store.list_jobs(_namespace(), limit + 1, after)
+    records = _services().store.list_jobs(_requested_namespace() or _namespace(), limit + 1, after)
     more = len(records) > limit
     records = records[:limit]
     now = _now_ms()
@@ -165,9 +202,22 @@ def put_job(job_id: str) -> Response:
         )
     if doc.get("id", job_id) != job_id:
         raise InvalidInput("the id in the body differs from the id in the path", field="id", code="invalid_value")
-    spec = parse_job(raw)
+    namespace = _requested_namespace() or _namespace()
     svc = _services()
-    record, created = svc.store.put(spec, job_id, _namespace() or "default")
+    stored = None
+    if has_placeholder(doc):
+        try:
+            stored = svc.store.get(job_id, _namespace()).target
+        except NotFound:
+            stored = None
+    spec = _spec(raw, doc, stored)
+    try:
+        record, created = svc.store.put(spec, job_id, namespace)
+    except Conflict:
+        if _namespace() is None:
+            raise
+        # Like every other single-job operation, another namespace's job is "not found" here.
+        raise NotFound(f"no job with id {job_id!r} in this namespace, and the id is taken", field="id") from None
     svc.notify_change()
     return _job_response(record, 201 if created else 200)
 
@@ -201,7 +251,7 @@ def patch_job(job_id: str) -> Response:
     svc = _services()
     current = svc.store.get(job_id, _namespace())
     merged = _merge(current.spec_document(), patch)
-    spec = parse_job(json.dumps(merged))
+    spec = _spec(json.dumps(merged).encode(), merged, current.target)
     record = svc.store.replace_checked(job_id, _namespace(), current.version, spec)
     svc.notify_change()
     return _job_response(record, 200)

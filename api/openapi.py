@@ -9,7 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
 from cronman import __version__
-from cronman.spec import JOB_ID_PATTERN, JobSpec, RetryPolicy, Schedule, Target
+from cronman.apikeys import NAMESPACE_PATTERN
+from cronman.misfire import MisfirePolicy
+from cronman.spec import JOB_ID_PATTERN, JobSpec, OverlapPolicy, RetryPolicy, Schedule, Target
 
 
 class _Out(BaseModel):
@@ -27,6 +29,14 @@ class Job(_Out):
     payload: Any
     retry: RetryPolicy
     paused: bool
+    events_per_trigger: int
+    throttle: str | None
+    misfire_policy: MisfirePolicy
+    catchup_window_seconds: int
+    overlap_policy: OverlapPolicy
+    delete_after_completion: bool
+    dead_letter_queue_url: str | None
+    state: Literal["active", "paused", "completed"]
     created_at: str = Field(json_schema_extra={"format": "date-time"})
     updated_at: str = Field(json_schema_extra={"format": "date-time"})
     version: int
@@ -53,6 +63,10 @@ class Execution(_Out):
     http_status: int | None
     error: str | None
     duplicates: int = Field(description="Extra deliveries of this attempt detected (0 normally).")
+    throttle_wait_ms: int | None = Field(description="How long the attempt waited for a throttle permit.")
+    dead_lettered: bool | None = Field(
+        description="Whether a permanently failed execution reached its dead-letter queue."
+    )
 
 
 class ExecutionList(_Out):
@@ -103,9 +117,23 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+_AUTH_ERRORS = {
+    "401": {
+        **_json(_ref("Error"), "No API key, or an unknown or revoked one"),
+        "headers": {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "Bearer"}},
+    },
+    "403": _json(_ref("Error"), "The key may not do this (another namespace, or an admin-only endpoint)"),
+}
 _ERRORS = {
     "400": _json(_ref("Error"), "Invalid input"),
     "404": _json(_ref("Error"), "No such job"),
+    **_AUTH_ERRORS,
+}
+_NAMESPACE = {
+    "name": "namespace",
+    "in": "query",
+    "description": "The admin key: the namespace to act in (a namespace key may name only its own).",
+    "schema": {"type": "string", "pattern": NAMESPACE_PATTERN, "maxLength": 64},
 }
 _JOB_ID = {
     "name": "job_id",
@@ -122,8 +150,24 @@ def _page(limit_max: int) -> list[dict[str, Any]]:
     ]
 
 
-def _body(schema: dict[str, Any], types: tuple[str, ...] = ("application/json",)) -> dict[str, Any]:
-    return {"required": True, "content": {t: {"schema": schema} for t in types}}
+def _body(
+    schema: dict[str, Any], types: tuple[str, ...] = ("application/json",), example: Any = None
+) -> dict[str, Any]:
+    extra = {} if example is None else {"example": example}
+    return {"required": True, "content": {t: {"schema": schema, **extra} for t in types}}
+
+
+_EXAMPLE_JOB = {
+    "name": "daily invoice reminder",
+    "schedule": {"type": "cron", "expression": "0 7 * * *", "timezone": "America/New_York"},
+    "target": {
+        "type": "http",
+        "url": "https://example.com/hook",
+        "headers": {"Authorization": "Bearer receiver-secret"},
+    },
+    "payload": {"invoice": 42},
+    "retry": {"max_attempts": 3, "backoff_seconds": 1, "max_backoff_seconds": 60},
+}
 
 
 def _paths() -> dict[str, Any]:
@@ -140,14 +184,15 @@ def _paths() -> dict[str, Any]:
             "post": {
                 "summary": "Create a job",
                 "operationId": "createJob",
-                "requestBody": _body(_ref("JobSpec")),
+                "parameters": [_NAMESPACE],
+                "requestBody": _body(_ref("JobSpec"), example=_EXAMPLE_JOB),
                 "responses": {"201": _json(_ref("Job"), "Created"), **write_errors},
             },
             "get": {
                 "summary": "List jobs",
                 "operationId": "listJobs",
-                "parameters": _page(1000),
-                "responses": {"200": _json(_ref("JobList"), "A page of jobs"), "400": _ERRORS["400"]},
+                "parameters": [*_page(1000), _NAMESPACE],
+                "responses": {"200": _json(_ref("JobList"), "A page of jobs"), "400": _ERRORS["400"], **_AUTH_ERRORS},
             },
         },
         "/v1/jobs/{job_id}": {
@@ -156,20 +201,25 @@ def _paths() -> dict[str, Any]:
             "put": {
                 "summary": "Create or replace a job",
                 "operationId": "putJob",
-                "requestBody": _body(_ref("JobSpec")),
+                "parameters": [_NAMESPACE],
+                "requestBody": _body(_ref("JobSpec"), example=_EXAMPLE_JOB),
                 "responses": {"200": job_ok, "201": _json(_ref("Job"), "Created"), **write_errors},
             },
             "patch": {
                 "summary": "Update some fields (JSON merge patch; payload and a schedule or target whose type "
                 "changes are replaced whole)",
                 "operationId": "patchJob",
-                "requestBody": _body({"type": "object"}, ("application/json", "application/merge-patch+json")),
+                "requestBody": _body(
+                    {"type": "object"},
+                    ("application/json", "application/merge-patch+json"),
+                    example={"schedule": {"expression": "30 8 * * *"}, "paused": True},
+                ),
                 "responses": {"200": job_ok, **write_errors},
             },
             "delete": {
                 "summary": "Delete a job",
                 "operationId": "deleteJob",
-                "responses": {"204": {"description": "Deleted"}, "404": _ERRORS["404"]},
+                "responses": {"204": {"description": "Deleted"}, **_ERRORS},
             },
         },
         "/v1/jobs/{job_id}/next": {
@@ -206,13 +256,15 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "summary": "Live scheduler nodes",
                 "operationId": "getCluster",
-                "responses": {"200": _json(_ref("Cluster"), "The cluster")},
+                "description": "Needs the admin key.",
+                "responses": {"200": _json(_ref("Cluster"), "The cluster"), **_AUTH_ERRORS},
             }
         },
         "/healthz": {
             "get": {
                 "summary": "Liveness",
                 "operationId": "healthz",
+                "security": [],
                 "responses": {"200": _json({"type": "object"}, "Alive")},
             }
         },
@@ -220,6 +272,7 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "summary": "Readiness",
                 "operationId": "readyz",
+                "security": [],
                 "responses": {"200": _json({"type": "object"}, "Ready"), "503": _json({"type": "object"}, "Not ready")},
             }
         },
@@ -227,6 +280,7 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "summary": "Prometheus metrics",
                 "operationId": "metrics",
+                "security": [],
                 "responses": {
                     "200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}
                 },
@@ -258,5 +312,16 @@ def openapi_document() -> dict[str, Any]:
             "or SQS message on time, at least once, with a stable execution id.",
         },
         "paths": _paths(),
-        "components": {"schemas": top["$defs"]},
+        "security": [{"bearerAuth": []}],
+        "components": {
+            "schemas": top["$defs"],
+            "securitySchemes": {
+                "bearerAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API key: the admin key (CRONMAN_API_KEY) or a namespace key "
+                    "(cronman keys create). Every /v1 endpoint needs one.",
+                }
+            },
+        },
     }

@@ -98,10 +98,60 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return run_dev(_settings(), args.nodes, args.api_port, Path(args.data_dir))
 
 
+def _key_store():  # type: ignore[no-untyped-def]
+    from cronman.apikeys import ApiKeyStore
+    from cronman.store import make_engine
+
+    return ApiKeyStore(make_engine(_settings().database_url, pool_size=1))
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from cronman.errors import CronmanError
+
+    try:
+        key, secret = _key_store().create(args.namespace, args.description)
+    except CronmanError as exc:
+        raise SystemExit(f"cronman: {exc.message}") from None
+    print(f"created API key {key.id} ({key.prefix}) for namespace {key.namespace!r}")
+    print("it is shown only now; keep it secret. The key:")
+    print(secret)
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    rows = [("ID", "PREFIX", "NAMESPACE", "CREATED", "REVOKED", "DESCRIPTION")]
+    for k in _key_store().list():
+        rows.append(
+            (
+                str(k.id),
+                k.prefix,
+                k.namespace,
+                k.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                k.revoked_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if k.revoked_at else "-",
+                k.description or "",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from cronman.errors import CronmanError
+
+    try:
+        key = _key_store().revoke(args.key)
+    except CronmanError as exc:
+        raise SystemExit(f"cronman: {exc.message}") from None
+    print(f"revoked API key {key.id} ({key.prefix}) of namespace {key.namespace!r}")
+    return 0
+
+
 def cmd_receive(args: argparse.Namespace) -> int:
     from cronman.receiver import serve_forever
 
-    serve_forever(args.port, args.fail_first, args.fail_status)
+    serve_forever(args.port, args.fail_first, args.fail_status, args.host)
     return 0
 
 
@@ -133,8 +183,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--today", default=None, help="act as if today were YYYY-MM-DD (UTC)")
     s.set_defaults(fn=cmd_maintain)
 
+    s = sub.add_parser("keys", help="create, list and revoke API keys (each bound to a namespace)")
+    keys = s.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    k = keys.add_parser("create", help="create a key for a namespace; prints it once, alone on the last line")
+    k.add_argument("--namespace", required=True, help="the namespace whose jobs the key may see and change")
+    k.add_argument("--description", default=None, help="a note on who uses the key")
+    k.set_defaults(fn=cmd_keys_create)
+    k = keys.add_parser("list", help="list keys (ids, prefixes, namespaces; never the keys themselves)")
+    k.set_defaults(fn=cmd_keys_list)
+    k = keys.add_parser("revoke", help="revoke a key, named by its id or its prefix")
+    k.add_argument("key", metavar="KEY_ID_OR_PREFIX")
+    k.set_defaults(fn=cmd_keys_revoke)
+
     s = sub.add_parser("receive", help="a local HTTP receiver that prints each delivery")
     s.add_argument("--port", type=int, default=9000)
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
     s.add_argument(
         "--fail-first", type=int, default=0, help="answer an error to the first N attempts of each execution"
     )

@@ -8,6 +8,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Identity,
     Index,
     Integer,
@@ -16,6 +17,7 @@ from sqlalchemy import (
     Sequence,
     Table,
     Text,
+    UniqueConstraint,
     false,
     func,
     text,
@@ -46,6 +48,10 @@ jobs = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("deleted_at", DateTime(timezone=True), comment="tombstone: nodes learn of deletes from it"),
+    Column(
+        "options", JSONB, nullable=False, server_default=text("'{}'::jsonb"),
+        comment="delivery and scheduling options (fan-out, throttle, misfire, overlap, dead letter)",
+    ),
     Index("ix_jobs_slot_live", "slot", postgresql_where=text("deleted_at IS NULL")),
     Index("ix_jobs_change_xid", "change_xid"),
     Index("ix_jobs_namespace_id", "namespace", "id"),
@@ -60,6 +66,13 @@ job_triggers = Table(
     Column("requested_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("requested_by", Text),
     Column("change_xid", BigInteger, nullable=False),
+    # "trigger": fire once now; "redeliver": send an existing execution again (same execution id)
+    Column("kind", Text, nullable=False, server_default="trigger"),
+    Column("scheduled_for", DateTime(timezone=True)),
+    Column("event_index", Integer),
+    Column("attempt", Integer),
+    Column("execution_id", UUID(as_uuid=False)),
+    Column("trigger", Text, comment="the redelivered execution's own trigger"),
     Index("ix_job_triggers_change_xid", "change_xid"),
 )
 
@@ -83,8 +96,88 @@ scheduled_jobs = Table(
     Column("http_status", Integer),
     Column("error", Text),
     Column("duplicates", Integer, nullable=False, server_default="0"),
+    Column("throttle_wait_ms", Integer),
+    Column("dead_lettered", Boolean),
     PrimaryKeyConstraint("job_id", "scheduled_for", "event_index", "attempt", name="pk_scheduled_jobs"),
     postgresql_partition_by="RANGE (scheduled_for)",
+)
+
+# API keys, each bound to one namespace. Only a SHA-256 of the key is kept; ``prefix`` is the
+# key's non-secret start, for display and for naming a key to revoke.
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("namespace", Text, nullable=False),
+    Column("prefix", Text, nullable=False),
+    Column("key_hash", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("revoked_at", DateTime(timezone=True)),
+    Column("description", Text),
+    UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),
+    Index("ix_api_keys_prefix", "prefix"),
+)
+
+# A named limit on deliveries in flight (and optionally per second), shared by every job of the
+# namespace that names it, across the whole cluster.
+throttle_policies = Table(
+    "throttle_policies",
+    metadata,
+    Column("namespace", Text, primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("max_in_flight", Integer, nullable=False),
+    Column("max_per_second", Float),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# HMAC secrets for Cronman-Signature, per namespace; the newest signs, the previous one also signs
+# for a day after a rotation so receivers can switch over.
+signing_secrets = Table(
+    "signing_secrets",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("namespace", Text, nullable=False),
+    Column("secret", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_signing_secrets_namespace", "namespace", "created_at"),
+)
+
+# Who did what to a job (create, update, pause, resume, trigger, redeliver, delete).
+job_events = Table(
+    "job_events",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("job_id", Text, nullable=False),
+    Column("namespace", Text, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("action", Text, nullable=False),
+    Column("actor", Text),
+    Column("detail", JSONB),
+    Index("ix_job_events_job_id", "job_id", "id"),
+)
+
+# Create/update/delete commands received through the command queue, and what became of them.
+commands = Table(
+    "commands",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("namespace", Text),
+    Column("action", Text, nullable=False),
+    Column("job_id", Text),
+    Column("status", Text, nullable=False),
+    Column("error", Text),
+    Column("received_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("applied_at", DateTime(timezone=True)),
+)
+
+# Small cluster-wide facts; "fired_through" is the last time any node was running, which tells
+# a node starting after a full outage which occurrences nobody fired (misfires).
+scheduler_state = Table(
+    "scheduler_state",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("value", DateTime(timezone=True), nullable=False),
 )
 
 PARTITION_PREFIX = "scheduled_jobs_"

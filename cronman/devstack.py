@@ -7,6 +7,7 @@ N scheduler nodes, each a child process. ``DIR/env`` lets other shells join the 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import sys
 import time
@@ -78,6 +79,7 @@ class DevStack:
             "CRONMAN_SQS_ENDPOINT_URL": sqs_url,
             "CRONMAN_API_URL": api_url,
             "CRONMAN_DEV_MODE": "1",
+            "CRONMAN_API_KEY": secrets.token_urlsafe(32),  # the admin key, new on every start
             "CRONMAN_DEV_QUEUE_URL": queue_url,
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
@@ -91,6 +93,7 @@ class DevStack:
         self.api.wait_until(lambda: requests.get(f"{api_url}/readyz", timeout=1).ok, 60, "the API to be ready")
         self.say(f"""
   API            {api_url}          (OpenAPI: {api_url}/openapi.json)
+  admin key      {self.env["CRONMAN_API_KEY"]}   (Authorization: Bearer $CRONMAN_API_KEY)
   SQS endpoint   {sqs_url}   dev queue: {queue_url}
   PostgreSQL     {db_url}
   Redis          {redis_url}

@@ -25,6 +25,16 @@ class InvalidInput(CronmanError):
     status = 400
 
 
+class Unauthorized(CronmanError):
+    code = "unauthorized"
+    status = 401
+
+
+class Forbidden(CronmanError):
+    code = "forbidden"
+    status = 403
+
+
 class NotFound(CronmanError):
     code = "not_found"
     status = 404

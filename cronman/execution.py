@@ -25,7 +25,8 @@ def execution_id(job_id: str, scheduled_ms: int, event_index: int = 0, trigger: 
     return str(uuid.uuid5(_NAMESPACE, f"{job_id}\x00{scheduled_ms}\x00{event_index}\x00{trigger}"))
 
 
-def backoff_ms(attempt: int, base_seconds: float, max_seconds: float) -> int:
-    """Delay before attempt ``attempt + 1`` after attempt ``attempt`` (1-based) failed."""
-    delay = base_seconds * (2 ** max(attempt - 1, 0))
-    return int(min(delay, max_seconds) * 1000)
+def backoff_ms(attempt: int, base_seconds: float, max_seconds: float, fraction: float = 1.0) -> int:
+    """Delay before attempt ``attempt + 1`` after attempt ``attempt`` (1-based) failed: doubling,
+    capped, then scaled by ``fraction`` (a random number in [0.5, 1] spreads retries out)."""
+    delay = base_seconds * (2 ** min(max(attempt - 1, 0), 40))
+    return int(min(delay, max_seconds) * 1000 * fraction)

@@ -32,6 +32,10 @@ class Keys:
     def execution(self, execution_id: str) -> str:
         return f"{self.prefix}x:{execution_id}"
 
+    def running(self, job_id: str) -> str:
+        """Points at the claim key of the job's latest execution (overlap_policy=skip)."""
+        return f"{self.prefix}running:{job_id}"
+
     def unrecorded(self, node_id: str) -> str:
         """History rows a node delivered and has not yet written to PostgreSQL."""
         return f"{self.prefix}unrecorded:{node_id}"

@@ -260,6 +260,35 @@ class CronTiming:
         return t
 
 
+_MAX_JITTER_SCAN = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class JitteredTiming:
+    """Moves each occurrence later by a deterministic offset in [0, jitter): the same occurrence
+    of the same job always gets the same offset, so every node agrees on it."""
+
+    base: Timing
+    jitter_ms: int
+    seed: str
+
+    def offset(self, t: int) -> int:
+        digest = hashlib.blake2b(f"{self.seed}\x00{t}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") % self.jitter_ms
+
+    def next_after(self, after_ms: int) -> int | None:
+        best: int | None = None
+        t = self.base.next_after(after_ms - self.jitter_ms)
+        for _ in range(_MAX_JITTER_SCAN):
+            if t is None or (best is not None and t >= best):
+                break
+            moved = t + self.offset(t)
+            if moved > after_ms and (best is None or moved < best):
+                best = moved
+            t = self.base.next_after(t)
+        return best
+
+
 def _ms_or_none(value: object) -> int | None:
     if value is None:
         return None
@@ -274,6 +303,14 @@ def _ms_or_none(value: object) -> int | None:
 
 def timing_from_dict(schedule: dict, job_id: str) -> Timing:
     """Build the timing of a stored (already validated) schedule document."""
+    base = _base_timing(schedule, job_id)
+    jitter_ms = int(float(schedule.get("jitter_seconds") or 0) * 1000)
+    if jitter_ms > 0:  # under a millisecond (5e-324 passes gt=0) is no jitter, not a division by zero
+        return JitteredTiming(base, jitter_ms, job_id)
+    return base
+
+
+def _base_timing(schedule: dict, job_id: str) -> Timing:
     kind = schedule["type"]
     start = _ms_or_none(schedule.get("start_at"))
     end = _ms_or_none(schedule.get("end_at"))
@@ -313,6 +350,7 @@ __all__ = [
     "FoldPolicy",
     "GapPolicy",
     "IntervalTiming",
+    "JitteredTiming",
     "OnceTiming",
     "Timing",
     "cron_rule",

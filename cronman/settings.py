@@ -9,8 +9,10 @@ from __future__ import annotations
 import socket
 from functools import cached_property
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from cronman.netguard import Allowlist, parse_allowlist
 
 
 def _default_node_id() -> str:
@@ -35,6 +37,12 @@ class Settings(BaseSettings):
     api_workers: int = Field(2, ge=1, le=64)
     api_url: str | None = None
     dev_mode: bool = False
+
+    # Security: the admin key (sees every namespace), the switch for running without keys, and the
+    # callback addresses allowed despite the SSRF rules (comma-separated CIDRs and host names).
+    api_key: SecretStr | None = None
+    auth_disabled: bool = False
+    callback_allowlist: str = ""
 
     # Scheduler node
     node_id: str = Field(default_factory=_default_node_id, min_length=1, max_length=200)
@@ -69,6 +77,25 @@ class Settings(BaseSettings):
         if not v:
             raise ValueError("must not be empty")
         return v
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key_strong(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None or v.get_secret_value() == "":
+            return None  # an empty variable means no admin key
+        if len(v.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters (generate one with: openssl rand -base64 32)")
+        return v
+
+    @field_validator("callback_allowlist")
+    @classmethod
+    def _allowlist_parses(cls, v: str) -> str:
+        parse_allowlist(v)  # raises ValueError naming the bad entry
+        return v
+
+    @cached_property
+    def allowlist(self) -> Allowlist:
+        return parse_allowlist(self.callback_allowlist)
 
     @cached_property
     def faults(self) -> frozenset[str]:

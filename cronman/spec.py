@@ -5,6 +5,7 @@ Validation happens once, when a model is built; stored documents are trusted aft
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from cronman.errors import InvalidInput
+from cronman.misfire import MisfirePolicy
 from cronman.schedule import FoldPolicy, GapPolicy, timing_from_dict, validate_cron, validate_timezone
 from cronman.timeutil import to_ms
 
@@ -31,6 +33,10 @@ JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_EVERY_SECONDS = 366 * 86400
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+MAX_HEADERS = 50
+MAX_HEADER_VALUE = 4096
+MAX_HEADERS_BYTES = 16 * 1024  # names and values together
 _RESERVED_HEADERS = {"content-length", "host", "transfer-encoding", "connection"}
 
 
@@ -41,6 +47,14 @@ class _Model(BaseModel):
 class _Bounds(_Model):
     start_at: AwareDatetime | None = Field(None, description="No occurrence before this instant.")
     end_at: AwareDatetime | None = Field(None, description="No occurrence after this instant.")
+    jitter_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Moves each occurrence later by a fixed-per-occurrence offset in [0, jitter_seconds), derived "
+        "from the job id and the occurrence, so many jobs due at one instant spread out and every node agrees.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> _Bounds:
@@ -97,6 +111,14 @@ class IntervalSchedule(_Bounds):
     type: Literal["interval"]
     every_seconds: int = Field(gt=0, le=MAX_EVERY_SECONDS, description="Seconds between occurrences.")
 
+    @model_validator(mode="after")
+    def _jitter_within_interval(self) -> IntervalSchedule:
+        if self.jitter_seconds and self.jitter_seconds > self.every_seconds:
+            raise PydanticCustomError(
+                "invalid_value", "jitter_seconds must not exceed every_seconds", {"field": "jitter_seconds"}
+            )
+        return self
+
 
 class OnceSchedule(_Bounds):
     type: Literal["once"]
@@ -118,7 +140,15 @@ class HttpTarget(_Model):
     type: Literal["http"]
     url: str = Field(min_length=1, max_length=2048, examples=["https://example.com/hook"])
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
-    headers: dict[str, Annotated[str, Field(max_length=4096)]] = Field(default_factory=dict, max_length=50)
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description=f"Sent with every call. At most {MAX_HEADERS}, each value at most {MAX_HEADER_VALUE} "
+        f'characters, {MAX_HEADERS_BYTES} bytes in all. Values are write-only: responses show "<redacted>".',
+        json_schema_extra={
+            "maxProperties": MAX_HEADERS,
+            "additionalProperties": {"type": "string", "maxLength": MAX_HEADER_VALUE},
+        },
+    )
     timeout_seconds: float = Field(10.0, gt=0, le=300, allow_inf_nan=False)
 
     @field_validator("url")
@@ -140,7 +170,19 @@ class HttpTarget(_Model):
     @field_validator("headers")
     @classmethod
     def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_HEADERS:
+            raise PydanticCustomError(
+                "too_large", "at most {limit} headers (got {count})", {"limit": MAX_HEADERS, "count": len(v)}
+            )
+        total = 0
         for name, value in v.items():
+            total += len(name.encode()) + len(value.encode())
+            if len(value) > MAX_HEADER_VALUE:
+                raise PydanticCustomError(
+                    "too_large",
+                    "header '{name}' is longer than {limit} characters",
+                    {"name": name, "field": name, "limit": MAX_HEADER_VALUE},
+                )
             if not _HEADER_NAME_RE.match(name):
                 raise PydanticCustomError(
                     "invalid_header", "invalid header name '{name}'", {"name": name, "field": name}
@@ -150,10 +192,18 @@ class HttpTarget(_Model):
                 raise PydanticCustomError(
                     "invalid_header", "header '{name}' is set by cronman", {"name": name, "field": name}
                 )
-            if "\r" in value or "\n" in value:
+            if _CONTROL_RE.search(value):
                 raise PydanticCustomError(
-                    "invalid_header", "header '{name}' has a line break", {"name": name, "field": name}
+                    "invalid_header",
+                    "header '{name}' has a line break or another control character",
+                    {"name": name, "field": name},
                 )
+        if total > MAX_HEADERS_BYTES:
+            raise PydanticCustomError(
+                "too_large",
+                "the headers add up to {total} bytes, more than {limit}",
+                {"total": total, "limit": MAX_HEADERS_BYTES},
+            )
         return v
 
 
@@ -190,6 +240,18 @@ class RetryPolicy(_Model):
         1.0, ge=0, le=3600, allow_inf_nan=False, description="Delay after the first failure; doubles each attempt."
     )
     max_backoff_seconds: float = Field(60.0, ge=0, le=86400, allow_inf_nan=False)
+    jitter: bool = Field(True, description="Randomise each backoff between half and all of its length.")
+    max_event_age_seconds: int | None = Field(
+        None, gt=0, le=7 * 86400, description="No attempt starts later than this after the scheduled time."
+    )
+
+
+class OverlapPolicy(enum.StrEnum):
+    ALLOW = "allow"
+    SKIP = "skip"
+
+
+THROTTLE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
 class JobSpec(_Model):
@@ -202,6 +264,39 @@ class JobSpec(_Model):
     payload: Any = Field(default_factory=dict, description="Any JSON; delivered verbatim as the body.")
     retry: RetryPolicy = Field(default_factory=lambda: RetryPolicy())
     paused: bool = False
+    events_per_trigger: int = Field(
+        1, ge=1, le=100, description="Distinct events delivered per occurrence, each with its own event index."
+    )
+    throttle: str | None = Field(
+        None, pattern=THROTTLE_NAME_PATTERN, description="Name of a throttle policy of the job's namespace."
+    )
+    misfire_policy: MisfirePolicy = Field(
+        MisfirePolicy.FIRE_ONCE,
+        description="Occurrences no scheduler could fire on time (all were down): fire_once = the latest, late; "
+        "skip = none; fire_all = each within catchup_window_seconds. The others are recorded as skipped.",
+    )
+    catchup_window_seconds: int = Field(3600, ge=1, le=7 * 86400, description="How far back fire_all reaches.")
+    overlap_policy: OverlapPolicy = Field(
+        OverlapPolicy.ALLOW,
+        description="skip: an occurrence due while the job's previous delivery is still in flight (retries "
+        "included) is recorded as skipped instead of delivered.",
+    )
+    delete_after_completion: bool = Field(False, description="Delete the job once it has nothing left to fire.")
+    dead_letter_queue_url: str | None = Field(
+        None,
+        min_length=1,
+        max_length=2048,
+        description="An SQS queue that gets the payload of executions that failed permanently.",
+    )
+
+    @field_validator("dead_letter_queue_url")
+    @classmethod
+    def _dlq(cls, v: str | None) -> str | None:
+        if v is not None:
+            parts = urlsplit(v)
+            if parts.scheme not in ("http", "https") or not parts.hostname or not parts.path.strip("/"):
+                raise PydanticCustomError("invalid_url", "dead_letter_queue_url must be an SQS queue URL")
+        return v
 
     @field_validator("payload")
     @classmethod
@@ -209,6 +304,32 @@ class JobSpec(_Model):
         if len(json.dumps(v, separators=(",", ":"))) > MAX_PAYLOAD_BYTES:
             raise PydanticCustomError("too_large", "payload exceeds {limit} bytes", {"limit": MAX_PAYLOAD_BYTES})
         return v
+
+
+# Fields kept together in the job's `options` document.
+OPTION_FIELDS = (
+    "events_per_trigger",
+    "throttle",
+    "misfire_policy",
+    "catchup_window_seconds",
+    "overlap_policy",
+    "delete_after_completion",
+    "dead_letter_queue_url",
+)
+
+
+def options_of(spec: JobSpec) -> dict[str, Any]:
+    dumped = spec.model_dump(mode="json", include=set(OPTION_FIELDS))
+    return {k: dumped[k] for k in OPTION_FIELDS}
+
+
+def options_with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored options document with every option present (jobs stored before an option existed)."""
+    out = {}
+    for k in OPTION_FIELDS:
+        default = JobSpec.model_fields[k].default
+        out[k] = stored.get(k, default.value if isinstance(default, enum.Enum) else default)
+    return out
 
 
 _TAGS = {"cron", "interval", "once", "http", "sqs"}

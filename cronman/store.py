@@ -4,18 +4,31 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, and_, create_engine, literal, literal_column, select, text, tuple_, update
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    and_,
+    create_engine,
+    literal,
+    literal_column,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from cronman.db import job_triggers, jobs, scheduled_jobs
 from cronman.errors import Conflict, InvalidInput, NotFound
 from cronman.hashing import slot_of
-from cronman.spec import JobSpec
+from cronman.spec import JobSpec, options_of
 from cronman.timeutil import from_ms, to_ms
 
 _NEXT_VERSION: ColumnElement[int] = literal_column("nextval('jobs_version_seq')")
@@ -33,6 +46,7 @@ _RETURNING = (
     jobs.c.version,
     jobs.c.created_at,
     jobs.c.updated_at,
+    jobs.c.options,
 )
 
 
@@ -68,6 +82,7 @@ class JobRecord:
     version: int
     created_at: datetime
     updated_at: datetime
+    options: dict[str, Any]
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> JobRecord:
@@ -82,6 +97,7 @@ class JobRecord:
             "payload": json.loads(self.payload),
             "retry": self.retry,
             "paused": self.paused,
+            **{k: v for k, v in self.options.items() if v is not None},
         }
         if self.name is not None:
             doc["name"] = self.name
@@ -96,8 +112,9 @@ def _values(spec: JobSpec, job_id: str, namespace: str) -> dict[str, Any]:
         "schedule": spec.schedule.model_dump(mode="json", exclude_none=True),
         "target": spec.target.model_dump(mode="json", exclude_none=True),
         "payload": json.dumps(spec.payload, separators=(",", ":"), ensure_ascii=False),
-        "retry": spec.retry.model_dump(mode="json"),
+        "retry": spec.retry.model_dump(mode="json", exclude_none=True),
         "paused": spec.paused,
+        "options": options_of(spec),
         "slot": slot_of(job_id),
         "version": _NEXT_VERSION,
         "change_xid": _CURRENT_XID,
@@ -142,6 +159,8 @@ class ExecutionRecord:
     http_status: int | None
     error: str | None
     duplicates: int
+    throttle_wait_ms: int | None
+    dead_lettered: bool | None
 
 
 class JobStore:
@@ -163,15 +182,25 @@ class JobStore:
             raise Conflict(f"a job with id {job_id!r} already exists", field="id")
         return JobRecord.from_row(row)
 
-    def put(self, spec: JobSpec, job_id: str, namespace: str = "default") -> tuple[JobRecord, bool]:
-        """Create or replace; returns the record and whether it was created."""
-        values = _values(spec, job_id, namespace)
+    def put(self, spec: JobSpec, job_id: str, namespace: str | None = "default") -> tuple[JobRecord, bool]:
+        """Create or replace; returns the record and whether it was created.
+
+        A live job of another namespace is a Conflict. ``namespace=None`` (the admin) replaces a
+        live job in its own namespace and creates a new one in the default namespace."""
+        values = _values(spec, job_id, namespace or "default")
         insert = pg_insert(jobs).values(values)
         replace = {k: insert.excluded[k] for k in values if k not in ("id", "created_at")}
         replace["created_at"] = literal_column("CASE WHEN jobs.deleted_at IS NULL THEN jobs.created_at ELSE now() END")
-        stmt = insert.on_conflict_do_update(
-            index_elements=[jobs.c.id], set_=replace, where=jobs.c.namespace == namespace
-        ).returning(*_RETURNING)
+        where = None
+        if namespace is None:
+            replace["namespace"] = literal_column(
+                "CASE WHEN jobs.deleted_at IS NULL THEN jobs.namespace ELSE excluded.namespace END"
+            )
+        else:
+            where = or_(jobs.c.namespace == namespace, jobs.c.deleted_at.is_not(None))
+        stmt = insert.on_conflict_do_update(index_elements=[jobs.c.id], set_=replace, where=where).returning(
+            *_RETURNING
+        )
         with self.engine.begin() as conn:
             row = conn.execute(stmt).mappings().first()
         if row is None:  # the id belongs to another namespace
@@ -205,6 +234,8 @@ class JobStore:
         for k in ("id", "namespace", "created_at", "deleted_at"):
             values.pop(k)
         cond = and_(jobs.c.id == job_id, jobs.c.version == version, jobs.c.deleted_at.is_(None))
+        if namespace is not None:
+            cond = and_(cond, jobs.c.namespace == namespace)
         with self.engine.begin() as conn:
             row = conn.execute(update(jobs).where(cond).values(values).returning(*_RETURNING)).mappings().first()
         if row is None:
@@ -253,6 +284,47 @@ class JobStore:
         with self.engine.begin() as conn:
             return to_ms(conn.execute(stmt).scalar_one())
 
+    def add_redelivery(
+        self, job_id: str, namespace: str | None, exec_id: str, requested_by: str | None
+    ) -> tuple[int, int]:
+        """Ask the owners of a job to send a failed execution again, as its next attempt under the
+        same execution id; returns (scheduled_for ms, the new attempt number)."""
+        try:
+            exec_id = str(uuid.UUID(exec_id))
+        except ValueError:
+            raise NotFound(f"job {job_id!r} has no execution {exec_id!r}", field="execution_id") from None
+        record = self.get(job_id, namespace)
+        c = scheduled_jobs.c
+        with self.engine.begin() as conn:
+            last = conn.execute(
+                select(c.scheduled_for, c.event_index, c.attempt, c.trigger, c.status)
+                .where(c.job_id == record.id, c.execution_id == exec_id)
+                .order_by(c.attempt.desc())
+                .limit(1)
+            ).first()
+            if last is None:
+                raise NotFound(f"job {job_id!r} has no execution {exec_id!r}", field="execution_id")
+            if last.status not in ("failed", "permanently_failed"):
+                raise Conflict(
+                    f"execution {exec_id!r} is {last.status}; only a failed execution can be redelivered",
+                    field="execution_id",
+                    code="not_failed",
+                )
+            conn.execute(
+                job_triggers.insert().values(
+                    job_id=record.id,
+                    requested_by=requested_by,
+                    change_xid=_CURRENT_XID,
+                    kind="redeliver",
+                    scheduled_for=last.scheduled_for,
+                    event_index=last.event_index,
+                    attempt=last.attempt + 1,
+                    execution_id=exec_id,
+                    trigger=last.trigger,
+                )
+            )
+        return to_ms(last.scheduled_for), last.attempt + 1
+
     # -- history ---------------------------------------------------------------------------
     def executions(self, job_id: str, limit: int, cursor: str | None) -> tuple[list[ExecutionRecord], str | None]:
         c = scheduled_jobs.c
@@ -271,6 +343,8 @@ class JobStore:
             c.http_status,
             c.error,
             c.duplicates,
+            c.throttle_wait_ms,
+            c.dead_lettered,
         ).where(c.job_id == job_id)
         if cursor:
             ms, ev, att = decode_cursor(cursor, (int, int, int))

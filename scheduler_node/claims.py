@@ -33,19 +33,24 @@ class ClaimStore:
         self._renew = client.register_script(lua("renew"))
         self._done = client.register_script(lua("done"))
         self._check = client.register_script(lua("check"))
+        self._claim = client.register_script(lua("claim"))
 
     def claim_value(self, attempt: int, deadline_ms: int) -> str:
         return f"{self.mine}{attempt}|{deadline_ms}"
 
-    async def claim(self, keys: Sequence[str], deadline_ms: int) -> list[bool]:
-        """Try to claim each key (first attempt); True where this node won."""
-        out: list[bool] = []
+    async def claim(
+        self, keys: Sequence[str], deadline_ms: int, now_ms: int, guards: Sequence[str] | None = None
+    ) -> list[int]:
+        """Try to claim each key (first attempt): 1 won, 0 lost, 2 won but skipped because the
+        guard key (the job's previous execution, for overlap_policy=skip) is still in flight."""
+        out: list[int] = []
         value = self.claim_value(1, deadline_ms)
+        skipped = f"d|{self.node_id}|skipped|1"
+        guards = guards if guards is not None else [""] * len(keys)
         for i in range(0, len(keys), CHUNK):
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys[i : i + CHUNK]:
-                pipe.set(key, value, nx=True, px=self.ttl_ms)
-            out.extend(bool(r) for r in await pipe.execute())
+            args: list[str | int] = [value, self.ttl_ms, now_ms, skipped, *guards[i : i + CHUNK]]
+            res = await self._claim(keys=list(keys[i : i + CHUNK]), args=args)
+            out.extend(int(r) for r in res)
         return out
 
     async def renew(self, keys: Sequence[str], values: Sequence[str]) -> list[int]:
@@ -57,8 +62,9 @@ class ClaimStore:
             out.extend(int(r) for r in res)
         return out
 
-    async def done(self, keys: Sequence[str], values: Sequence[str], rows: Sequence[str],
-                   unrecorded_key: str) -> list[bool]:
+    async def done(
+        self, keys: Sequence[str], values: Sequence[str], rows: Sequence[str], unrecorded_key: str
+    ) -> list[bool]:
         """Mark finished, remembering each history row ('' for none) until it is written;
         False where another node had taken the execution over."""
         out: list[bool] = []

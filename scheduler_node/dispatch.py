@@ -14,6 +14,8 @@ from typing import Any
 import aiohttp
 
 from cronman import __version__
+from cronman.guarded_dns import GuardedResolver, literal_refusal
+from cronman.netguard import CallbackPolicy, parse_allowlist
 from scheduler_node.jobs import HttpCall, SqsSend
 
 log = logging.getLogger("cronman.node.dispatch")
@@ -38,24 +40,42 @@ class Delivery:
     scheduled_for: str  # ISO-8601 UTC
     attempt: int
     body: bytes
+    event_index: int = 0
+    signature: str | None = None  # Cronman-Signature, when the namespace has a signing secret
+    extra: tuple[tuple[str, str], ...] = ()  # e.g. the failure, for a dead-letter message
 
     def metadata(self) -> dict[str, str]:
-        return {
+        meta = {
             "Cronman-Job-Id": self.job_id,
             "Cronman-Execution-Id": self.execution_id,
             "Cronman-Scheduled-For": self.scheduled_for,
             "Cronman-Attempt": str(self.attempt),
+            "Cronman-Event-Index": str(self.event_index),
         }
+        if self.signature:
+            meta["Cronman-Signature"] = self.signature
+        meta.update(self.extra)
+        return meta
 
 
 class HttpDispatcher:
-    def __init__(self, max_connections: int) -> None:
+    """Callbacks reach only the addresses :mod:`cronman.netguard` allows (``dev_mode``,
+    ``allowlist``: the node's CRONMAN_DEV_MODE and CRONMAN_CALLBACK_ALLOWLIST; by default the
+    strict rules). A refused address is a failed attempt with the reason as its error."""
+
+    def __init__(self, max_connections: int, *, dev_mode: bool = False, allowlist: str = "") -> None:
         self._max = max_connections
+        self._policy = CallbackPolicy(dev_mode, parse_allowlist(allowlist))
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
-            limit=self._max, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=30, enable_cleanup_closed=True
+            limit=self._max,
+            limit_per_host=0,
+            ttl_dns_cache=60,
+            keepalive_timeout=30,
+            enable_cleanup_closed=True,
+            resolver=GuardedResolver(self._policy),
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -70,6 +90,9 @@ class HttpDispatcher:
 
     async def send(self, call: HttpCall, d: Delivery) -> Outcome:
         assert self._session is not None
+        refused = literal_refusal(self._policy, call.url)
+        if refused:
+            return Outcome(False, None, refused[:500])
         headers = dict(call.headers)
         headers.update(d.metadata())
         headers["Content-Type"] = "application/json"

@@ -1,8 +1,10 @@
-"""What a node reads from PostgreSQL: the jobs of the slots it owns and the change feed.
+"""What a node reads from and writes to PostgreSQL besides history: the jobs of the slots it owns,
+the change feed, throttle policies, signing secrets and the cluster's fired-through watermark.
 
-Both read in one REPEATABLE READ snapshot together with that snapshot's xmin. Every transaction
-whose changes the snapshot could not see has an id >= xmin, so polling ``change_xid >= xmin`` next
-time cannot skip a transaction that committed late. Rows seen twice are told apart by version.
+Jobs and the feed are read in one REPEATABLE READ snapshot together with that snapshot's xmin.
+Every transaction whose changes the snapshot could not see has an id >= xmin, so polling
+``change_xid >= xmin`` next time cannot skip a transaction that committed late. Rows seen twice
+are told apart by version.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from sqlalchemy import Engine, text
 from scheduler_node.jobs import JOB_COLUMNS, JobRow
 
 _XMIN = text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+_MS = "floor(extract(epoch from {}) * 1000)::bigint"
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +25,12 @@ class TriggerRow:
     id: int
     job_id: str
     requested_ms: int
+    kind: str = "trigger"  # or "redeliver"
+    scheduled_ms: int | None = None
+    event_index: int | None = None
+    attempt: int | None = None
+    execution_id: str | None = None
+    trigger: str | None = None
 
 
 def load_slots(engine: Engine, slots: Sequence[int], batch: int = 20_000) -> tuple[int, list[JobRow]]:
@@ -51,8 +60,8 @@ def poll_changes(engine: Engine, cursor: int) -> tuple[int, list[JobRow], list[T
             TriggerRow(*r)
             for r in conn.execute(
                 text(
-                    "SELECT id, job_id, floor(extract(epoch from requested_at) * 1000)::bigint "
-                    "FROM job_triggers WHERE change_xid >= :c"
+                    f"SELECT id, job_id, {_MS.format('requested_at')}, kind, {_MS.format('scheduled_for')}, "
+                    "event_index, attempt, execution_id::text, trigger FROM job_triggers WHERE change_xid >= :c"
                 ),
                 {"c": cursor},
             )
@@ -68,7 +77,7 @@ def finished_executions(engine: Engine, executions: Iterable[tuple[str, int, int
     with engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT s.job_id, floor(extract(epoch from s.scheduled_for) * 1000)::bigint, s.event_index "
+                f"SELECT s.job_id, {_MS.format('s.scheduled_for')}, s.event_index "
                 "FROM scheduled_jobs s JOIN unnest(CAST(:j AS text[]), CAST(:t AS bigint[]), CAST(:e AS int[])) "
                 "AS w(job_id, ms, ev) ON s.job_id = w.job_id "
                 "AND s.scheduled_for = timestamptz 'epoch' + w.ms * interval '1 millisecond' "
@@ -77,3 +86,79 @@ def finished_executions(engine: Engine, executions: Iterable[tuple[str, int, int
             {"j": [i[0] for i in items], "t": [i[1] for i in items], "e": [i[2] for i in items]},
         )
         return {(r[0], int(r[1]), int(r[2])) for r in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Small tables every node keeps whole: throttle policies and signing secrets."""
+
+    throttles: dict[tuple[str, str], tuple[int, float | None]]
+    secrets: dict[str, tuple[str, ...]]  # newest first; the previous one for a day after a rotation
+
+
+def load_cluster_config(engine: Engine) -> ClusterConfig:
+    with engine.connect() as conn:
+        throttles = {
+            (r[0], r[1]): (int(r[2]), None if r[3] is None else float(r[3]))
+            for r in conn.execute(text("SELECT namespace, name, max_in_flight, max_per_second FROM throttle_policies"))
+        }
+        secrets: dict[str, list[str]] = {}
+        rows = conn.execute(
+            text(
+                "SELECT namespace, secret, created_at > now() - interval '1 day' FROM signing_secrets "
+                "ORDER BY namespace, created_at DESC, id DESC"
+            )
+        )
+        newest_recent: dict[str, bool] = {}
+        for namespace, secret, recent in rows:
+            have = secrets.setdefault(namespace, [])
+            if not have:
+                have.append(secret)
+                newest_recent[namespace] = bool(recent)
+            elif len(have) == 1 and newest_recent[namespace]:
+                have.append(secret)  # still within a day of the rotation
+    return ClusterConfig(throttles, {k: tuple(v) for k, v in secrets.items()})
+
+
+def read_watermark(engine: Engine) -> int | None:
+    """The last time (epoch ms) any node reported it was running, or None on a new cluster."""
+    with engine.connect() as conn:
+        value = conn.execute(
+            text(f"SELECT {_MS.format('value')} FROM scheduler_state WHERE key = 'fired_through'")
+        ).scalar()
+    return None if value is None else int(value)
+
+
+def advance_watermark(engine: Engine, now_ms: int) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scheduler_state (key, value) VALUES "
+                "('fired_through', timestamptz 'epoch' + :ms * interval '1 millisecond') "
+                "ON CONFLICT (key) DO UPDATE SET value = GREATEST(scheduler_state.value, EXCLUDED.value)"
+            ),
+            {"ms": now_ms},
+        )
+
+
+def delete_completed(engine: Engine, job_id: str, version: int) -> bool:
+    """Delete a job that has nothing left to fire (delete_after_completion), unless it changed."""
+    with engine.begin() as conn:
+        row = conn.execute(
+            text(
+                "UPDATE jobs SET deleted_at = now(), updated_at = now(), version = nextval('jobs_version_seq'), "
+                "change_xid = pg_current_xact_id()::text::bigint "
+                "WHERE id = :id AND version = :v AND deleted_at IS NULL RETURNING namespace"
+            ),
+            {"id": job_id, "v": version},
+        ).first()
+        if row is None:
+            return False
+        conn.execute(
+            text(
+                "INSERT INTO job_events (job_id, namespace, action, actor, detail) "
+                "VALUES (:id, :ns, 'delete', 'scheduler', '{\"reason\": \"completed\"}'::jsonb)"
+            ),
+            {"id": job_id, "ns": row[0]},
+        )
+    return True

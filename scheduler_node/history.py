@@ -23,18 +23,19 @@ log = logging.getLogger("cronman.node.history")
 _TS = "(timestamptz 'epoch' + %s * interval '1 millisecond')"
 _COLUMNS = (
     "INSERT INTO scheduled_jobs (job_id, scheduled_for, event_index, attempt, execution_id, trigger, status, node, "
-    "fired_at, finished_at, lag_ms, http_status, error) VALUES %s "
+    "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered) VALUES %s "
 )
 # A second row for one attempt from a different delivery counts a duplicate; the same row written
-# again (a retried write, or a survivor recovering a dead node's rows) does not.
+# again (a retried write, or a survivor recovering a dead node's rows) does not, nor does a
+# "skipped" row for an occurrence that turns out to have been delivered (the delivery stands).
 _INSERT = (
     _COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt) DO UPDATE SET duplicates = "
     "scheduled_jobs.duplicates "
-    "+ CASE WHEN scheduled_jobs.node IS NOT DISTINCT FROM EXCLUDED.node "
-    "AND scheduled_jobs.fired_at IS NOT DISTINCT FROM EXCLUDED.fired_at THEN 0 ELSE 1 END "
+    "+ CASE WHEN EXCLUDED.status = 'skipped' OR (scheduled_jobs.node IS NOT DISTINCT FROM EXCLUDED.node "
+    "AND scheduled_jobs.fired_at IS NOT DISTINCT FROM EXCLUDED.fired_at) THEN 0 ELSE 1 END "
     "RETURNING duplicates"
 )
-_TEMPLATE = f"(%s, {_TS}, %s, %s, %s::uuid, %s, %s, %s, {_TS}, {_TS}, %s, %s, %s)"
+_TEMPLATE = f"(%s, {_TS}, %s, %s, %s::uuid, %s, %s, %s, {_TS}, {_TS}, %s, %s, %s, %s, %s)"
 _MAX_ERROR = 1000
 
 
@@ -52,6 +53,8 @@ class HistoryRow(NamedTuple):
     lag_ms: int | None
     http_status: int | None
     error: str | None
+    throttle_wait_ms: int | None = None
+    dead_lettered: bool | None = None
 
 
 class HistoryWriter:

@@ -1,12 +1,14 @@
 """Owned jobs kept compactly in memory: small slotted objects, with shared (interned) targets,
-retry policies and cron rules, decoded straight from database rows without the API models."""
+retry policies, options and cron rules, decoded straight from database rows without the API models."""
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
+from cronman.misfire import MisfirePolicy
 from cronman.schedule import Timing, timing_from_dict
 
 
@@ -32,33 +34,63 @@ class Retry:
     max_attempts: int
     backoff_seconds: float
     max_backoff_seconds: float
+    jitter: bool = True
+    max_age_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    events: int = 1
+    throttle: str | None = None
+    misfire: MisfirePolicy = MisfirePolicy.FIRE_ONCE
+    catchup_ms: int = 3_600_000
+    overlap_skip: bool = False
+    delete_after: bool = False
+    dead_letter: str | None = None
 
 
 class OwnedJob:
     """One job this node owns. ``gen`` changes whenever its timer entries become stale."""
 
-    __slots__ = ("id", "slot", "version", "schedule_text", "timing", "target", "payload", "retry", "paused", "gen")
+    __slots__ = (
+        "id",
+        "slot",
+        "version",
+        "namespace",
+        "schedule_text",
+        "timing",
+        "target",
+        "payload",
+        "retry",
+        "opts",
+        "paused",
+        "gen",
+    )
 
     def __init__(
         self,
         id: str,
         slot: int,
         version: int,
+        namespace: str,
         schedule_text: str,
         timing: Timing,
         target: Target,
         payload: bytes,
         retry: Retry,
+        opts: Options,
         paused: bool,
     ) -> None:
         self.id = id
         self.slot = slot
         self.version = version
+        self.namespace = namespace
         self.schedule_text = schedule_text
         self.timing = timing
         self.target = target
         self.payload = payload
         self.retry = retry
+        self.opts = opts
         self.paused = paused
         self.gen = 0
 
@@ -66,7 +98,7 @@ class OwnedJob:
 # Columns the node reads, in order (see scheduler_node.feed).
 JOB_COLUMNS = (
     "id, slot, version, schedule::text, target::text, payload, retry::text, paused, "
-    "floor(extract(epoch from updated_at) * 1000)::bigint"
+    "floor(extract(epoch from updated_at) * 1000)::bigint, namespace, options::text"
 )
 
 
@@ -81,15 +113,18 @@ class JobRow:
     retry_text: str
     paused: bool
     updated_ms: int
+    namespace: str
+    options_text: str
     deleted: bool = False
 
 
 class Decoder:
-    """Builds OwnedJobs, sharing equal targets and retry policies between jobs."""
+    """Builds OwnedJobs, sharing equal targets, retry policies and options between jobs."""
 
     def __init__(self) -> None:
         self._targets: dict[str, Target] = {}
         self._retries: dict[str, Retry] = {}
+        self._options: dict[str, Options] = {}
 
     def target(self, text: str) -> Target:
         t = self._targets.get(text)
@@ -104,13 +139,34 @@ class Decoder:
         r = self._retries.get(text)
         if r is None:
             d = json.loads(text)
+            age = d.get("max_event_age_seconds")
             r = Retry(
                 int(d.get("max_attempts", 1)),
                 float(d.get("backoff_seconds", 1.0)),
                 float(d.get("max_backoff_seconds", 60.0)),
+                bool(d.get("jitter", True)),
+                int(age * 1000) if age else None,
             )
             self._retries[text] = r
         return r
+
+    def options(self, text: str) -> Options:
+        o = self._options.get(text)
+        if o is None:
+            d = json.loads(text or "{}")
+            o = Options(
+                events=int(d.get("events_per_trigger") or 1),
+                throttle=d.get("throttle") or None,
+                misfire=MisfirePolicy(d.get("misfire_policy") or MisfirePolicy.FIRE_ONCE),
+                catchup_ms=int(d.get("catchup_window_seconds") or 3600) * 1000,
+                overlap_skip=d.get("overlap_policy") == "skip",
+                delete_after=bool(d.get("delete_after_completion")),
+                dead_letter=d.get("dead_letter_queue_url") or None,
+            )
+            if len(self._options) > 10_000:
+                self._options.clear()
+            self._options[text] = o
+        return o
 
     def job(self, row: JobRow) -> OwnedJob:
         timing = timing_from_dict(json.loads(row.schedule_text), row.id)
@@ -118,11 +174,13 @@ class Decoder:
             row.id,
             row.slot,
             row.version,
+            sys.intern(row.namespace),
             row.schedule_text,
             timing,
             self.target(row.target_text),
             row.payload.encode(),
             self.retry(row.retry_text),
+            self.options(row.options_text),
             row.paused,
         )
 

@@ -13,14 +13,17 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 import pytest
+from pydantic import SecretStr
 
 from cronman.embedded import EmbeddedPostgres, EmbeddedRedis, LocalSqs
 from cronman.settings import Settings
 
 TEMPLATE_DB = "cronman_template"
+ADMIN_KEY = "test-admin-key-not-a-secret"
 
 
 @pytest.fixture(scope="session")
@@ -117,7 +120,7 @@ def sqs_endpoint(workdir: Path) -> Iterator[str]:
     server.stop()
 
 
-FAST = {
+FAST: dict[str, Any] = {
     "heartbeat_interval_seconds": 0.5,
     "heartbeat_ttl_seconds": 3.0,
     "membership_poll_seconds": 0.3,
@@ -133,8 +136,13 @@ FAST = {
 @pytest.fixture
 def settings(database_url: str, redis_server_url: str, redis_prefix: str) -> Settings:
     return Settings(
-        database_url=database_url, redis_url=redis_server_url, redis_prefix=redis_prefix, node_id="node-a", **FAST
-    )  # type: ignore[arg-type]
+        database_url=database_url,
+        redis_url=redis_server_url,
+        redis_prefix=redis_prefix,
+        node_id="node-a",
+        api_key=ADMIN_KEY,
+        **FAST,
+    )
 
 
 @pytest.fixture
@@ -144,5 +152,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
     for name, value in settings.model_dump().items():
         if value is None:
             continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
         env[f"CRONMAN_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
     return env

@@ -86,6 +86,19 @@ def start_api_process(env: dict[str, str], log: Path) -> tuple[Child, str]:
     return child, url
 
 
+def auth_headers(env: dict[str, str]) -> dict[str, str]:
+    """The Authorization header for the admin key in ``env`` (CRONMAN_API_KEY), if it has one."""
+    key = env.get("CRONMAN_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def api_session(env: dict[str, str]) -> requests.Session:
+    """A requests session that sends the admin key in ``env`` with every request."""
+    session = requests.Session()
+    session.headers.update(auth_headers(env))
+    return session
+
+
 def start_node_process(
     env: dict[str, str], node_id: str, log: Path, *, extra: dict[str, str] | None = None, wait_ready: bool = True
 ) -> tuple[Child, int]:

@@ -10,13 +10,14 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psutil
 import requests
 
 from cronman.embedded import free_port
 from cronman.receiver import Receiver
-from tests.helpers import start_api_process, start_node_process, wait_for
+from tests.helpers import api_session, start_api_process, start_node_process, wait_for
 
 
 def test_api_and_node_processes_deliver_a_callback(
@@ -26,27 +27,29 @@ def test_api_and_node_processes_deliver_a_callback(
     logs.mkdir()
     api, url = start_api_process(settings_env, logs / "api.log")
     node, node_port = start_node_process(settings_env, "node-1", logs / "node-1.log")
+    http = api_session(settings_env)
     try:
         with Receiver() as receiver:
             start = (datetime.now(UTC) + timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
-            job = {
+            job: dict[str, Any] = {
                 "id": "e2e",
                 "schedule": {"type": "interval", "every_seconds": 1, "start_at": start},
                 "target": {"type": "http", "url": receiver.url},
                 "payload": {"e2e": True},
             }
-            r = requests.post(f"{url}/v1/jobs", json=job, timeout=5)
+            r = http.post(f"{url}/v1/jobs", json=job, timeout=5)
             assert r.status_code == 201, r.text
             got = wait_for(lambda: receiver.snapshot() if len(receiver.snapshot()) >= 2 else None, 15, "two callbacks")
             assert json.loads(got[0].body) == {"e2e": True}
             assert got[0].headers["Cronman-Job-Id"] == "e2e"
             hist = wait_for(
-                lambda: requests.get(f"{url}/v1/jobs/e2e/executions", timeout=5).json()["executions"],
+                lambda: http.get(f"{url}/v1/jobs/e2e/executions", timeout=5).json()["executions"],
                 10,
                 "history through the API",
             )
             assert hist[0]["status"] == "succeeded"
-            cluster = requests.get(f"{url}/v1/cluster", timeout=5).json()
+            assert requests.get(f"{url}/v1/jobs", timeout=5).status_code == 401  # no key
+            cluster = http.get(f"{url}/v1/cluster", timeout=5).json()
             assert [n["id"] for n in cluster["nodes"]] == ["node-1"]
             metrics = requests.get(f"http://127.0.0.1:{node_port}/metrics", timeout=5).text
             assert 'cronman_executions_total{status="succeeded"}' in metrics
@@ -83,13 +86,21 @@ def test_cronman_dev_starts_everything_and_stops_on_ctrl_c(workdir: Path) -> Non
         assert elapsed < 60
         assert f"http://127.0.0.1:{api_port}" in output
         env = dict(line.split("=", 1) for line in (data / "env").read_text().splitlines())
-        assert {"CRONMAN_DATABASE_URL", "CRONMAN_REDIS_URL", "CRONMAN_SQS_ENDPOINT_URL", "CRONMAN_API_URL"} <= set(env)
+        assert {
+            "CRONMAN_DATABASE_URL",
+            "CRONMAN_REDIS_URL",
+            "CRONMAN_SQS_ENDPOINT_URL",
+            "CRONMAN_API_URL",
+            "CRONMAN_API_KEY",
+        } <= set(env)
+        assert env["CRONMAN_API_KEY"] in output  # the admin key is printed
+        http = api_session(env)
         assert requests.get(f"{env['CRONMAN_API_URL']}/readyz", timeout=5).ok
         children = psutil.Process(proc.pid).children(recursive=True)
         assert len(children) >= 6  # postgres, redis, sqs, api, 2 nodes
         nodes = wait_for(
             lambda: (lambda c: c if len(c["nodes"]) == 2 else None)(
-                requests.get(f"{env['CRONMAN_API_URL']}/v1/cluster", timeout=5).json()
+                http.get(f"{env['CRONMAN_API_URL']}/v1/cluster", timeout=5).json()
             ),
             20,
             "two nodes",

@@ -9,6 +9,7 @@ from sqlalchemy import text
 from api import create_app
 from cronman.settings import Settings
 from cronman.store import make_engine
+from tests.conftest import ADMIN_KEY
 
 
 @pytest.fixture
@@ -20,7 +21,10 @@ def app(settings: Settings):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def client(app) -> FlaskClient:  # type: ignore[no-untyped-def]
-    return app.test_client()
+    """A test client that sends the admin key with every request."""
+    client = app.test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {ADMIN_KEY}"
+    return client
 
 
 @pytest.fixture

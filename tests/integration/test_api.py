@@ -100,7 +100,7 @@ def test_patch_merges(client: FlaskClient) -> None:
         "dst_fold": "first",
     }
     assert r.json["payload"] == {"replaced": True}
-    assert r.json["target"]["headers"] == {"X-Team": "billing"}
+    assert r.json["target"]["headers"] == {"X-Team": "<redacted>"}  # kept; values are write-only
     # switching the schedule type replaces the schedule object whole
     r = post(
         client, {"schedule": {"type": "interval", "every_seconds": 30}}, "/v1/jobs/invoice-reminder-42", method="patch"

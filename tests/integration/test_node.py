@@ -101,7 +101,7 @@ def test_failed_attempts_are_retried_with_backoff_under_one_execution_id(client:
             "flaky",
             {"type": "once", "at": soon(0.5)},
             {"type": "http", "url": receiver.url},
-            retry={"max_attempts": 3, "backoff_seconds": 0.5, "max_backoff_seconds": 10},
+            retry={"max_attempts": 3, "backoff_seconds": 0.5, "max_backoff_seconds": 10, "jitter": False},
         )
         got = wait_for(lambda: receiver.snapshot() if len(receiver.snapshot()) >= 3 else None, 10, "3 attempts")
         assert [r.status for r in got] == [500, 500, 200]

@@ -20,7 +20,11 @@ from tests.helpers import start_node_process, wait_for
 
 def _create_jobs(client: FlaskClient, url: str, n: int) -> None:
     for i in range(n):
-        doc = {"id": f"r-{i}", "schedule": {"type": "interval", "every_seconds": 1}, "target": {"type": "http", "url": url}}
+        doc = {
+            "id": f"r-{i}",
+            "schedule": {"type": "interval", "every_seconds": 1},
+            "target": {"type": "http", "url": url},
+        }
         assert client.post("/v1/jobs", data=json.dumps(doc), content_type="application/json").status_code == 201
 
 

@@ -1,0 +1,111 @@
+"""Throttle policies: a named limit on deliveries in flight (and optionally per second) shared by
+every job of a namespace that names it, across the whole cluster.
+
+Executions that need a permit wait in a queue per policy, oldest first; each timer pass asks
+Redis for permits for every waiting queue in one script call per policy. A rate limit spaces
+permits evenly (a generic cell rate algorithm), so a burst is staggered rather than clumped. Nothing is dropped: an
+execution waits until it gets a permit, and its history row records how long it waited. Permits
+are leases (renewed while the delivery is in flight), so a node that dies frees its permits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+import redis.asyncio as aioredis
+
+from cronman.keys import Keys, lua
+
+if TYPE_CHECKING:
+    from scheduler_node.execution import Execution
+
+PolicyKey = tuple[str, str]  # (namespace, name)
+_MAX_ASK = 1000
+_AHEAD_MS = 50  # a rate-limited permit may start this much before its slot (about one timer pass)
+
+
+class ThrottleGate:
+    def __init__(self, client: aioredis.Redis, keys: Keys, lease_ms: int) -> None:
+        self.client = client
+        self.keys = keys
+        self.lease_ms = lease_ms
+        self.policies: dict[PolicyKey, tuple[int, float | None]] = {}
+        self.waiting: dict[PolicyKey, deque[Execution]] = {}
+        self.held: dict[str, PolicyKey] = {}  # permit member (execution key) -> policy
+        self._released: list[tuple[PolicyKey, str]] = []
+        self._script = client.register_script(lua("throttle"))
+
+    def policy_of(self, e: Execution) -> PolicyKey | None:
+        name = e.job.opts.throttle
+        if name is None:
+            return None
+        key = (e.job.namespace, name)
+        return key if key in self.policies else None
+
+    def wait(self, policy: PolicyKey, e: Execution, now_ms: int) -> None:
+        if e.waiting_since_ms is None:
+            e.waiting_since_ms = now_ms
+        self.waiting.setdefault(policy, deque()).append(e)
+
+    def waiting_count(self) -> int:
+        return sum(len(q) for q in self.waiting.values())
+
+    def _holders(self, p: PolicyKey) -> str:
+        return f"{self.keys.prefix}throttle:{p[0]}:{p[1]}"
+
+    async def grant(self, now_ms: int) -> list[Execution]:
+        """Free released permits, then hand out what is available; returns the executions granted."""
+        await self._flush_releases()
+        granted: list[Execution] = []
+        for p, queue in list(self.waiting.items()):
+            while queue and queue[0].lost:
+                queue.popleft()
+            if not queue:
+                del self.waiting[p]
+                continue
+            max_in_flight, per_second = self.policies.get(p, (0, None))
+            if max_in_flight <= 0:  # the policy was removed: no limit any more
+                granted.extend(queue)
+                del self.waiting[p]
+                continue
+            interval = 1000.0 / per_second if per_second else 0
+            members = [queue[i].key for i in range(min(len(queue), _MAX_ASK))]
+            n = int(
+                await self._script(
+                    keys=[self._holders(p), f"{self._holders(p)}:tat"],
+                    args=[now_ms, self.lease_ms, max_in_flight, interval, _AHEAD_MS, *members],
+                )
+            )
+            for _ in range(n):
+                e = queue.popleft()
+                self.held[e.key] = p
+                granted.append(e)
+        return granted
+
+    def release(self, e: Execution) -> None:
+        p = self.held.pop(e.key, None)
+        if p is not None:
+            self._released.append((p, e.key))
+
+    async def _flush_releases(self) -> None:
+        if not self._released:
+            return
+        batch, self._released = self._released, []
+        pipe = self.client.pipeline(transaction=False)
+        for p, member in batch:
+            pipe.zrem(self._holders(p), member)
+        try:
+            await pipe.execute()
+        except Exception:
+            self._released[:0] = batch
+            raise
+
+    async def renew(self, now_ms: int) -> None:
+        """Extend the leases of permits held by deliveries still in flight."""
+        if not self.held:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for member, p in self.held.items():
+            pipe.zadd(self._holders(p), {member: now_ms + self.lease_ms}, xx=True)
+        await pipe.execute()

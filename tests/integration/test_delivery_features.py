@@ -1,0 +1,338 @@
+"""Scheduling and delivery features, end to end through a real node: fan-out, jitter, throttling,
+retries with jitter and a maximum age, dead-lettering, overlap, completion, signing, redelivery
+and misfires. Real PostgreSQL, Redis, moto SQS and HTTP receivers throughout."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import boto3
+import pytest
+from flask.testing import FlaskClient
+from sqlalchemy import text
+
+from cronman import signing
+from cronman.receiver import Receiver
+from cronman.settings import Settings
+from cronman.timeutil import parse_iso
+from tests.helpers import NodeThread, wait_for
+
+
+def create(client: FlaskClient, job_id: str, schedule: dict[str, Any], target: dict[str, Any], **extra: Any) -> dict:
+    r = client.post(
+        "/v1/jobs",
+        data=json.dumps({"id": job_id, "schedule": schedule, "target": target, **extra}),
+        content_type="application/json",
+    )
+    assert r.status_code == 201, r.json
+    return r.json
+
+
+def at(seconds: float) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def history(client: FlaskClient, job_id: str) -> list[dict[str, Any]]:
+    return client.get(f"/v1/jobs/{job_id}/executions", query_string={"limit": 1000}).json["executions"]
+
+
+@pytest.fixture
+def node(settings: Settings) -> Iterator[NodeThread]:
+    with NodeThread(settings) as n:
+        yield n
+
+
+@dataclass
+class ConcurrencyReceiver(Receiver):
+    """Takes ``hold`` seconds to answer, and counts how many requests it answers at once."""
+
+    hold: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.now = 0
+        self.peak = 0
+        self._gauge = threading.Lock()
+
+    def _status_for(self, execution_id: str) -> int:
+        with self._gauge:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        time.sleep(self.hold)
+        with self._gauge:
+            self.now -= 1
+        return super()._status_for(execution_id)
+
+
+def test_fan_out_delivers_distinct_events_per_occurrence(client: FlaskClient, node: NodeThread) -> None:
+    with Receiver() as receiver:
+        create(
+            client, "fan", {"type": "once", "at": at(0.5)}, {"type": "http", "url": receiver.url}, events_per_trigger=3
+        )
+        got = wait_for(lambda: receiver.snapshot() if len(receiver.snapshot()) >= 3 else None, 10, "3 events")
+        time.sleep(0.5)
+        assert len(receiver.snapshot()) == 3
+        assert sorted(r.headers["Cronman-Event-Index"] for r in got) == ["0", "1", "2"]
+        assert len({r.execution_id for r in got}) == 3
+        assert len({r.headers["Cronman-Scheduled-For"] for r in got}) == 1
+        rows = wait_for(lambda: (lambda h: h if len(h) == 3 else None)(history(client, "fan")), 5, "3 rows")
+        assert sorted(e["event_index"] for e in rows) == [0, 1, 2]
+
+
+def test_jitter_is_deterministic_and_predicted(client: FlaskClient, node: NodeThread) -> None:
+    with Receiver() as receiver:
+        job = create(
+            client,
+            "jit",
+            {"type": "interval", "every_seconds": 2, "jitter_seconds": 1.5, "start_at": at(0.2)},
+            {"type": "http", "url": receiver.url},
+        )
+        predicted = client.get("/v1/jobs/jit/next", query_string={"count": 3, "after": job["created_at"]}).json["next"]
+        got = wait_for(lambda: receiver.snapshot() if len(receiver.snapshot()) >= 3 else None, 15, "3 deliveries")
+        assert [r.headers["Cronman-Scheduled-For"] for r in got[:3]] == predicted
+        offsets = {parse_iso(p) % 2000 for p in predicted}
+        assert len(offsets) > 1, "every occurrence got the same offset"
+
+
+def test_a_throttle_policy_caps_deliveries_in_flight_across_the_cluster(
+    client: FlaskClient, settings: Settings, db
+) -> None:  # type: ignore[no-untyped-def]
+    with db.begin() as conn:
+        conn.execute(
+            text("INSERT INTO throttle_policies (namespace, name, max_in_flight) VALUES ('default', 'slow', 4)")
+        )
+    with (
+        ConcurrencyReceiver(hold=0.2) as receiver,
+        NodeThread(settings),
+        NodeThread(settings.model_copy(update={"node_id": "node-b"})),
+    ):
+        when = at(2.0)
+        for i in range(40):
+            create(
+                client, f"t-{i}", {"type": "once", "at": when}, {"type": "http", "url": receiver.url}, throttle="slow"
+            )
+        wait_for(lambda: len(receiver.snapshot()) >= 40, 30, "all 40 deliveries")
+        time.sleep(0.5)
+        assert len(receiver.snapshot()) == 40, "a throttled delivery was dropped or doubled"
+        assert receiver.peak <= 4, f"{receiver.peak} deliveries were in flight at once"
+        assert receiver.peak >= 3
+        waits = wait_for(
+            lambda: (lambda w: w if len(w) == 40 else None)(
+                [e["throttle_wait_ms"] for i in range(40) for e in history(client, f"t-{i}")]
+            ),
+            10,
+            "history",
+        )
+        assert max(w or 0 for w in waits) >= 1000  # 40 at 4 in flight, 0.2 s each: the last waited ~1.8 s
+
+
+def test_a_per_second_limit(client: FlaskClient, node: NodeThread, db) -> None:  # type: ignore[no-untyped-def]
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO throttle_policies (namespace, name, max_in_flight, max_per_second) "
+                "VALUES ('default', 'rate', 100, 5)"
+            )
+        )
+    with Receiver() as receiver:
+        when = at(1.5)
+        for i in range(15):
+            create(
+                client, f"r-{i}", {"type": "once", "at": when}, {"type": "http", "url": receiver.url}, throttle="rate"
+            )
+        got = wait_for(lambda: receiver.snapshot() if len(receiver.snapshot()) >= 15 else None, 20, "15 deliveries")
+        spread = got[-1].at - got[0].at
+        assert spread >= 1.8, f"15 deliveries at 5/s took only {spread:.2f}s"
+
+
+def test_retry_backoff_has_jitter_and_respects_max_event_age(client: FlaskClient, node: NodeThread) -> None:
+    with Receiver(fail_first=100) as receiver:
+        create(
+            client,
+            "aged",
+            {"type": "once", "at": at(0.3)},
+            {"type": "http", "url": receiver.url},
+            retry={"max_attempts": 10, "backoff_seconds": 1, "max_event_age_seconds": 2},
+        )
+        rows = wait_for(
+            lambda: (lambda h: h if h and h[0]["status"] == "permanently_failed" else None)(history(client, "aged")),
+            15,
+            "the execution to fail permanently",
+        )
+        assert len(rows) < 10 and "max_event_age_seconds" in rows[0]["error"]
+        got = receiver.snapshot()
+        gaps = [b.at - a.at for a, b in zip(got, got[1:])]
+        assert 0.45 <= gaps[0] <= 1.1, gaps  # 1 s scaled into [0.5, 1]
+
+
+def test_a_permanently_failed_execution_goes_to_the_dead_letter_queue(
+    client: FlaskClient, settings: Settings, sqs_endpoint: str, redis_prefix: str
+) -> None:
+    sqs = boto3.client("sqs", endpoint_url=sqs_endpoint, region_name="us-east-1")
+    dlq = sqs.create_queue(QueueName=f"dlq-{redis_prefix.strip(':')}")["QueueUrl"]
+    with (
+        Receiver(fail_first=100, fail_status=502) as receiver,
+        NodeThread(settings.model_copy(update={"sqs_endpoint_url": sqs_endpoint})),
+    ):
+        create(
+            client,
+            "dead",
+            {"type": "once", "at": at(0.3)},
+            {"type": "http", "url": receiver.url},
+            payload={"order": 7},
+            retry={"max_attempts": 2, "backoff_seconds": 0.1},
+            dead_letter_queue_url=dlq,
+        )
+        msgs: list[dict[str, Any]] = []
+
+        def arrived() -> bool:
+            msgs.extend(
+                sqs.receive_message(QueueUrl=dlq, MessageAttributeNames=["All"], WaitTimeSeconds=1).get("Messages", [])
+            )
+            return bool(msgs)
+
+        wait_for(arrived, 15, "the dead-letter message")
+        rows = wait_for(lambda: (lambda h: h if len(h) == 2 else None)(history(client, "dead")), 5, "history")
+    m = msgs[0]
+    attrs = {k: v["StringValue"] for k, v in m["MessageAttributes"].items()}
+    assert json.loads(m["Body"]) == {"order": 7}
+    assert attrs["Cronman-Job-Id"] == "dead" and attrs["Cronman-Attempt"] == "2"
+    assert attrs["Cronman-Http-Status"] == "502" and attrs["Cronman-Error"].startswith("HTTP 502")
+    assert rows[0]["status"] == "permanently_failed" and rows[0]["dead_lettered"] is True
+
+
+def test_overlap_skip_skips_while_the_previous_delivery_is_in_flight(client: FlaskClient, node: NodeThread) -> None:
+    with ConcurrencyReceiver(hold=2.5) as receiver:
+        create(
+            client,
+            "long",
+            {"type": "interval", "every_seconds": 1, "start_at": at(0.3)},
+            {"type": "http", "url": receiver.url},
+            overlap_policy="skip",
+        )
+        time.sleep(6)
+    assert receiver.peak == 1
+    rows = history(client, "long")
+    skipped = [e for e in rows if e["status"] == "skipped"]
+    assert skipped and all("still in flight" in e["error"] for e in skipped)
+    assert len(receiver.snapshot()) <= 3
+
+
+def test_a_once_job_completes_and_can_delete_itself(client: FlaskClient, node: NodeThread) -> None:
+    with Receiver() as receiver:
+        create(client, "keep", {"type": "once", "at": at(0.3)}, {"type": "http", "url": receiver.url})
+        create(
+            client,
+            "drop",
+            {"type": "once", "at": at(0.3)},
+            {"type": "http", "url": receiver.url},
+            delete_after_completion=True,
+        )
+        wait_for(lambda: len(receiver.snapshot()) >= 2, 10, "both deliveries")
+        wait_for(lambda: client.get("/v1/jobs/drop").status_code == 404, 10, "the job to delete itself")
+        assert client.get("/v1/jobs/keep").json["state"] == "completed"
+
+
+def test_deliveries_are_signed_with_the_namespace_secret(client: FlaskClient, node: NodeThread, db) -> None:  # type: ignore[no-untyped-def]
+    secret = signing.new_secret()
+    with db.begin() as conn:
+        conn.execute(text("INSERT INTO signing_secrets (namespace, secret) VALUES ('default', :s)"), {"s": secret})
+    time.sleep(5.5)  # nodes read signing secrets every 5 s
+    with Receiver() as receiver:
+        create(
+            client,
+            "signed",
+            {"type": "once", "at": at(0.3)},
+            {"type": "http", "url": receiver.url},
+            payload={"pay": "load"},
+        )
+        got = wait_for(lambda: receiver.snapshot(), 10, "the delivery")
+    header = got[0].headers["Cronman-Signature"]
+    assert signing.verify(secret, header, got[0].body, int(time.time()))
+    assert not signing.verify(secret, header, got[0].body + b" ", int(time.time()))
+    assert not signing.verify("whsec_other", header, got[0].body, int(time.time()))
+
+
+def test_a_failed_execution_can_be_redelivered_under_its_id(
+    client: FlaskClient, node: NodeThread, settings: Settings
+) -> None:
+    from cronman.store import JobStore, make_engine
+
+    with Receiver(fail_first=1) as receiver:
+        create(
+            client,
+            "again",
+            {"type": "once", "at": at(0.3)},
+            {"type": "http", "url": receiver.url},
+            retry={"max_attempts": 1},
+        )
+        rows = wait_for(lambda: history(client, "again"), 10, "the failed execution")
+        assert rows[0]["status"] == "permanently_failed"
+        store = JobStore(make_engine(settings.database_url, pool_size=1))
+        store.add_redelivery("again", None, rows[0]["execution_id"], "test")
+        got = wait_for(lambda: receiver.snapshot() if len(receiver.snapshot()) >= 2 else None, 10, "redelivery")
+        store.engine.dispose()
+    assert got[1].execution_id == got[0].execution_id and got[1].headers["Cronman-Attempt"] == "2"
+    rows = wait_for(lambda: (lambda h: h if len(h) == 2 else None)(history(client, "again")), 5, "history")
+    assert [(e["attempt"], e["status"]) for e in rows] == [(2, "succeeded"), (1, "permanently_failed")]
+
+
+@pytest.mark.parametrize(
+    ("policy", "catchup", "fired", "skipped"),
+    [("fire_once", 3600, [-35], [-95, -65]), ("skip", 3600, [], [-95, -65, -35]), ("fire_all", 80, [-65, -35], [-95])],
+)
+def test_after_a_full_outage_the_misfire_policy_decides(
+    client: FlaskClient,
+    settings: Settings,
+    db,
+    policy: str,
+    catchup: int,
+    fired: list[int],
+    skipped: list[int],  # type: ignore[no-untyped-def]
+) -> None:
+    """Occurrences at T0-95, -65, -35 s fell inside an outage (no node ran from T0-110 s); T0-5 s is
+    within the window a starting node always looks back over, so it fires late in every case."""
+    t0 = int(time.time())
+    with Receiver() as receiver:
+        create(
+            client,
+            "mf",
+            {"type": "interval", "every_seconds": 30, "start_at": at(-95 - (time.time() - t0))},
+            {"type": "http", "url": receiver.url},
+            misfire_policy=policy,
+            catchup_window_seconds=catchup,
+        )
+        with db.begin() as conn:
+            conn.execute(text("UPDATE jobs SET updated_at = now() - interval '120 seconds'"))
+            conn.execute(
+                text(
+                    "INSERT INTO scheduler_state (key, value) VALUES ('fired_through', now() - interval '110 seconds')"
+                )
+            )
+        with NodeThread(settings):
+            wait_for(
+                lambda: any(r.headers["Cronman-Scheduled-For"] == at_iso(t0 - 5) for r in receiver.snapshot()),
+                10,
+                "the occurrence inside the look-back window",
+            )
+            time.sleep(1)
+            rows = wait_for(
+                lambda: (lambda h: h if len(h) >= 1 + len(fired) + len(skipped) else None)(history(client, "mf")),
+                5,
+                "history",
+            )
+        delivered = sorted(r.headers["Cronman-Scheduled-For"] for r in receiver.snapshot())
+    assert delivered == sorted(at_iso(t0 + d) for d in [*fired, -5])
+    skipped_rows = sorted(e["scheduled_for"] for e in rows if e["status"] == "skipped")
+    assert skipped_rows == sorted(at_iso(t0 + d) for d in skipped)
+    assert all(e["error"].startswith("misfire: no scheduler was running") for e in rows if e["status"] == "skipped")
+
+
+def at_iso(unix: int) -> str:
+    return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
