@@ -259,10 +259,11 @@ class Firing:
                 e.deadline_ms = deadline
 
     def _lose(self, e: Execution) -> None:
-        if not e.lost:
-            e.lost = True
-            self.held.pop(e.key, None)
-            self.throttle.release(e)
+        if e.lost:
+            return
+        e.lost = True
+        self.throttle.release(e)
+        if self.held.pop(e.key, None) is not None:  # else it is finishing: its done mark reports it
             self.metrics.claims.labels("superseded").inc()
             log.warning("lost the claim on an execution", extra={"job_id": e.job.id, "execution_id": e.id})
 
@@ -296,7 +297,8 @@ class Firing:
                 self._done_pending[:0] = batch
                 raise
             for (e, _, _), marked in zip(batch, ok, strict=True):
-                if not marked:
+                if not marked and not e.lost:
+                    e.lost = True
                     self.metrics.claims.labels("superseded").inc()
                     log.warning(
                         "another node took over an execution this node delivered",

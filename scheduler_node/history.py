@@ -107,6 +107,10 @@ class HistoryWriter:
             batch = [self._buffer.popleft() for _ in range(min(limit, len(self._buffer)))]
             try:
                 dups = await loop.run_in_executor(self.executor, self._write, batch)
+            except asyncio.CancelledError:
+                # Keep the rows: writing them again later is harmless (the same row is no duplicate).
+                self._buffer.extendleft(reversed(batch))
+                raise
             except Exception as exc:  # noqa: BLE001 - database down or failing: keep the rows, retry later
                 self._buffer.extendleft(reversed(batch))
                 self._backoff = min(max(self._backoff * 2, 0.2), 5.0)

@@ -174,7 +174,7 @@ class Node(Firing):
             except Exception as exc:  # noqa: BLE001
                 log.warning("could not record the fired-through time: %s", exc)
         history_stop.set()
-        await asyncio.wait(keepers[2:], timeout=1)
+        await asyncio.wait(keepers[2:], timeout=10)  # let a write in progress finish
         await self._final_flush()
         for t in keepers:
             t.cancel()
@@ -204,7 +204,7 @@ class Node(Firing):
     async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-    async def _drain(self, timeout: float = 20.0) -> None:
+    async def _drain(self, timeout: float = 15.0) -> None:
         """Let deliveries in flight finish; hand executions waiting to retry back to the replica."""
         if self._attempts:
             await asyncio.wait(list(self._attempts), timeout=timeout)

@@ -1,0 +1,297 @@
+"""The cluster harness: real scheduler node processes, one real API process and a delivery ledger,
+against the per-test database and Redis prefix, with the fast timings of ``tests.conftest.FAST``
+(heartbeat TTL 3 s, lease 2 s, membership and change polls 0.3 s).
+
+Node logs go to ``<workdir>/cluster-<test>/`` (or under ``$CRONMAN_CLUSTER_LOGS`` when set, which
+keeps them after the run). Figures are printed (run pytest with ``-s``) and appended as JSON lines
+to ``$CRONMAN_CLUSTER_REPORT`` (default ``<workdir>/cluster-report.jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from cronman.embedded import Child
+from cronman.hashing import owned_slots, slot_of
+from tests.cluster.ledger import Figures, LedgerReceiver, analyse
+from tests.conftest import FAST
+from tests.helpers import start_api_process, start_node_process, wait_for
+
+REPLICAS = 2
+HEARTBEAT_TTL = float(FAST["heartbeat_ttl_seconds"])  # 3 s
+LEASE = float(FAST["lease_seconds"])  # 2 s
+
+
+class ClusterNode:
+    def __init__(self, node_id: str, child: Child, port: int, log: Path) -> None:
+        self.node_id = node_id
+        self.child = child
+        self.port = port
+        self.log = log
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.child.pid
+
+    def alive(self) -> bool:
+        return self.child.alive()
+
+    def readyz(self) -> dict[str, Any]:
+        r = requests.get(f"{self.url}/readyz", timeout=2)
+        body = r.json()
+        body["_ok"] = r.ok
+        return body
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = requests.get(f"{self.url}/metrics", timeout=5).text
+        out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def _ready_check(node: ClusterNode) -> Callable[[], bool]:
+    return lambda: bool(node.readyz()["_ok"])
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:80]
+
+
+class Cluster:
+    """Everything one cluster test runs; ``close()`` stops it all (also called by the fixture)."""
+
+    def __init__(self, test_name: str, env: dict[str, str], logdir: Path, report_path: Path, database_url: str):
+        self.test_name = test_name
+        self.env = dict(env)
+        # The API wants a key on /v1 requests: run with an admin key, as an operator would.
+        self.api_key = env.get("CRONMAN_API_KEY") or f"cluster-admin-{uuid.uuid4().hex}"
+        self.env["CRONMAN_API_KEY"] = self.api_key
+        self.auth = {"Authorization": f"Bearer {self.api_key}"}
+        self.logdir = logdir
+        self.report_path = report_path
+        self.database_url = database_url
+        self.redis_url = env["CRONMAN_REDIS_URL"]
+        self.redis_prefix = env["CRONMAN_REDIS_PREFIX"]
+        self.api: Child | None = None
+        self.api_url = ""
+        self.nodes: dict[str, ClusterNode] = {}
+        self.receiver = LedgerReceiver().start()
+        self.schedules: dict[str, dict[str, Any]] = {}  # job id -> stored schedule document
+        self.session = requests.Session()
+        self.session.headers.update(self.auth)
+
+    # -------------------------------------------------------------- processes
+    def use_redis(self, url: str) -> None:
+        """Point everything started from now on at another Redis (before starting anything)."""
+        assert self.api is None and not self.nodes, "choose the Redis before starting processes"
+        self.env["CRONMAN_REDIS_URL"] = url
+        self.redis_url = url
+
+    def start_api(self) -> str:
+        self.api, self.api_url = start_api_process(self.env, self.logdir / "api.log")
+        return self.api_url
+
+    def start_nodes(self, ids: list[str], extra: dict[str, dict[str, str]] | None = None) -> list[ClusterNode]:
+        """Start node processes together and wait until each answers /readyz."""
+        started: list[ClusterNode] = []
+        for node_id in ids:
+            child, port = start_node_process(
+                self.env, node_id, self.logdir / f"{node_id}.log", extra=(extra or {}).get(node_id), wait_ready=False
+            )
+            node = ClusterNode(node_id, child, port, self.logdir / f"{node_id}.log")
+            self.nodes[node_id] = node
+            started.append(node)
+        for node in started:
+            node.child.wait_until(_ready_check(node), 60, f"{node.node_id} to be ready")
+        return started
+
+    def live(self) -> list[ClusterNode]:
+        return [n for n in self.nodes.values() if n.alive()]
+
+    def expected_jobs(self, node_id: str, members: list[str]) -> int:
+        mine = owned_slots(node_id, members, REPLICAS)
+        return sum(1 for j in self.schedules if slot_of(j) in mine)
+
+    def wait_settled(self, ids: list[str], timeout: float = 30.0) -> float:
+        """Wait until each node in ``ids`` sees exactly ``ids``, owns its slots and has loaded their
+        jobs, and the API's cluster view lists the same nodes; returns how long that took."""
+        members = sorted(ids)
+        t = time.monotonic()
+
+        def settled() -> bool:
+            for node_id in members:
+                body = self.nodes[node_id].readyz()
+                if not body["_ok"] or body["nodes"] != members:
+                    return False
+                if body["jobs"] != self.expected_jobs(node_id, members):
+                    return False
+            view = self.cluster_view()
+            return sorted(n["id"] for n in view["nodes"]) == members
+
+        wait_for(settled, timeout, f"the cluster to settle on {members}", interval=0.2)
+        return time.monotonic() - t
+
+    def cluster_view(self) -> dict[str, Any]:
+        return self.session.get(f"{self.api_url}/v1/cluster", timeout=5).json()
+
+    def claims_held_by(self, node_id: str) -> set[str]:
+        """Execution ids whose claim in Redis is held (claimed, not marked done) by ``node_id``."""
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=5, decode_responses=True)
+        prefix, mine = f"{self.redis_prefix}x:", f"c|{node_id}|"
+        try:
+            keys = [str(k) for k in client.scan_iter(match=f"{prefix}*", count=5000)]
+            held: set[str] = set()
+            for i in range(0, len(keys), 5000):
+                chunk = keys[i : i + 5000]
+                for key, value in zip(chunk, client.mget(chunk), strict=True):
+                    if isinstance(value, str) and value.startswith(mine):
+                        held.add(key[len(prefix) :])
+            return held
+        finally:
+            client.close()
+
+    def signal(self, node_id: str, sig: int) -> float:
+        node = self.nodes[node_id]
+        assert node.alive(), f"{node_id} is not running"
+        os.kill(node.pid, sig)
+        return time.time()
+
+    def kill(self, node_id: str) -> float:
+        at = self.signal(node_id, signal.SIGKILL)
+        self.nodes[node_id].child.proc.wait(10)
+        return at
+
+    def terminate(self, node_id: str, timeout: float = 30.0) -> float:
+        """SIGTERM and wait for the node to finish (it drains and leaves the cluster)."""
+        at = self.signal(node_id, signal.SIGTERM)
+        self.nodes[node_id].child.proc.wait(timeout)
+        return at
+
+    def stop_nodes(self) -> None:
+        """SIGTERM every node at once, then wait for each (SIGKILL after 20 s)."""
+        for node in self.nodes.values():
+            if node.alive():
+                try:
+                    os.kill(node.pid, signal.SIGCONT)  # a node left stopped cannot handle SIGTERM
+                    os.kill(node.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for node in self.nodes.values():
+            node.child.stop(20)
+
+    def close(self) -> None:
+        try:
+            self.stop_nodes()
+        finally:
+            try:
+                if self.api is not None:
+                    self.api.stop(15)
+            finally:
+                self.receiver.stop()
+                self.session.close()
+
+    # -------------------------------------------------------------- jobs
+    def interval_job(self, job_id: str, every: int, **extra: Any) -> dict[str, Any]:
+        return {
+            "id": job_id,
+            "schedule": {"type": "interval", "every_seconds": every},
+            "target": {"type": "http", "url": f"{self.receiver.url}/hook", "timeout_seconds": 30},
+            "payload": {"job": job_id},
+            **extra,
+        }
+
+    def create_jobs(self, specs: list[dict[str, Any]], threads: int = 4) -> float:
+        """Create jobs through the API (keep-alive sessions, a few in parallel); returns seconds taken."""
+        t = time.monotonic()
+        chunks = [specs[i::threads] for i in range(threads)]
+
+        def create(chunk: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            out = []
+            with requests.Session() as s:
+                s.headers.update(self.auth)
+                for spec in chunk:
+                    r = s.post(f"{self.api_url}/v1/jobs", json=spec, timeout=30)
+                    assert r.status_code == 201, r.text
+                    out.append(r.json())
+            return out
+
+        with ThreadPoolExecutor(threads) as pool:
+            for created in pool.map(create, chunks):
+                for job in created:
+                    self.schedules[job["id"]] = job["schedule"]
+        assert len(self.schedules) >= len(specs)
+        return time.monotonic() - t
+
+    def executions(self, job_id: str, limit: int = 200) -> list[dict[str, Any]]:
+        r = self.session.get(f"{self.api_url}/v1/jobs/{job_id}/executions", params={"limit": limit}, timeout=10)
+        assert r.ok, r.text
+        return list(r.json()["executions"])
+
+    # -------------------------------------------------------------- figures
+    def analyse(self, t0: float, t1: float) -> Figures:
+        return analyse(self.schedules, self.receiver.snapshot(), t0, t1)
+
+    def report(self, **figures: Any) -> dict[str, Any]:
+        def plain(v: Any) -> Any:
+            if isinstance(v, Figures):
+                return v.as_dict()
+            if isinstance(v, dict):
+                return {k: plain(x) for k, x in v.items()}
+            if isinstance(v, list | tuple):
+                return [plain(x) for x in v]
+            if isinstance(v, float):
+                return round(v, 3)
+            return v
+
+        record = {"test": self.test_name, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **plain(figures)}
+        print(f"\n=== cluster figures: {self.test_name}\n{json.dumps(record, indent=2, default=str)}")
+        self.report_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.report_path.open("a") as f:
+            f.write(json.dumps(record, default=str) + "\n")
+        return record
+
+
+def sleep_until(epoch: float, limit: float = 120.0) -> None:
+    """Sleep until the wall clock reaches ``epoch`` (never longer than ``limit`` seconds)."""
+    delay = epoch - time.time()
+    if delay > 0:
+        time.sleep(min(delay, limit))
+
+
+@pytest.fixture
+def cluster(
+    request: pytest.FixtureRequest, settings_env: dict[str, str], workdir: Path, database_url: str, redis_prefix: str
+) -> Iterator[Cluster]:
+    name = _safe(request.node.name)
+    base = Path(os.environ["CRONMAN_CLUSTER_LOGS"]) if os.environ.get("CRONMAN_CLUSTER_LOGS") else workdir
+    logdir = base / f"cluster-{name}-{redis_prefix.strip(':')}"
+    logdir.mkdir(parents=True, exist_ok=True)
+    report = Path(os.environ.get("CRONMAN_CLUSTER_REPORT") or workdir / "cluster-report.jsonl")
+    c = Cluster(request.node.name, settings_env, logdir, report, database_url)
+    try:
+        yield c
+    finally:
+        c.close()

@@ -1,0 +1,114 @@
+"""Losing nodes while firing (DESIGN §8 item 1): nothing missed, nothing doubled."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg2
+import pytest
+
+from tests.cluster.conftest import HEARTBEAT_TTL, LEASE, Cluster, sleep_until
+
+
+@pytest.mark.cluster
+def test_kill_minus_9_one_of_three_nodes(cluster: Cluster) -> None:
+    cluster.start_api()
+    # 500 jobs every 1 or 2 s with no start_at: phases spread by the id hash, ~375 deliveries/s.
+    specs = [cluster.interval_job(f"k9-{i:04d}", 1 if i % 2 == 0 else 2) for i in range(500)]
+    create_s = cluster.create_jobs(specs)
+    ids = ["node-a", "node-b", "node-c"]
+    cluster.start_nodes(ids)
+    settle_s = cluster.wait_settled(ids)
+
+    # The window starts after every node owns its slots and has its jobs loaded.
+    t0 = time.time() + 1.0
+    sleep_until(t0 + 10)
+    victim, survivors = "node-b", ["node-a", "node-c"]
+    t_kill = cluster.kill(victim)
+    held_at_kill = cluster.claims_held_by(victim)  # what it had claimed and not finished
+    moved_s = cluster.wait_settled(survivors, timeout=20)  # the dead heartbeat expires, ownership moves
+    sleep_until(t_kill + 15)
+    # End the window 3 s before stopping: every occurrence in it has had time to arrive.
+    t1 = time.time() - 3.0
+    figures = cluster.analyse(t0, t1)
+    # The failover: from just before the kill until ownership has surely moved.
+    failover = cluster.analyse(t_kill - 1.0, t_kill + HEARTBEAT_TTL + 3.0)
+    metrics = {n: cluster.nodes[n].metrics() for n in survivors}
+    taken_over = {n: m.get(("cronman_claims_total", (("result", "taken_over"),)), 0.0) for n, m in metrics.items()}
+    cluster.stop_nodes()
+
+    cluster.report(
+        jobs=len(specs),
+        jobs_create_seconds=create_s,
+        settle_seconds=settle_s,
+        ownership_moved_after_kill_seconds=moved_s,
+        victim_exit=cluster.nodes[victim].child.proc.returncode,
+        victim_claims_held_at_kill=len(held_at_kill),
+        whole=figures,
+        failover=failover,
+        taken_over=taken_over,
+    )
+    assert cluster.nodes[victim].child.proc.returncode == -9
+    assert figures.expected > 8000, "the run should cover thousands of occurrences"
+    assert figures.missed == 0, f"missed occurrences (job, scheduled ms): {figures.missed_sample}"
+    assert figures.doubled == 0, f"doubled occurrences (job, scheduled ms): {figures.doubled_sample}"
+    assert figures.unexpected == 0
+    assert failover.missed == 0
+    # Whatever the dead node held is taken over after its lease: a few seconds late at worst.
+    assert failover.worst_lag_ms is not None and failover.worst_lag_ms <= (2 * LEASE + 2) * 1000
+
+
+@pytest.mark.cluster
+def test_one_node_left_still_fires_everything(cluster: Cluster) -> None:
+    cluster.start_api()
+    specs = [cluster.interval_job(f"last-{i:03d}", 1 if i % 2 == 0 else 2) for i in range(200)]
+    cluster.create_jobs(specs)
+    ids = ["node-a", "node-b", "node-c"]
+    cluster.start_nodes(ids)
+    cluster.wait_settled(ids)
+
+    t0 = time.time() + 1.0
+    sleep_until(t0 + 5)
+    t_term = cluster.terminate("node-b")  # a clean stop: drains, leaves at once
+    sleep_until(t_term + 2)
+    t_kill = cluster.kill("node-c")  # a crash: its heartbeat lingers until the TTL runs out
+    alone_s = cluster.wait_settled(["node-a"], timeout=20)
+
+    # The window for the guarantee: node-c's last heartbeat was at most at t_kill, so it expires by
+    # t_kill + TTL; node-a notices within a membership poll (plus its grace for absent nodes) and
+    # loads what it lacked. Before that, occurrences of node-c's slots may wait for the takeover
+    # of a lease; from t_kill + TTL + 2 s on, node-a alone must fire every occurrence of every job.
+    post0 = t_kill + HEARTBEAT_TTL + 2.0
+    sleep_until(post0 + 10)
+    t1 = post0 + 7.0  # 3 s before stopping
+    post = cluster.analyse(post0, t1)
+    whole = cluster.analyse(t0, t1)
+    cluster.stop_nodes()
+
+    conn = psycopg2.connect(cluster.database_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT node, count(*) FROM scheduled_jobs "
+                "WHERE scheduled_for BETWEEN timestamptz 'epoch' + %s * interval '1 millisecond' "
+                "AND timestamptz 'epoch' + %s * interval '1 millisecond' AND attempt = 1 GROUP BY node",
+                (int(post0 * 1000), int(t1 * 1000)),
+            )
+            post_history = dict(cur.fetchall())
+    finally:
+        conn.close()
+
+    cluster.report(
+        jobs=len(specs),
+        alone_after_kill_seconds=alone_s,
+        post_expiry=post,
+        whole=whole,
+        post_expiry_history_by_node=post_history,
+    )
+    assert post.expected >= 1000
+    assert post.missed == 0, f"missed with one node left: {post.missed_sample}"
+    assert post.doubled == 0, f"doubled with one node left: {post.doubled_sample}"
+    assert {j for j, _ in post.counts} == set(cluster.schedules), "every job fires on the last node"
+    assert set(post_history) == {"node-a"}, post_history
+    assert sum(post_history.values()) == post.delivered
+    assert whole.doubled == 0, f"doubled: {whole.doubled_sample}"

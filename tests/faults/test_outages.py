@@ -1,0 +1,150 @@
+"""Outages while jobs fire (DESIGN section 8, items 5 and 8): PostgreSQL crashes and comes back,
+and every scheduler node is down for a while. Real processes, a real receiver."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import requests
+from sqlalchemy import text
+
+from cronman.embedded import EmbeddedPostgres
+from cronman.migrate import run_maintenance, upgrade
+from cronman.receiver import Receiver
+from cronman.store import make_engine
+from tests.conftest import ADMIN_KEY
+from tests.helpers import start_api_process, start_node_process, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def own_postgres(workdir: Path) -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL of this test's own, so it can be crashed and restarted."""
+    pg = EmbeddedPostgres(workdir / f"pg-{uuid.uuid4().hex[:6]}" / "data", durable=False)
+    pg.start()
+    upgrade(pg.url())
+    engine = make_engine(pg.url(), pool_size=1)
+    run_maintenance(engine, datetime.now(UTC).date(), 45, 7)
+    engine.dispose()
+    yield pg
+    pg.stop()
+
+
+def _env(settings_env: dict[str, str], database_url: str) -> dict[str, str]:
+    return {**settings_env, "CRONMAN_DATABASE_URL": database_url}
+
+
+def _create(api_url: str, jobs: list[dict]) -> None:
+    s = requests.Session()
+    s.headers["Authorization"] = f"Bearer {ADMIN_KEY}"
+    for job in jobs:
+        r = s.post(f"{api_url}/v1/jobs", json=job, timeout=10)
+        assert r.status_code == 201, r.text
+
+
+def _history_ids(database_url: str) -> set[str]:
+    engine = make_engine(database_url, pool_size=1)
+    with engine.connect() as conn:
+        ids = {str(r[0]) for r in conn.execute(text("SELECT execution_id FROM scheduled_jobs"))}
+    engine.dispose()
+    return ids
+
+
+def test_a_postgres_crash_loses_no_history(own_postgres: EmbeddedPostgres, settings_env: dict[str, str],
+                                           workdir: Path) -> None:
+    env = _env(settings_env, own_postgres.url())
+    logs = workdir / f"pg-crash-{uuid.uuid4().hex[:6]}"
+    logs.mkdir()
+    api, api_url = start_api_process(env, logs / "api.log")
+    node, _ = start_node_process(env, "node-1", logs / "node-1.log")
+    try:
+        with Receiver() as receiver:
+            _create(api_url, [{"id": f"pg-{i}", "schedule": {"type": "interval", "every_seconds": 1},
+                               "target": {"type": "http", "url": receiver.url}} for i in range(30)])
+            time.sleep(4)
+            before = len(receiver.snapshot())
+            own_postgres.kill()  # SIGKILL: a crash, not a clean shutdown
+            time.sleep(6)
+            during = len(receiver.snapshot()) - before
+            own_postgres.start()
+            time.sleep(4)
+            node.signal(signal.SIGTERM)
+            assert node.proc.wait(60) == 0
+            delivered = {r.execution_id for r in receiver.snapshot()}
+        rows = _history_ids(own_postgres.url())
+    finally:
+        node.stop()
+        api.stop()
+    missing = delivered - rows
+    report = {"delivered": len(delivered), "during_outage": during, "history_rows": len(rows),
+              "missing": len(missing)}
+    print("\npostgres crash:", json.dumps(report))
+    assert during >= 100, "firing stopped while PostgreSQL was down"
+    if missing:
+        log = (logs / "node-1.log").read_text()
+        lines = [ln for ln in log.splitlines() if "warning" in ln or "error" in ln][-30:]
+        pytest.fail(f"{len(missing)} deliveries have no history row: {sorted(missing)}\n" + "\n".join(lines))
+
+
+def test_all_nodes_down_then_up_applies_the_misfire_policy(
+    database_url: str, settings_env: dict[str, str], workdir: Path
+) -> None:
+    env = _env(settings_env, database_url)
+    logs = workdir / f"all-down-{uuid.uuid4().hex[:6]}"
+    logs.mkdir()
+    api, api_url = start_api_process(env, logs / "api.log")
+    try:
+        with Receiver() as receiver:
+            nodes = [start_node_process(env, f"node-{i}", logs / f"node-{i}-a.log")[0] for i in (1, 2)]
+            _create(api_url, [
+                {"id": f"{policy}-{i}", "schedule": {"type": "interval", "every_seconds": 2},
+                 "target": {"type": "http", "url": receiver.url}, "misfire_policy": policy}
+                for policy in ("fire_once", "skip") for i in range(5)
+            ])
+            wait_for(lambda: len(receiver.snapshot()) >= 20, 15, "deliveries before the outage")
+            for n in nodes:
+                n.signal(signal.SIGTERM)
+            for n in nodes:
+                assert n.proc.wait(60) == 0
+            down_at = time.time()
+            time.sleep(20)  # longer than the look-back window of a starting node (6.8 s here)
+            nodes = [start_node_process(env, f"node-{i}", logs / f"node-{i}-b.log")[0] for i in (1, 2)]
+            time.sleep(6)
+            for n in nodes:
+                n.stop()
+            got = receiver.snapshot()
+        history = requests.get(f"{api_url}/v1/jobs/fire_once-0/executions", params={"limit": 1000},
+                               headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10).json()["executions"]
+    finally:
+        api.stop()
+    # The restarted nodes log the outage window they applied the policies to.
+    until = None
+    for f in logs.glob("node-*-b.log"):
+        for line in f.read_text().splitlines():
+            if "no scheduler was running" in line:
+                until = datetime.fromisoformat(json.loads(line)["until"].replace("Z", "+00:00")).timestamp()
+    assert until is not None, "no node noticed the outage"
+
+    def in_outage(job: str) -> list[str]:
+        return [r.headers["Cronman-Scheduled-For"] for r in got if r.job_id == job
+                and down_at + 0.5 < _ts(r.headers["Cronman-Scheduled-For"]) <= until]
+
+    for i in range(5):
+        assert len(in_outage(f"fire_once-{i}")) == 1, in_outage(f"fire_once-{i}")  # fire once, late
+        assert in_outage(f"skip-{i}") == []  # skip: none of them
+    skipped = [e for e in history if e["status"] == "skipped"]
+    assert len(skipped) >= 4 and all(e["error"].startswith("misfire:") for e in skipped)
+    keys = [(r.job_id, r.headers["Cronman-Scheduled-For"]) for r in got]
+    assert len(keys) == len(set(keys)), "an occurrence was delivered twice"
+
+
+def _ts(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
