@@ -52,11 +52,15 @@ def create_app(settings: Settings | None = None) -> Flask:
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
     app.extensions["cronman"] = Services(settings, JobStore(engine), client, Keys(settings.redis_prefix))
 
+    from api.batch import bp as batch_bp
+    from api.commands import bp as commands_bp
     from api.jobs import bp as jobs_bp
     from api.ops import bp as ops_bp
+    from api.signing import bp as signing_bp
+    from api.throttles import bp as throttles_bp
 
-    app.register_blueprint(jobs_bp)
-    app.register_blueprint(ops_bp)
+    for blueprint in (jobs_bp, batch_bp, throttles_bp, signing_bp, commands_bp, ops_bp):
+        app.register_blueprint(blueprint)
 
     from api.auth import install_auth
 

@@ -25,13 +25,14 @@ _MAX_KEY_LENGTH = 512
 @dataclass(frozen=True, slots=True)
 class Caller:
     namespace: str | None  # None: every namespace
+    name: str = "admin"  # who the job events say did it: "admin", or "key:<prefix>" for a namespace key
 
     @property
     def is_admin(self) -> bool:
         return self.namespace is None
 
 
-ADMIN = Caller(None)
+ADMIN = Caller(None, "admin")
 
 
 def caller() -> Caller:
@@ -92,15 +93,15 @@ def install_auth(app: Flask, settings: Settings) -> None:
         if admin_key is not None and hmac.compare_digest(token.encode(), admin_key):
             who = ADMIN
         else:
-            namespace = keys.namespace_of(token)
-            if namespace is None:
+            found = keys.lookup(token)
+            if found is None:
                 return _refusal(
                     401,
                     "unauthorized",
                     "the API key is unknown or revoked",
                     'Bearer realm="cronman", error="invalid_token"',
                 )
-            who = Caller(namespace)
+            who = Caller(found.namespace, f"key:{found.prefix}")
         if path in ADMIN_ONLY_PATHS and not who.is_admin:
             return _refusal(403, "forbidden", "this endpoint needs the admin key", None)
         g.cronman_caller = who

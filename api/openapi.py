@@ -8,10 +8,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
+from api.batch import MAX_BATCH
 from cronman import __version__
 from cronman.apikeys import NAMESPACE_PATTERN
+from cronman.commands import COMMAND_ID_PATTERN
 from cronman.misfire import MisfirePolicy
-from cronman.spec import JOB_ID_PATTERN, JobSpec, OverlapPolicy, RetryPolicy, Schedule, Target
+from cronman.spec import JOB_ID_PATTERN, THROTTLE_NAME_PATTERN, JobSpec, OverlapPolicy, RetryPolicy, Schedule, Target
+from cronman.throttles import ThrottlePolicySpec
 
 
 class _Out(BaseModel):
@@ -109,6 +112,95 @@ class Cluster(_Out):
     nodes: list[ClusterNode]
 
 
+class JobBatch(BaseModel):
+    """Jobs to create or replace, each by the rules of PUT /v1/jobs/{id} (an item without an id gets one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    jobs: list[JobSpec] = Field(max_length=MAX_BATCH)
+
+
+class BatchItemResult(_Out):
+    index: int = Field(description="The item's position in the request's jobs (0-based).")
+    id: str | None = Field(description="The job's id (generated when the item had none); null if unknown.")
+    status: Literal[200, 201, 400, 409] = Field(description="201 created, 200 replaced, 400 invalid, 409 id taken.")
+    error: ErrorDetail | None
+
+
+class BatchResult(_Out):
+    results: list[BatchItemResult]
+    created: int
+    replaced: int
+    failed: int
+
+
+class Redelivered(_Out):
+    job_id: str
+    execution_id: str
+    attempt: int = Field(description="The attempt number the redelivery will carry (Cronman-Attempt).")
+
+
+class JobEvent(_Out):
+    id: int
+    job_id: str
+    namespace: str
+    at: str = Field(json_schema_extra={"format": "date-time"})
+    action: Literal["create", "replace", "update", "delete", "pause", "resume", "trigger", "redeliver"]
+    actor: str | None = Field(
+        description="admin, key:<prefix> (a namespace key), queue (the command queue) or scheduler."
+    )
+    detail: dict[str, Any] | None
+
+
+class JobEventList(_Out):
+    events: list[JobEvent]
+    next_cursor: str | None
+
+
+class ThrottlePolicy(_Out):
+    name: str
+    namespace: str
+    max_in_flight: int
+    max_per_second: float | None
+    created_at: str = Field(json_schema_extra={"format": "date-time"})
+    updated_at: str = Field(json_schema_extra={"format": "date-time"})
+
+
+class ThrottlePolicyList(_Out):
+    throttles: list[ThrottlePolicy]
+
+
+class SigningSecret(_Out):
+    namespace: str
+    secret: str = Field(description="Shown only in this answer; keep it where the receivers can read it.")
+    created_at: str = Field(json_schema_extra={"format": "date-time"})
+
+
+class ActiveSigningSecret(_Out):
+    prefix: str = Field(description="The secret's first 10 characters.")
+    created_at: str = Field(json_schema_extra={"format": "date-time"})
+    retires_at: str | None = Field(
+        json_schema_extra={"format": "date-time"},
+        description="When this secret stops signing (a day after the rotation that replaced it); null for the newest.",
+    )
+
+
+class SigningSecrets(_Out):
+    namespace: str
+    active: list[ActiveSigningSecret] = Field(description="The secrets that sign deliveries now, newest first.")
+
+
+class Command(_Out):
+    command_id: str
+    namespace: str | None
+    action: str
+    job_id: str | None
+    status: Literal["applied", "rejected"]
+    error: str | None
+    received_at: str = Field(json_schema_extra={"format": "date-time"})
+    applied_at: str | None = Field(json_schema_extra={"format": "date-time"})
+
+
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
@@ -140,6 +232,14 @@ _JOB_ID = {
     "in": "path",
     "required": True,
     "schema": {"type": "string", "pattern": JOB_ID_PATTERN, "maxLength": 128},
+}
+
+
+_THROTTLE_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": THROTTLE_NAME_PATTERN, "maxLength": 64},
 }
 
 
@@ -252,6 +352,123 @@ def _paths() -> dict[str, Any]:
                 "responses": {"202": _json(_ref("Triggered"), "Accepted"), **_ERRORS},
             },
         },
+        "/v1/jobs:batch": {
+            "post": {
+                "summary": "Create or replace up to 1000 jobs",
+                "description": "Each item follows the rules of PUT /v1/jobs/{id} (an item without an id gets one, "
+                "as with POST). Invalid items do not stop valid ones: the answer is a 200 with a result per item. "
+                "The body may be up to 16 MiB.",
+                "operationId": "putJobsBatch",
+                "parameters": [_NAMESPACE],
+                "requestBody": _body(_ref("JobBatch"), example={"jobs": [{"id": "batch-1", **_EXAMPLE_JOB}]}),
+                "responses": {
+                    "200": _json(_ref("BatchResult"), "A result per item"),
+                    "400": _ERRORS["400"],
+                    "413": write_errors["413"],
+                    "415": write_errors["415"],
+                    **_AUTH_ERRORS,
+                },
+            },
+        },
+        "/v1/jobs/{job_id}/executions/{execution_id}/redeliver": {
+            "post": {
+                "summary": "Send a failed execution again, under its execution id, as its next attempt",
+                "operationId": "redeliverExecution",
+                "parameters": [
+                    _JOB_ID,
+                    {"name": "execution_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "202": _json(_ref("Redelivered"), "Accepted"),
+                    **_ERRORS,
+                    "409": _json(_ref("Error"), "The execution did not fail"),
+                },
+            },
+        },
+        "/v1/jobs/{job_id}/events": {
+            "get": {
+                "summary": "Who did what to the job, newest first",
+                "operationId": "listJobEvents",
+                "parameters": [_JOB_ID, *_page(1000)],
+                "responses": {"200": _json(_ref("JobEventList"), "A page of events"), **_ERRORS},
+            },
+        },
+        "/v1/throttles": {
+            "get": {
+                "summary": "List throttle policies",
+                "operationId": "listThrottles",
+                "parameters": [_NAMESPACE],
+                "responses": {
+                    "200": _json(_ref("ThrottlePolicyList"), "Policies"),
+                    "400": _ERRORS["400"],
+                    **_AUTH_ERRORS,
+                },
+            },
+        },
+        "/v1/throttles/{name}": {
+            "parameters": [_THROTTLE_NAME],
+            "put": {
+                "summary": "Create or replace a throttle policy",
+                "operationId": "putThrottle",
+                "parameters": [_NAMESPACE],
+                "requestBody": _body(_ref("ThrottlePolicySpec"), example={"max_in_flight": 10, "max_per_second": 5}),
+                "responses": {
+                    "200": _json(_ref("ThrottlePolicy"), "Replaced"),
+                    "201": _json(_ref("ThrottlePolicy"), "Created"),
+                    **write_errors,
+                },
+            },
+            "get": {
+                "summary": "Get a throttle policy",
+                "operationId": "getThrottle",
+                "parameters": [_NAMESPACE],
+                "responses": {"200": _json(_ref("ThrottlePolicy"), "The policy"), **_ERRORS},
+            },
+            "delete": {
+                "summary": "Delete a throttle policy (jobs that name it then run unthrottled)",
+                "operationId": "deleteThrottle",
+                "parameters": [_NAMESPACE],
+                "responses": {"204": {"description": "Deleted"}, **_ERRORS},
+            },
+        },
+        "/v1/signing-secrets": {
+            "post": {
+                "summary": "Rotate the namespace's signing secret",
+                "description": "Returns the new secret, once. The previous secret keeps signing for a day.",
+                "operationId": "rotateSigningSecret",
+                "parameters": [_NAMESPACE],
+                "responses": {
+                    "201": _json(_ref("SigningSecret"), "The new secret"),
+                    "400": _ERRORS["400"],
+                    **_AUTH_ERRORS,
+                },
+            },
+            "get": {
+                "summary": "The namespace's active signing secrets (prefixes only)",
+                "operationId": "listSigningSecrets",
+                "parameters": [_NAMESPACE],
+                "responses": {
+                    "200": _json(_ref("SigningSecrets"), "Active secrets"),
+                    "400": _ERRORS["400"],
+                    **_AUTH_ERRORS,
+                },
+            },
+        },
+        "/v1/commands/{command_id}": {
+            "get": {
+                "summary": "What became of a command sent through the command queue",
+                "operationId": "getCommand",
+                "parameters": [
+                    {
+                        "name": "command_id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "pattern": COMMAND_ID_PATTERN, "maxLength": 128},
+                    }
+                ],
+                "responses": {"200": _json(_ref("Command"), "The command"), "404": _ERRORS["404"], **_AUTH_ERRORS},
+            },
+        },
         "/v1/cluster": {
             "get": {
                 "summary": "Live scheduler nodes",
@@ -301,6 +518,16 @@ def openapi_document() -> dict[str, Any]:
         (Triggered, "serialization"),
         (Error, "serialization"),
         (Cluster, "serialization"),
+        (JobBatch, "validation"),
+        (BatchResult, "serialization"),
+        (Redelivered, "serialization"),
+        (JobEventList, "serialization"),
+        (ThrottlePolicySpec, "validation"),
+        (ThrottlePolicy, "serialization"),
+        (ThrottlePolicyList, "serialization"),
+        (SigningSecret, "serialization"),
+        (SigningSecrets, "serialization"),
+        (Command, "serialization"),
     ]
     _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
     return {

@@ -56,6 +56,12 @@ class ApiKey:
     description: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class KeyIdentity:
+    namespace: str
+    prefix: str
+
+
 _COLUMNS = (
     api_keys.c.id,
     api_keys.c.namespace,
@@ -89,13 +95,19 @@ class ApiKeyStore:
         with self.engine.connect() as conn:
             return [ApiKey(**r) for r in conn.execute(select(*_COLUMNS).order_by(api_keys.c.id)).mappings()]
 
-    def namespace_of(self, key: str) -> str | None:
-        """The namespace of a live key, or None for an unknown or revoked one."""
+    def lookup(self, key: str) -> KeyIdentity | None:
+        """The namespace and prefix of a live key, or None for an unknown or revoked one."""
         if not key.startswith(KEY_PREFIX):
             return None
         cond = and_(api_keys.c.key_hash == hash_key(key), api_keys.c.revoked_at.is_(None))
         with self.engine.connect() as conn:
-            return conn.execute(select(api_keys.c.namespace).where(cond)).scalar_one_or_none()
+            row = conn.execute(select(api_keys.c.namespace, api_keys.c.prefix).where(cond)).first()
+        return None if row is None else KeyIdentity(row[0], row[1])
+
+    def namespace_of(self, key: str) -> str | None:
+        """The namespace of a live key, or None for an unknown or revoked one."""
+        found = self.lookup(key)
+        return None if found is None else found.namespace
 
     def revoke(self, id_or_prefix: str) -> ApiKey:
         """Revoke a key named by its id or its prefix; refusing a prefix that names several keys."""

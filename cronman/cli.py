@@ -86,6 +86,8 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                 "partitions_dropped": report.dropped,
                 "tombstones_purged": report.tombstones_purged,
                 "triggers_purged": report.triggers_purged,
+                "events_purged": report.events_purged,
+                "commands_purged": report.commands_purged,
             }
         )
     )
@@ -148,6 +150,44 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_secrets_rotate(args: argparse.Namespace) -> int:
+    from cronman.errors import CronmanError
+    from cronman.signing_secrets import SigningSecretStore
+    from cronman.store import make_engine
+
+    settings = _settings()
+    try:
+        secret, created_at = SigningSecretStore(make_engine(settings.database_url, pool_size=1)).rotate(args.namespace)
+    except CronmanError as exc:
+        raise SystemExit(f"cronman: {exc.message}") from None
+    _notify_nodes(settings)
+    when = created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    print(f"new signing secret for namespace {args.namespace!r}, signing from {when}")
+    print("the previous secret (if any) keeps signing for a day. It is shown only now; the secret:")
+    print(secret)
+    return 0
+
+
+def _notify_nodes(settings: Settings) -> None:
+    """Wake the scheduler nodes to re-read their configuration (they do within seconds anyway)."""
+    import redis
+
+    from cronman.keys import Keys
+
+    try:
+        client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        client.publish(Keys(settings.redis_prefix).changes_channel, b"")
+        client.close()
+    except redis.RedisError:
+        pass
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from cronman.bench.run import main as bench_main
+
+    return bench_main(args)
+
+
 def cmd_receive(args: argparse.Namespace) -> int:
     from cronman.receiver import serve_forever
 
@@ -194,6 +234,29 @@ def build_parser() -> argparse.ArgumentParser:
     k = keys.add_parser("revoke", help="revoke a key, named by its id or its prefix")
     k.add_argument("key", metavar="KEY_ID_OR_PREFIX")
     k.set_defaults(fn=cmd_keys_revoke)
+
+    s = sub.add_parser("secrets", help="rotate the signing secrets of deliveries (Cronman-Signature)")
+    secrets_cmd = s.add_subparsers(dest="secrets_command", required=True, metavar="ACTION")
+    k = secrets_cmd.add_parser(
+        "rotate", help="make a new signing secret for a namespace; prints it once, alone on the last line"
+    )
+    k.add_argument("--namespace", default="default", help="the namespace whose deliveries it signs (default: default)")
+    k.set_defaults(fn=cmd_secrets_rotate)
+
+    s = sub.add_parser("bench", help="benchmark a private stack of its own (see docs/performance.md)")
+    s.add_argument(
+        "--scenarios", default=None, help="comma-separated: steady,ceiling,peer,burst,failover,scale,crud or all"
+    )
+    s.add_argument("--quick", action="store_true", help="sizes and durations about ten times smaller (a smoke run)")
+    s.add_argument("--json", default=None, metavar="FILE", help="write the figures to FILE")
+    s.add_argument("--param", action="append", metavar="NAME=VALUE", help="override a size or duration (repeatable)")
+    s.add_argument("--profile", action="store_true", help="record one node with py-spy during steady")
+    s.add_argument(
+        "--profile-dir", default="/tmp/cronman-profile", help="where --profile writes (default /tmp/cronman-profile)"
+    )
+    s.add_argument("--data-dir", default=None, help="work directory (default: a new one under /tmp, removed after)")
+    s.add_argument("--keep", action="store_true", help="keep the work directory and its logs")
+    s.set_defaults(fn=cmd_bench)
 
     s = sub.add_parser("receive", help="a local HTTP receiver that prints each delivery")
     s.add_argument("--port", type=int, default=9000)

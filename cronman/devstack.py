@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,13 @@ DEV_QUEUE = "cronman-dev"
 
 
 def _port(preferred: int) -> int:
-    return preferred if not port_open(preferred) else free_port()
+    """The preferred port when nothing holds it (it can be bound), else any free one."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", preferred))
+        except OSError:
+            return free_port()
+    return preferred
 
 
 @dataclass
@@ -57,9 +64,9 @@ class DevStack:
         self.logs.mkdir(exist_ok=True)
         if port_open(self.api_port):
             raise RuntimeError(f"port {self.api_port} is in use; choose another with --api-port")
-        self.pg = EmbeddedPostgres(self.data_dir / "postgres", _port(55432), log=self.logs / "postgres.log")
-        self.redis = EmbeddedRedis(self.data_dir / "redis", _port(56379), log=self.logs / "redis.log")
-        self.sqs = LocalSqs(_port(55000), log=self.logs / "sqs.log")
+        self.pg = EmbeddedPostgres(self.data_dir / "postgres", _port(15432), log=self.logs / "postgres.log")
+        self.redis = EmbeddedRedis(self.data_dir / "redis", _port(16379), log=self.logs / "redis.log")
+        self.sqs = LocalSqs(_port(14566), log=self.logs / "sqs.log")
         self.say(f"cronman dev: data in {self.data_dir}")
         db_url = self.pg.start()
         self.children.append(self.pg.child)  # type: ignore[arg-type]

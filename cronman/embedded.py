@@ -236,14 +236,13 @@ class EmbeddedPostgres:
             "-c",
             "shared_buffers=256MB",
             "-c",
-            "synchronous_commit=off",
-            "-c",
             "log_min_messages=warning",
             "-c",
             "max_wal_size=2GB",
         ]
         if not self.durable:
-            opts += ["-c", "fsync=off", "-c", "full_page_writes=off"]
+            # Fast and disposable (test suites, benchmarks): a crash may lose the last commits.
+            opts += ["-c", "fsync=off", "-c", "full_page_writes=off", "-c", "synchronous_commit=off"]
         self.child = Child(
             "postgres",
             [str(bindir / "postgres"), "-D", str(self.data_dir), *opts],

@@ -80,10 +80,13 @@ class MaintenanceReport:
     dropped: list[str] = field(default_factory=list)
     tombstones_purged: int = 0
     triggers_purged: int = 0
+    events_purged: int = 0
+    commands_purged: int = 0
 
 
 def maintain(conn: Connection, today: date, retention_days: int, ahead_days: int) -> MaintenanceReport:
-    """Create partitions from yesterday to ``ahead_days`` ahead, drop expired ones, purge old tombstones."""
+    """Create partitions from yesterday to ``ahead_days`` ahead, drop expired ones, purge old
+    tombstones and triggers, and job events and queued commands older than the retention."""
     report = MaintenanceReport()
     report.created = ensure_partitions(conn, (today + timedelta(days=d) for d in range(-1, ahead_days + 1)))
     report.dropped = drop_expired(conn, today, retention_days)
@@ -93,5 +96,13 @@ def maintain(conn: Connection, today: date, retention_days: int, ahead_days: int
     ).rowcount
     report.triggers_purged = conn.execute(
         text("DELETE FROM job_triggers WHERE requested_at < now() - interval '1 day'")
+    ).rowcount
+    # Who-did-what and queued-command records are kept as long as the execution history.
+    cutoff = {"days": retention_days}
+    report.events_purged = conn.execute(
+        text("DELETE FROM job_events WHERE at < now() - make_interval(days => :days)"), cutoff
+    ).rowcount
+    report.commands_purged = conn.execute(
+        text("DELETE FROM commands WHERE received_at < now() - make_interval(days => :days)"), cutoff
     ).rowcount
     return report

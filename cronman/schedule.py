@@ -88,8 +88,10 @@ def cron_field_count(expression: str) -> int:
     return len(expression.split())
 
 
+@lru_cache(maxsize=4096)
 def validate_cron(expression: str) -> str | None:
-    """Return an error message for an unusable expression, or None when it is valid."""
+    """Return an error message for an unusable expression, or None when it is valid (cached: a
+    batch of jobs usually shares a few expressions, and checking one costs ~0.1 ms)."""
     fields = expression.split()
     if expression.startswith("@"):
         if len(fields) != 1 or not croniter.is_valid(expression):

@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     # SQS
     sqs_endpoint_url: str | None = None
     sqs_region: str = "us-east-1"
+    # Job commands through a queue: the scheduler nodes apply commands from this SQS queue, and
+    # send those they must reject to the dead-letter queue.
+    command_queue_url: str | None = None
+    command_dlq_url: str | None = None
 
     # API
     api_host: str = "0.0.0.0"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import json
 import re
+import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -391,3 +392,33 @@ def parse_job(body: str | bytes) -> JobSpec:
         return JobSpec.model_validate_json(body)
     except ValidationError as exc:
         raise invalid_input(exc) from None
+
+
+def new_job_id() -> str:
+    """An id for a job written without one."""
+    return f"job-{uuid.uuid4().hex}"
+
+
+def merge_patch(current: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """JSON merge patch (RFC 7396), except that a nested object whose ``type`` changes is replaced
+    whole and ``payload`` is always replaced (it is the user's document, not ours to merge)."""
+    out = dict(current)
+    for key, value in patch.items():
+        old = out.get(key)
+        if value is None:
+            out.pop(key, None)
+        elif (
+            key != "payload"
+            and isinstance(value, dict)
+            and isinstance(old, dict)
+            and value.get("type", old.get("type")) == old.get("type")
+        ):
+            out[key] = merge_patch(old, value)
+        else:
+            out[key] = value
+    return out
+
+
+def changed_fields(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The top-level fields whose values differ between two job documents."""
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))

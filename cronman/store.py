@@ -5,19 +5,22 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    Connection,
     Engine,
+    TextClause,
     and_,
     create_engine,
     literal,
     literal_column,
-    or_,
     select,
     text,
     tuple_,
@@ -25,11 +28,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from cronman import audit
+from cronman.apikeys import DEFAULT_NAMESPACE
+from cronman.audit import NOBODY, Actor, audited
 from cronman.db import job_triggers, jobs, scheduled_jobs
-from cronman.errors import Conflict, InvalidInput, NotFound
+from cronman.errors import Conflict, CronmanError, InvalidInput, NotFound
+from cronman.execution import Trigger, execution_id
 from cronman.hashing import slot_of
 from cronman.spec import JobSpec, options_of
-from cronman.timeutil import from_ms, to_ms
+from cronman.throttles import missing_policies, unknown_throttle
+from cronman.timeutil import from_ms, iso, to_ms
 
 _NEXT_VERSION: ColumnElement[int] = literal_column("nextval('jobs_version_seq')")
 _CURRENT_XID: ColumnElement[int] = literal_column("pg_current_xact_id()::text::bigint")
@@ -90,18 +98,39 @@ class JobRecord:
 
     def spec_document(self) -> dict[str, Any]:
         """The job as a user would write it (the basis of a PATCH)."""
-        doc: dict[str, Any] = {
-            "id": self.id,
-            "schedule": self.schedule,
-            "target": self.target,
-            "payload": json.loads(self.payload),
-            "retry": self.retry,
-            "paused": self.paused,
-            **{k: v for k, v in self.options.items() if v is not None},
-        }
-        if self.name is not None:
-            doc["name"] = self.name
-        return doc
+        return _document(
+            self.id, self.name, self.schedule, self.target, self.payload, self.retry, self.paused, self.options
+        )
+
+
+def _document(
+    job_id: str,
+    name: str | None,
+    schedule: dict[str, Any],
+    target: dict[str, Any],
+    payload: str,
+    retry: dict[str, Any],
+    paused: bool,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "id": job_id,
+        "schedule": schedule,
+        "target": target,
+        "payload": json.loads(payload),
+        "retry": retry,
+        "paused": paused,
+        **{k: v for k, v in options.items() if v is not None},
+    }
+    if name is not None:
+        doc["name"] = name
+    return doc
+
+
+def document_of(spec: JobSpec, job_id: str) -> dict[str, Any]:
+    """``spec`` as :meth:`JobRecord.spec_document` shows it once stored (to compare versions)."""
+    v = _values(spec, job_id, DEFAULT_NAMESPACE)
+    return _document(job_id, v["name"], v["schedule"], v["target"], v["payload"], v["retry"], v["paused"], v["options"])
 
 
 def _values(spec: JobSpec, job_id: str, namespace: str) -> dict[str, Any]:
@@ -121,6 +150,121 @@ def _values(spec: JobSpec, job_id: str, namespace: str) -> dict[str, Any]:
         "created_at": _NOW,
         "updated_at": _NOW,
         "deleted_at": None,
+    }
+
+
+def _live(job_id: str, namespace: str | None) -> ColumnElement[bool]:
+    cond = and_(jobs.c.id == job_id, jobs.c.deleted_at.is_(None))
+    return cond if namespace is None else and_(cond, jobs.c.namespace == namespace)
+
+
+def _get(conn: Connection, job_id: str, namespace: str | None) -> JobRecord:
+    row = conn.execute(select(*_RETURNING).where(_live(job_id, namespace))).mappings().first()
+    if row is None:
+        raise NotFound(f"no job with id {job_id!r}", field="id")
+    return JobRecord.from_row(row)
+
+
+def _require_throttle(conn: Connection, spec: JobSpec, namespace: str) -> None:
+    if spec.throttle is not None and missing_policies(conn, [(namespace, spec.throttle)]):
+        raise unknown_throttle(spec.throttle, namespace)
+
+
+def _unknown_throttles(
+    conn: Connection, items: Sequence[tuple[JobSpec, str]], namespace: str | None
+) -> dict[int, CronmanError]:
+    """The items (by index) naming a throttle policy their namespace lacks. Without a namespace
+    (the admin), a job's namespace is that of the live job it replaces, else the default."""
+    named = [(k, spec.throttle, job_id) for k, (spec, job_id) in enumerate(items) if spec.throttle is not None]
+    if not named:
+        return {}
+    existing: dict[str, str] = {}
+    if namespace is None:
+        ids = [job_id for _, _, job_id in named]
+        rows = conn.execute(select(jobs.c.id, jobs.c.namespace).where(jobs.c.id.in_(ids), jobs.c.deleted_at.is_(None)))
+        existing = {r[0]: r[1] for r in rows}
+    where = {job_id: namespace or existing.get(job_id, DEFAULT_NAMESPACE) for _, _, job_id in named}
+    missing = missing_policies(conn, {(where[job_id], name) for _, name, job_id in named})
+    return {k: unknown_throttle(name, where[job_id]) for k, name, job_id in named if (where[job_id], name) in missing}
+
+
+# Create-or-replace of many jobs in one statement: the rows travel as arrays (one bind parameter
+# per column, whatever the number of jobs), and each change's job_events row is written by the
+# same statement. The namespace rules are those of PUT (see JobStore.put).
+_UPSERT_SQL = """
+WITH v AS (
+    SELECT * FROM unnest(
+        CAST(:id AS text[]), CAST(:name AS text[]), CAST(:schedule AS jsonb[]), CAST(:target AS jsonb[]),
+        CAST(:payload AS text[]), CAST(:retry AS jsonb[]), CAST(:paused AS boolean[]), CAST(:options AS jsonb[]),
+        CAST(:slot AS integer[])
+    ) AS v(id, name, schedule, target, payload, retry, paused, options, slot)
+), changed AS (
+    INSERT INTO jobs AS jobs (id, namespace, name, schedule, target, payload, retry, paused, options, slot,
+        version, change_xid, created_at, updated_at, deleted_at)
+    SELECT id, :namespace, name, schedule, target, payload, retry, paused, options, slot,
+        nextval('jobs_version_seq'), pg_current_xact_id()::text::bigint, now(), now(), NULL
+    FROM v ORDER BY id
+    ON CONFLICT (id) DO UPDATE SET
+        namespace = {namespace}, name = excluded.name, schedule = excluded.schedule, target = excluded.target,
+        payload = excluded.payload, retry = excluded.retry, paused = excluded.paused, options = excluded.options,
+        slot = excluded.slot, version = excluded.version, change_xid = excluded.change_xid,
+        created_at = CASE WHEN jobs.deleted_at IS NULL THEN jobs.created_at ELSE now() END,
+        updated_at = excluded.updated_at, deleted_at = NULL
+    {where}
+    RETURNING {returning}
+), event AS (
+    INSERT INTO job_events (job_id, namespace, action, actor, detail)
+    SELECT id, namespace, CASE WHEN created_at = updated_at THEN 'create' ELSE 'replace' END,
+        :actor, CAST(:detail AS jsonb)
+    FROM changed
+)
+SELECT {select} FROM changed
+"""
+
+
+def _upsert(namespace: str | None, full: bool) -> TextClause:
+    return _upsert_statement(namespace is None, full)
+
+
+@cache
+def _upsert_statement(admin: bool, full: bool) -> TextClause:
+    """``admin`` (no namespace): replacing keeps a live job's namespace; otherwise only a job of the
+    given namespace (or a deleted one) is replaced. ``full``: return whole rows, not just outcomes."""
+    names = [c.name for c in _RETURNING] if full else ["id", "namespace", "created_at", "updated_at"]
+    sql = _UPSERT_SQL.format(
+        namespace="CASE WHEN jobs.deleted_at IS NULL THEN jobs.namespace ELSE excluded.namespace END"
+        if admin
+        else "excluded.namespace",
+        where="" if admin else "WHERE jobs.namespace = excluded.namespace OR jobs.deleted_at IS NOT NULL",
+        returning=", ".join(f"jobs.{n}" for n in names),
+        select=", ".join(names) if full else "id, created_at = updated_at AS created",
+    )
+    return text(sql)
+
+
+def _upsert_params(
+    items: Sequence[tuple[JobSpec, str]], namespace: str | None, actor: Actor, detail: dict[str, Any] | None
+) -> dict[str, Any]:
+    columns: dict[str, list[Any]] = {k: [] for k in ("id", "name", "schedule", "target", "payload", "retry")}
+    columns.update(paused=[], options=[], slot=[])
+    dumps = json.dumps
+    for spec, job_id in items:
+        v = _values(spec, job_id, DEFAULT_NAMESPACE)
+        columns["id"].append(job_id)
+        columns["name"].append(v["name"])
+        columns["schedule"].append(dumps(v["schedule"]))
+        columns["target"].append(dumps(v["target"]))
+        columns["payload"].append(v["payload"])
+        columns["retry"].append(dumps(v["retry"]))
+        columns["paused"].append(v["paused"])
+        columns["options"].append(dumps(v["options"]))
+        columns["slot"].append(v["slot"])
+    event_detail = actor.with_detail(detail)
+    return {
+        **columns,
+        "namespace": namespace or DEFAULT_NAMESPACE,
+        "actor": actor.name,
+        "detail": None if event_detail is None else dumps(event_detail),
     }
 
 
@@ -164,11 +308,36 @@ class ExecutionRecord:
 
 
 class JobStore:
-    def __init__(self, engine: Engine) -> None:
+    """Jobs in PostgreSQL. Every change records a ``job_events`` row in the same transaction.
+
+    A store made with :meth:`bound` runs inside the caller's transaction instead of its own (the
+    command queue applies a command and records it as applied in one transaction)."""
+
+    def __init__(self, engine: Engine, conn: Connection | None = None) -> None:
         self.engine = engine
+        self._conn = conn
+
+    def bound(self, conn: Connection) -> JobStore:
+        return JobStore(self.engine, conn)
+
+    @contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        if self._conn is not None:
+            yield self._conn
+        else:
+            with self.engine.begin() as conn:
+                yield conn
+
+    @contextmanager
+    def _connect(self) -> Iterator[Connection]:
+        if self._conn is not None:
+            yield self._conn
+        else:
+            with self.engine.connect() as conn:
+                yield conn
 
     # -- jobs ------------------------------------------------------------------------------
-    def create(self, spec: JobSpec, job_id: str, namespace: str = "default") -> JobRecord:
+    def create(self, spec: JobSpec, job_id: str, namespace: str = "default", actor: Actor = NOBODY) -> JobRecord:
         values = _values(spec, job_id, namespace)
         insert = pg_insert(jobs).values(values)
         # A tombstoned id may be reused; a live one is a conflict.
@@ -176,47 +345,83 @@ class JobStore:
         stmt = insert.on_conflict_do_update(
             index_elements=[jobs.c.id], set_=revive, where=jobs.c.deleted_at.is_not(None)
         ).returning(*_RETURNING)
-        with self.engine.begin() as conn:
-            row = conn.execute(stmt).mappings().first()
+        with self._begin() as conn:
+            _require_throttle(conn, spec, namespace)
+            row = conn.execute(audited(stmt, audit.CREATE, actor)).mappings().first()
         if row is None:
             raise Conflict(f"a job with id {job_id!r} already exists", field="id")
         return JobRecord.from_row(row)
 
-    def put(self, spec: JobSpec, job_id: str, namespace: str | None = "default") -> tuple[JobRecord, bool]:
+    def put(
+        self, spec: JobSpec, job_id: str, namespace: str | None = "default", actor: Actor = NOBODY
+    ) -> tuple[JobRecord, bool]:
         """Create or replace; returns the record and whether it was created.
 
         A live job of another namespace is a Conflict. ``namespace=None`` (the admin) replaces a
         live job in its own namespace and creates a new one in the default namespace."""
-        values = _values(spec, job_id, namespace or "default")
-        insert = pg_insert(jobs).values(values)
-        replace = {k: insert.excluded[k] for k in values if k not in ("id", "created_at")}
-        replace["created_at"] = literal_column("CASE WHEN jobs.deleted_at IS NULL THEN jobs.created_at ELSE now() END")
-        where = None
-        if namespace is None:
-            replace["namespace"] = literal_column(
-                "CASE WHEN jobs.deleted_at IS NULL THEN jobs.namespace ELSE excluded.namespace END"
-            )
-        else:
-            where = or_(jobs.c.namespace == namespace, jobs.c.deleted_at.is_not(None))
-        stmt = insert.on_conflict_do_update(index_elements=[jobs.c.id], set_=replace, where=where).returning(
-            *_RETURNING
-        )
-        with self.engine.begin() as conn:
-            row = conn.execute(stmt).mappings().first()
-        if row is None:  # the id belongs to another namespace
+        with self._begin() as conn:
+            refused = _unknown_throttles(conn, [(spec, job_id)], namespace)
+            if refused:
+                raise refused[0]
+            row = conn.execute(_upsert(namespace, full=True), _upsert_params([(spec, job_id)], namespace, actor, None))
+            found = row.mappings().first()
+        if found is None:  # the id belongs to another namespace
             raise Conflict(f"a job with id {job_id!r} already exists", field="id")
-        record = JobRecord.from_row(row)
+        record = JobRecord.from_row(found)
         return record, record.created_at == record.updated_at
 
+    def put_many(
+        self,
+        items: Sequence[tuple[JobSpec, str]],
+        namespace: str | None,
+        actor: Actor = NOBODY,
+        detail: dict[str, Any] | None = None,
+    ) -> list[bool | CronmanError]:
+        """Create or replace many jobs in one statement, with :meth:`put`'s rules for each. Returns,
+        item by item, whether it was created (True) or replaced (False), or why it was refused."""
+        outcomes: list[bool | CronmanError] = [False] * len(items)
+        refused: dict[int, CronmanError] = {}
+        first: dict[str, int] = {}
+        for i, (_, job_id) in enumerate(items):
+            if job_id in first:
+                refused[i] = InvalidInput(
+                    f"id {job_id!r} appears earlier in this batch (item {first[job_id]})",
+                    field="id",
+                    code="duplicate_id",
+                )
+            else:
+                first[job_id] = i
+        written: dict[str, bool] = {}
+        with self._begin() as conn:
+            candidates = [i for i in range(len(items)) if i not in refused]
+            unknown = _unknown_throttles(conn, [items[i] for i in candidates], namespace)
+            refused.update({candidates[k]: err for k, err in unknown.items()})
+            rows = [items[i] for i in range(len(items)) if i not in refused]
+            if rows:
+                result = conn.execute(_upsert(namespace, full=False), _upsert_params(rows, namespace, actor, detail))
+                written = {r.id: r.created for r in result}
+        for i, (_, job_id) in enumerate(items):
+            if i in refused:
+                outcomes[i] = refused[i]
+            elif job_id in written:
+                outcomes[i] = written[job_id]
+            else:
+                outcomes[i] = Conflict(f"a job with id {job_id!r} already exists", field="id")
+        return outcomes
+
     def get(self, job_id: str, namespace: str | None = None) -> JobRecord:
-        cond = and_(jobs.c.id == job_id, jobs.c.deleted_at.is_(None))
+        with self._connect() as conn:
+            return _get(conn, job_id, namespace)
+
+    def targets(self, ids: Sequence[str], namespace: str | None) -> dict[str, dict[str, Any]]:
+        """The stored targets of the live jobs among ``ids`` (to restore redacted header values)."""
+        if not ids:
+            return {}
+        cond = and_(jobs.c.id.in_(list(ids)), jobs.c.deleted_at.is_(None))
         if namespace is not None:
             cond = and_(cond, jobs.c.namespace == namespace)
-        with self.engine.connect() as conn:
-            row = conn.execute(select(*_RETURNING).where(cond)).mappings().first()
-        if row is None:
-            raise NotFound(f"no job with id {job_id!r}", field="id")
-        return JobRecord.from_row(row)
+        with self._connect() as conn:
+            return {r[0]: r[1] for r in conn.execute(select(jobs.c.id, jobs.c.target).where(cond))}
 
     def list_jobs(self, namespace: str | None, limit: int, after_id: str | None) -> list[JobRecord]:
         q = select(*_RETURNING).where(jobs.c.deleted_at.is_(None))
@@ -225,10 +430,18 @@ class JobStore:
         if after_id is not None:
             q = q.where(jobs.c.id > after_id)
         q = q.order_by(jobs.c.id).limit(limit)
-        with self.engine.connect() as conn:
+        with self._connect() as conn:
             return [JobRecord.from_row(r) for r in conn.execute(q).mappings()]
 
-    def replace_checked(self, job_id: str, namespace: str | None, version: int, spec: JobSpec) -> JobRecord:
+    def replace_checked(
+        self,
+        job_id: str,
+        namespace: str | None,
+        version: int,
+        spec: JobSpec,
+        actor: Actor = NOBODY,
+        detail: dict[str, Any] | None = None,
+    ) -> JobRecord:
         """Replace a live job if it is still at ``version`` (optimistic concurrency for PATCH)."""
         values = _values(spec, job_id, namespace or "default")
         for k in ("id", "namespace", "created_at", "deleted_at"):
@@ -236,56 +449,61 @@ class JobStore:
         cond = and_(jobs.c.id == job_id, jobs.c.version == version, jobs.c.deleted_at.is_(None))
         if namespace is not None:
             cond = and_(cond, jobs.c.namespace == namespace)
-        with self.engine.begin() as conn:
-            row = conn.execute(update(jobs).where(cond).values(values).returning(*_RETURNING)).mappings().first()
+        stmt = update(jobs).where(cond).values(values).returning(*_RETURNING)
+        with self._begin() as conn:
+            if spec.throttle is not None:
+                current = conn.execute(select(jobs.c.namespace).where(jobs.c.id == job_id)).scalar()
+                _require_throttle(conn, spec, current or namespace or "default")
+            row = conn.execute(audited(stmt, audit.UPDATE, actor, detail)).mappings().first()
         if row is None:
             raise Conflict(
                 f"job {job_id!r} changed while it was being updated; try again", field="id", code="concurrent_update"
             )
         return JobRecord.from_row(row)
 
-    def set_paused(self, job_id: str, namespace: str | None, paused: bool) -> JobRecord:
-        cond = and_(jobs.c.id == job_id, jobs.c.deleted_at.is_(None))
-        if namespace is not None:
-            cond = and_(cond, jobs.c.namespace == namespace)
+    def set_paused(self, job_id: str, namespace: str | None, paused: bool, actor: Actor = NOBODY) -> JobRecord:
         stmt = (
             update(jobs)
-            .where(cond)
+            .where(_live(job_id, namespace))
             .values(paused=paused, version=_NEXT_VERSION, change_xid=_CURRENT_XID, updated_at=_NOW)
             .returning(*_RETURNING)
         )
-        with self.engine.begin() as conn:
-            row = conn.execute(stmt).mappings().first()
+        with self._begin() as conn:
+            row = conn.execute(audited(stmt, audit.PAUSE if paused else audit.RESUME, actor)).mappings().first()
         if row is None:
             raise NotFound(f"no job with id {job_id!r}", field="id")
         return JobRecord.from_row(row)
 
-    def delete(self, job_id: str, namespace: str | None) -> None:
-        cond = and_(jobs.c.id == job_id, jobs.c.deleted_at.is_(None))
-        if namespace is not None:
-            cond = and_(cond, jobs.c.namespace == namespace)
+    def delete(self, job_id: str, namespace: str | None, actor: Actor = NOBODY) -> None:
         stmt = (
             update(jobs)
-            .where(cond)
+            .where(_live(job_id, namespace))
             .values(deleted_at=_NOW, version=_NEXT_VERSION, change_xid=_CURRENT_XID, updated_at=_NOW)
+            .returning(jobs.c.id, jobs.c.namespace)
         )
-        with self.engine.begin() as conn:
-            if conn.execute(stmt).rowcount == 0:
+        with self._begin() as conn:
+            if conn.execute(audited(stmt, audit.DELETE, actor)).first() is None:
                 raise NotFound(f"no job with id {job_id!r}", field="id")
 
-    def add_trigger(self, job_id: str, namespace: str | None, requested_by: str | None) -> int:
+    def add_trigger(self, job_id: str, namespace: str | None, requested_by: str | None, actor: Actor = NOBODY) -> int:
         """Ask the owners of a job to fire it once now; returns the requested time (epoch ms)."""
-        record = self.get(job_id, namespace)
-        stmt = (
-            job_triggers.insert()
-            .values(job_id=record.id, requested_by=requested_by, change_xid=_CURRENT_XID)
-            .returning(job_triggers.c.requested_at)
-        )
-        with self.engine.begin() as conn:
-            return to_ms(conn.execute(stmt).scalar_one())
+        with self._begin() as conn:
+            record = _get(conn, job_id, namespace)
+            stmt = (
+                job_triggers.insert()
+                .values(job_id=record.id, requested_by=requested_by, change_xid=_CURRENT_XID)
+                .returning(job_triggers.c.requested_at)
+            )
+            requested = to_ms(conn.execute(stmt).scalar_one())
+            detail = {
+                "execution_id": execution_id(record.id, requested, 0, Trigger.MANUAL),
+                "scheduled_for": iso(requested),
+            }
+            audit.record(conn, record.id, record.namespace, audit.TRIGGER, actor, detail)
+        return requested
 
     def add_redelivery(
-        self, job_id: str, namespace: str | None, exec_id: str, requested_by: str | None
+        self, job_id: str, namespace: str | None, exec_id: str, requested_by: str | None, actor: Actor = NOBODY
     ) -> tuple[int, int]:
         """Ask the owners of a job to send a failed execution again, as its next attempt under the
         same execution id; returns (scheduled_for ms, the new attempt number)."""
@@ -293,9 +511,9 @@ class JobStore:
             exec_id = str(uuid.UUID(exec_id))
         except ValueError:
             raise NotFound(f"job {job_id!r} has no execution {exec_id!r}", field="execution_id") from None
-        record = self.get(job_id, namespace)
         c = scheduled_jobs.c
-        with self.engine.begin() as conn:
+        with self._begin() as conn:
+            record = _get(conn, job_id, namespace)
             last = conn.execute(
                 select(c.scheduled_for, c.event_index, c.attempt, c.trigger, c.status)
                 .where(c.job_id == record.id, c.execution_id == exec_id)
@@ -323,7 +541,24 @@ class JobStore:
                     trigger=last.trigger,
                 )
             )
+            detail = {"execution_id": exec_id, "attempt": last.attempt + 1}
+            audit.record(conn, record.id, record.namespace, audit.REDELIVER, actor, detail)
         return to_ms(last.scheduled_for), last.attempt + 1
+
+    def events(
+        self, job_id: str, namespace: str | None, limit: int, cursor: str | None
+    ) -> tuple[list[audit.JobEvent], str | None]:
+        """A job's events, newest first. Events outlive the job (a delete is an event too); a job id
+        with neither events nor a live job in ``namespace`` is NotFound."""
+        before = decode_cursor(cursor, (int,))[0] if cursor else None
+        if before is not None and not 0 < before < 2**63:
+            raise InvalidInput("cursor is not one this API returned", field="cursor", code="invalid_cursor")
+        with self._connect() as conn:
+            rows = audit.list_events(conn, job_id, namespace, limit + 1, before)
+            if not rows and before is None:
+                _get(conn, job_id, namespace)
+        next_cursor = encode_cursor([rows[limit - 1].id]) if len(rows) > limit else None
+        return rows[:limit], next_cursor
 
     # -- history ---------------------------------------------------------------------------
     def executions(self, job_id: str, limit: int, cursor: str | None) -> tuple[list[ExecutionRecord], str | None]:

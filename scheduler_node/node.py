@@ -27,6 +27,7 @@ from cronman.settings import Settings
 from cronman.store import make_engine
 from cronman.timeutil import iso
 from scheduler_node.claims import ClaimStore
+from scheduler_node.commands import CommandConsumer
 from scheduler_node.dispatch import Dispatcher, HttpDispatcher, SqsDispatcher
 from scheduler_node.execution import Execution
 from scheduler_node.feed import (
@@ -154,6 +155,9 @@ class Node(Firing):
                 self._sweep_recorded(),
             )
         ]
+        if s.command_queue_url:  # job commands arriving through SQS (scheduler_node.commands)
+            notify = lambda: self.redis.publish(self.keys.changes_channel, b"")  # noqa: E731
+            loops.append(self._spawn(CommandConsumer(s, self.engine, self.executor, notify).run()))
         if "hold_history" in s.faults:  # test fault: never write history (as if PostgreSQL were unreachable)
             history_stop.set()
         keepers = [
@@ -536,7 +540,10 @@ class Node(Firing):
                     report = await self._in_thread(
                         run_maintenance, self.engine, today, self.s.history_retention_days, self.s.partitions_ahead_days
                     )
-                    log.info("maintenance done", extra={"created": report.created, "dropped": report.dropped})
+                    log.info(
+                        "maintenance done",
+                        extra={"partitions_created": report.created, "partitions_dropped": report.dropped},
+                    )
             except Exception as exc:  # noqa: BLE001 - try again next time
                 log.warning("maintenance failed: %s", exc)
             await asyncio.sleep(self.s.maintain_interval_seconds)

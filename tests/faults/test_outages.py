@@ -27,8 +27,9 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture
 def own_postgres(workdir: Path) -> Iterator[EmbeddedPostgres]:
-    """A PostgreSQL of this test's own, so it can be crashed and restarted."""
-    pg = EmbeddedPostgres(workdir / f"pg-{uuid.uuid4().hex[:6]}" / "data", durable=False)
+    """A PostgreSQL of this test's own, so it can be crashed and restarted; durable, as a production
+    server is (an acknowledged commit survives the crash)."""
+    pg = EmbeddedPostgres(workdir / f"pg-{uuid.uuid4().hex[:6]}" / "data", durable=True)
     pg.start()
     upgrade(pg.url())
     engine = make_engine(pg.url(), pool_size=1)

@@ -100,13 +100,15 @@ def test_jitter_is_deterministic_and_predicted(client: FlaskClient, node: NodeTh
         assert len(offsets) > 1, "every occurrence got the same offset"
 
 
+def put_throttle(client: FlaskClient, name: str, **policy: Any) -> None:
+    r = client.put(f"/v1/throttles/{name}", data=json.dumps(policy), content_type="application/json")
+    assert r.status_code == 201, r.json
+
+
 def test_a_throttle_policy_caps_deliveries_in_flight_across_the_cluster(
-    client: FlaskClient, settings: Settings, db
-) -> None:  # type: ignore[no-untyped-def]
-    with db.begin() as conn:
-        conn.execute(
-            text("INSERT INTO throttle_policies (namespace, name, max_in_flight) VALUES ('default', 'slow', 4)")
-        )
+    client: FlaskClient, settings: Settings
+) -> None:
+    put_throttle(client, "slow", max_in_flight=4)
     with (
         ConcurrencyReceiver(hold=0.2) as receiver,
         NodeThread(settings),
@@ -132,14 +134,8 @@ def test_a_throttle_policy_caps_deliveries_in_flight_across_the_cluster(
         assert max(w or 0 for w in waits) >= 1000  # 40 at 4 in flight, 0.2 s each: the last waited ~1.8 s
 
 
-def test_a_per_second_limit(client: FlaskClient, node: NodeThread, db) -> None:  # type: ignore[no-untyped-def]
-    with db.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO throttle_policies (namespace, name, max_in_flight, max_per_second) "
-                "VALUES ('default', 'rate', 100, 5)"
-            )
-        )
+def test_a_per_second_limit(client: FlaskClient, node: NodeThread) -> None:
+    put_throttle(client, "rate", max_in_flight=100, max_per_second=5)
     with Receiver() as receiver:
         when = at(1.5)
         for i in range(15):
@@ -239,11 +235,12 @@ def test_a_once_job_completes_and_can_delete_itself(client: FlaskClient, node: N
         assert client.get("/v1/jobs/keep").json["state"] == "completed"
 
 
-def test_deliveries_are_signed_with_the_namespace_secret(client: FlaskClient, node: NodeThread, db) -> None:  # type: ignore[no-untyped-def]
-    secret = signing.new_secret()
-    with db.begin() as conn:
-        conn.execute(text("INSERT INTO signing_secrets (namespace, secret) VALUES ('default', :s)"), {"s": secret})
-    time.sleep(5.5)  # nodes read signing secrets every 5 s
+def test_deliveries_are_signed_with_the_namespace_secret(client: FlaskClient, node: NodeThread) -> None:
+    r = client.post("/v1/signing-secrets")
+    assert r.status_code == 201
+    secret = r.json["secret"]
+    # the change notification makes the node re-read its signing secrets at once
+    wait_for(lambda: node.node.config.secrets.get("default") == (secret,), 5, "the node to read the secret")
     with Receiver() as receiver:
         create(
             client,

@@ -1,5 +1,5 @@
-"""A job's callback target at the API edge: header values are write-only, and the URL must pass the
-SSRF guard (:mod:`cronman.netguard`) when the job is written.
+"""A job's callback target where jobs are written (the API, the command queue): header values are
+write-only, and the URL must pass the SSRF guard (:mod:`cronman.netguard`) when the job is written.
 
 The node checks again, on the addresses it connects to; the check here exists to give a clear 400
 at once. A host name that does not resolve (yet) is accepted: its DNS may not be set up, and the
@@ -8,6 +8,7 @@ node refuses whatever it turns out to resolve to.
 
 from __future__ import annotations
 
+import json
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -17,7 +18,7 @@ from urllib.parse import urlsplit
 from cronman.errors import InvalidInput
 from cronman.netguard import CallbackPolicy, explain, parse_address
 from cronman.settings import Settings
-from cronman.spec import HttpTarget, JobSpec
+from cronman.spec import HttpTarget, JobSpec, parse_job
 
 REDACTED = "<redacted>"
 RESOLVE_TIMEOUT_SECONDS = 2.0
@@ -74,8 +75,9 @@ def _resolve(host: str) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
-def check_callback(spec: JobSpec, settings: Settings) -> None:
-    """Refuse (400 ``forbidden_address``) an HTTP target the SSRF rules do not allow."""
+def check_callback(spec: JobSpec, settings: Settings, resolved: dict[str, list[str]] | None = None) -> None:
+    """Refuse (400 ``forbidden_address``) an HTTP target the SSRF rules do not allow. ``resolved``
+    caches host lookups across the jobs of one request (a batch names few distinct hosts)."""
     if not isinstance(spec.target, HttpTarget):
         return
     policy = CallbackPolicy(settings.dev_mode, settings.allowlist)
@@ -83,9 +85,32 @@ def check_callback(spec: JobSpec, settings: Settings) -> None:
     host = urlsplit(url).hostname or ""
     addresses: list[str] = []
     if parse_address(host) is None and not policy.allowlist.allows_host(host) and policy.host_refusal(host) is None:
-        addresses = _resolve(host)
+        if resolved is None:
+            addresses = _resolve(host)
+        elif host in resolved:
+            addresses = resolved[host]
+        else:
+            addresses = resolved[host] = _resolve(host)
     reason = policy.refusal(url, addresses)
     if reason:
         raise InvalidInput(
             f"target.url: {explain(reason, settings.dev_mode)}", field="target.url", code="forbidden_address"
         )
+
+
+def spec_from_document(
+    doc: dict[str, Any],
+    settings: Settings,
+    stored_target: dict[str, Any] | None,
+    raw: bytes | None = None,
+    resolved: dict[str, list[str]] | None = None,
+) -> JobSpec:
+    """Validate a job document as written by a user (after restoring redacted header values from
+    ``stored_target``) and check its callback. ``raw`` is the document's JSON when the caller has it."""
+    if has_placeholder(doc):
+        body: str | bytes = json.dumps(restore_secrets(doc, stored_target))
+    else:
+        body = raw if raw is not None else json.dumps(doc)
+    spec = parse_job(body)
+    check_callback(spec, settings, resolved)
+    return spec

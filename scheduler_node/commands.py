@@ -1,0 +1,136 @@
+"""The command queue consumer: job commands arriving on SQS (CRONMAN_COMMAND_QUEUE_URL), applied by
+the scheduler nodes (see :mod:`cronman.commands` for the format and the rules).
+
+Each pass long-polls for up to ten messages, applies each in its own transaction (recorded in the
+``commands`` table, so a message delivered twice is applied once), sends the ones that must be
+rejected to the dead-letter queue (CRONMAN_COMMAND_DLQ_URL) with the reason in the
+``Cronman-Error`` attribute, and deletes what it has dealt with. A message that meets a fault that
+may pass (the database is down) is left on the queue, to come back after its visibility timeout.
+boto3 and the database are blocking: every call runs in the node's thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import Any
+
+from sqlalchemy import Engine
+
+from cronman.commands import Outcome, run_command
+from cronman.settings import Settings
+
+log = logging.getLogger("cronman.node.commands")
+
+WAIT_SECONDS = 5  # long poll; also bounds how long a stopping node waits for a poll in flight
+MAX_MESSAGES = 10
+ERROR_ATTRIBUTE = "Cronman-Error"
+_MAX_ATTRIBUTE = 1000
+
+
+class CommandConsumer:
+    def __init__(
+        self, settings: Settings, engine: Engine, executor: Executor, notify: Callable[[], Awaitable[Any]]
+    ) -> None:
+        import boto3
+        from botocore.config import Config
+
+        if not settings.command_queue_url:
+            raise ValueError("CRONMAN_COMMAND_QUEUE_URL is not set")
+        self.settings = settings
+        self.engine = engine
+        self.executor = executor
+        self.notify = notify
+        self.queue_url = settings.command_queue_url
+        self.dlq_url = settings.command_dlq_url
+        self.client = boto3.session.Session().client(
+            "sqs",
+            endpoint_url=settings.sqs_endpoint_url,
+            region_name=settings.sqs_region,
+            config=Config(
+                connect_timeout=5, read_timeout=WAIT_SECONDS + 10, retries={"max_attempts": 2, "mode": "standard"}
+            ),
+        )
+
+    async def run(self) -> None:
+        """Poll until cancelled; faults are logged and retried with a growing pause."""
+        failures = 0
+        while True:
+            try:
+                applied = await self.poll_once()
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - SQS or the database unreachable: try again
+                failures += 1
+                log.warning("command queue poll failed: %s", exc, extra={"failures": failures})
+                await asyncio.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                continue
+            if applied:
+                try:
+                    await self.notify()
+                except Exception as exc:  # noqa: BLE001 - nodes poll for changes anyway
+                    log.debug("could not publish a change notification: %s", exc)
+
+    async def poll_once(self) -> int:
+        """One receive and what follows; returns how many commands were applied."""
+        loop = asyncio.get_running_loop()
+        messages = await loop.run_in_executor(self.executor, self._receive)
+        if not messages:
+            return 0
+        return await loop.run_in_executor(self.executor, self._handle, messages)
+
+    # -- in the thread pool ------------------------------------------------------------------
+    def _receive(self) -> list[dict[str, Any]]:
+        resp = self.client.receive_message(
+            QueueUrl=self.queue_url, MaxNumberOfMessages=MAX_MESSAGES, WaitTimeSeconds=WAIT_SECONDS
+        )
+        return list(resp.get("Messages", []))
+
+    def _handle(self, messages: list[dict[str, Any]]) -> int:
+        applied = 0
+        done: list[dict[str, str]] = []
+        for m in messages:
+            try:
+                outcome = run_command(self.engine, self.settings, m.get("Body", ""))
+                if outcome.dead_letter:
+                    self._dead_letter(m, outcome)
+            except Exception as exc:  # noqa: BLE001 - left on the queue; it comes back
+                log.warning("could not apply a queued command: %s", exc, extra={"message_id": m.get("MessageId")})
+                continue
+            self._log(outcome, m)
+            applied += outcome.status == "applied"
+            done.append({"Id": str(len(done)), "ReceiptHandle": m["ReceiptHandle"]})
+        if done:
+            resp = self.client.delete_message_batch(QueueUrl=self.queue_url, Entries=done)
+            for f in resp.get("Failed", []):
+                log.warning("could not delete a handled command message: %s", f.get("Message"))
+        return applied
+
+    def _dead_letter(self, m: dict[str, Any], outcome: Outcome) -> None:
+        if not self.dlq_url:
+            log.warning(
+                "rejected a queued command and no dead-letter queue is set (CRONMAN_COMMAND_DLQ_URL): dropping it",
+                extra={"command_id": outcome.command_id, "error": outcome.error},
+            )
+            return
+        reason = (outcome.error or "rejected")[:_MAX_ATTRIBUTE]
+        extra = {}
+        if self.dlq_url.endswith(".fifo"):
+            extra = {"MessageGroupId": "cronman-commands", "MessageDeduplicationId": m["MessageId"]}
+        self.client.send_message(
+            QueueUrl=self.dlq_url,
+            MessageBody=m.get("Body") or "(empty)",
+            MessageAttributes={ERROR_ATTRIBUTE: {"DataType": "String", "StringValue": reason}},
+            **extra,
+        )
+
+    @staticmethod
+    def _log(outcome: Outcome, m: dict[str, Any]) -> None:
+        fields = {"command_id": outcome.command_id, "message_id": m.get("MessageId"), "status": outcome.status}
+        if outcome.status == "rejected":
+            log.warning("queued command rejected: %s", outcome.error, extra=fields)
+        else:
+            log.info("queued command %s", outcome.status, extra=fields)
