@@ -31,6 +31,10 @@ class Received:
         return self.headers.get("Cronman-Job-Id")
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # many senders connect at once; the default backlog (5) refuses some
+
+
 @dataclass
 class Receiver:
     host: str = "127.0.0.1"
@@ -69,7 +73,7 @@ class Receiver:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
+        self._server = _Server((self.host, self.port), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._thread: threading.Thread | None = None

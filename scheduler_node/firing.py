@@ -349,7 +349,8 @@ class Firing:
             fired = self.now_ms()
             outcome = await self.dispatcher.send(e.job.target, self._delivery(e, fired))
             finished = self.now_ms()
-        self.throttle.release(e)
+        if self.throttle.release(e) and self.throttle.waiting:
+            self._wake.set()  # a permit is free: hand it out now, not at the next pass
         self._finish(e, outcome, fired, finished)
 
     def _delivery(self, e: Execution, now_ms: int) -> Delivery:

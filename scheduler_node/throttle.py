@@ -83,10 +83,13 @@ class ThrottleGate:
                 granted.append(e)
         return granted
 
-    def release(self, e: Execution) -> None:
+    def release(self, e: Execution) -> bool:
+        """Give back the execution's permit, if it holds one (freed in Redis on the next pass)."""
         p = self.held.pop(e.key, None)
-        if p is not None:
-            self._released.append((p, e.key))
+        if p is None:
+            return False
+        self._released.append((p, e.key))
+        return True
 
     async def _flush_releases(self) -> None:
         if not self._released:

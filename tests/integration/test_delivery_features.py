@@ -134,6 +134,41 @@ def test_a_throttle_policy_caps_deliveries_in_flight_across_the_cluster(
         assert max(w or 0 for w in waits) >= 1000  # 40 at 4 in flight, 0.2 s each: the last waited ~1.8 s
 
 
+def test_a_throttled_burst_of_two_thousand(client: FlaskClient, settings: Settings) -> None:
+    """2,000 jobs due at once under a policy of 100 in flight, on two nodes: none dropped, none
+    doubled, never more than 100 at the receiver at once."""
+    put_throttle(client, "burst", max_in_flight=100)
+    when = at(4.0)
+    jobs = [
+        {
+            "id": f"b-{i}",
+            "schedule": {"type": "once", "at": when},
+            "throttle": "burst",
+            "target": {"type": "http", "url": "http://127.0.0.1:1/"},
+        }
+        for i in range(2000)
+    ]
+    with (
+        ConcurrencyReceiver(hold=0.05) as receiver,
+        NodeThread(settings),
+        NodeThread(settings.model_copy(update={"node_id": "node-b"})),
+    ):
+        for job in jobs:
+            job["target"]["url"] = receiver.url  # type: ignore[index]
+        for i in range(0, 2000, 1000):
+            r = client.post(
+                "/v1/jobs:batch", data=json.dumps({"jobs": jobs[i : i + 1000]}), content_type="application/json"
+            )
+            assert r.status_code == 200 and r.json["failed"] == 0, r.json
+        got = wait_for(lambda: receiver.snapshot() if len(receiver.snapshot()) >= 2000 else None, 60, "2,000")
+        time.sleep(0.5)
+        got = receiver.snapshot()
+    drain = got[-1].at - parse_iso(when) / 1000
+    print(f"\nthrottled burst: 2000 deliveries, peak in flight {receiver.peak}, drained in {drain:.2f}s")
+    assert len(got) == 2000 and len({r.job_id for r in got}) == 2000
+    assert 80 <= receiver.peak <= 100, receiver.peak
+
+
 def test_a_per_second_limit(client: FlaskClient, node: NodeThread) -> None:
     put_throttle(client, "rate", max_in_flight=100, max_per_second=5)
     with Receiver() as receiver:
