@@ -1,0 +1,184 @@
+"""The figures of a bench run: the JSON document, the targets with pass/fail, and the table."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+# The targets of the performance issue. ``sized``: met only at the full sizes, so not judged in a
+# --quick run (which shrinks sizes and durations about tenfold).
+
+
+@dataclass(frozen=True)
+class Target:
+    path: str
+    op: str  # ">=", "<=", "=="
+    value: float
+    label: str
+    sized: bool = True
+
+
+TARGETS = (
+    Target("steady.fires_per_s", ">=", 5000, "steady: fires/s sustained"),
+    Target("steady.lag_ms.p99", "<=", 1000, "steady: lag p99 (ms)"),
+    Target("steady.missed", "==", 0, "steady: missed", sized=False),
+    Target("steady.doubled", "==", 0, "steady: doubled", sized=False),
+    Target("ratio_to_ceiling", ">=", 0.6, "ratio to ceiling (steady fires/s / ceiling)"),
+    Target("ratio_to_ceiling_at_max", ">=", 0.6, "ratio to ceiling at max (burst rate / ceiling)"),
+    Target("ratio_to_peer", ">=", 5, "ratio to peer (steady fires/s / APScheduler fires/s)"),
+    Target("burst.drain_s", "<=", 30, "burst: drain (s) of 100,000 due in one second"),
+    Target("burst.missed", "==", 0, "burst: missed", sized=False),
+    Target("failover.missed", "==", 0, "failover: missed", sized=False),
+    Target("failover.doubled", "==", 0, "failover: doubled", sized=False),
+    Target("scale.node_ready_s", "<=", 15, "scale: node start to ready (s), 1M jobs"),
+    Target("scale.rss_mb_per_node", "<=", 600, "scale: resident memory per node (MB)"),
+    Target("crud.single_per_s", ">=", 1000, "crud: single creates/s"),
+    Target("crud.batch_jobs_per_s", ">=", 10000, "crud: jobs/s in batches of 1,000"),
+)
+
+# Figures shown in the table without a target of their own.
+CONTEXT = (
+    ("steady.lag_ms.p50", "steady: lag p50 (ms)"),
+    ("steady.lag_ms.max", "steady: lag max (ms)"),
+    ("steady.cpu.machine_busy", "steady: machine busy (fraction of all cores)"),
+    ("steady.cpu.cores_unaccounted", "steady: busy cores outside the stack (other load, kernel)"),
+    ("steady.node_cpu_us_per_fire", "steady: node CPU per delivery, all nodes (us)"),
+    ("ceiling.requests_per_s", "ceiling: bare aiohttp client, requests/s"),
+    ("ceiling.requests_per_s_asyncio", "ceiling: same, default asyncio loop, requests/s"),
+    ("ceiling.client_cpu_us_per_request", "ceiling: client CPU per request (us)"),
+    ("peer.fires_per_s", "peer: APScheduler fires/s"),
+    ("peer.cpu_us_per_fire", "peer: APScheduler CPU per delivery (us)"),
+    ("peer.lag_ms.p99", "peer: lag p99 (ms)"),
+    ("peer.missed", "peer: missed"),
+    ("burst.max_rate_per_s", "burst: delivered / drain (fires/s, cronman's max rate)"),
+    ("burst.lag_ms.p50", "burst: lag p50 (ms)"),
+    ("burst.node_cpu_us_per_fire", "burst: node CPU per delivery, all nodes (us)"),
+    ("failover.worst_lag_ms", "failover: worst lag (ms)"),
+    ("failover.lag_ms_15s_after_kill.p99", "failover: lag p99 in the 15 s after the kill (ms)"),
+    ("scale.load.copy_s", "scale: COPY of the jobs (s)"),
+    ("scale.settled_after_ready_s", "scale: ready to settled (s)"),
+    ("crud.single.latency_ms.p99", "crud: single create latency p99 (ms)"),
+)
+
+
+def lookup(doc: dict[str, Any], path: str) -> Any:
+    cur: Any = doc
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def judge(t: Target, value: Any, quick: bool) -> str:
+    if value is None or not isinstance(value, int | float):
+        return "n/a"
+    if quick and t.sized:
+        return "(quick)"
+    ok = {">=": value >= t.value, "<=": value <= t.value, "==": value == t.value}[t.op]
+    return "pass" if ok else "FAIL"
+
+
+def evaluate(doc: dict[str, Any], quick: bool) -> list[dict[str, Any]]:
+    return [
+        {
+            "metric": t.path,
+            "label": t.label,
+            "value": lookup(doc, t.path),
+            "target": f"{t.op} {t.value:g}",
+            "verdict": judge(t, lookup(doc, t.path), quick),
+        }
+        for t in TARGETS
+    ]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if abs(v) >= 100:
+            return f"{v:,.0f}"
+        return f"{v:.3g}" if abs(v) < 1 else f"{v:.2f}"
+    return str(v)
+
+
+def render_table(doc: dict[str, Any]) -> str:
+    rows = [("metric", "value", "target", "verdict")]
+    rows += [(r["label"], _fmt(r["value"]), r["target"], r["verdict"]) for r in doc["targets"]]
+    rows += [(label, _fmt(lookup(doc, path)), "", "") for path, label in CONTEXT if lookup(doc, path) is not None]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    out = []
+    for n, r in enumerate(rows):
+        out.append("  ".join(c.ljust(w) if i != 1 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """The same table in Markdown (for docs/performance.md)."""
+    lines = ["| metric | value | target | verdict |", "|---|---:|---|---|"]
+    lines += [f"| {r['label']} | {_fmt(r['value'])} | {r['target']} | {r['verdict']} |" for r in doc["targets"]]
+    lines += [
+        f"| {label} | {_fmt(lookup(doc, path))} | | |" for path, label in CONTEXT if lookup(doc, path) is not None
+    ]
+    return "\n".join(lines)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_facts(database_url: str | None = None, redis_url: str | None = None) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            models = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        if models:
+            facts["cpu_model"] = models[0]
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    facts["memory_gb"] = round(int(line.split()[1]) / 1024 / 1024, 1)
+                    break
+    except OSError:
+        pass
+    facts["packages"] = {
+        d: _version(d)
+        for d in ("cronman", "aiohttp", "redis", "psycopg2-binary", "SQLAlchemy", "gunicorn", "uvloop", "APScheduler")
+    }
+    if database_url:
+        try:
+            import psycopg2
+
+            conn = psycopg2.connect(database_url, connect_timeout=5)
+            with conn.cursor() as cur:
+                cur.execute("SHOW server_version")
+                facts["postgres"] = cur.fetchone()[0]  # type: ignore[index]
+            conn.close()
+        except Exception:  # noqa: BLE001 - a fact we can do without
+            pass
+    if redis_url:
+        try:
+            import redis
+
+            client = redis.Redis.from_url(redis_url, socket_timeout=5)
+            facts["redis"] = client.info("server").get("redis_version")
+            client.close()
+        except Exception:  # noqa: BLE001
+            pass
+    return facts

@@ -1,0 +1,57 @@
+"""``cronman bench --quick`` end to end: it starts its own stack, runs steady, ceiling and crud,
+and writes the figures. No thresholds on speed (a benchmark is not a timed unit test): only that
+the document has its keys with numbers and that steady delivered with nothing missed or doubled."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from numbers import Number
+from pathlib import Path
+
+import pytest
+
+KEYS = {
+    "steady": ("fires_per_s", "missed", "doubled"),
+    "ceiling": ("requests_per_s",),
+    "crud": ("single_per_s",),
+}
+ALWAYS = ("steady", "ceiling", "ratio_to_ceiling", "peer", "ratio_to_peer", "burst", "failover", "scale", "crud")
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, Number) and not isinstance(v, bool)
+
+
+@pytest.mark.timeout(240)
+def test_quick_bench_writes_its_figures(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cronman", "bench", "--quick", "--scenarios", "steady,ceiling,crud", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+
+    for key in ALWAYS:  # every key is present; scenarios that did not run are null
+        assert key in doc, key
+    for scenario, keys in KEYS.items():
+        for key in keys:
+            assert _number(doc[scenario][key]), (scenario, key, doc[scenario][key])
+    for q in ("p50", "p99", "max"):
+        assert _number(doc["steady"]["lag_ms"][q]), q
+    assert _number(doc["ratio_to_ceiling"])
+    batch = doc["crud"]["batch"]
+    assert _number(doc["crud"]["batch_jobs_per_s"]) or batch.get("available") is False
+
+    steady = doc["steady"]
+    assert steady["delivered"] > 0 and steady["fires_per_s"] > 0
+    assert steady["missed"] == 0, steady["missed_sample"]
+    assert steady["doubled"] == 0, steady["doubled_sample"]
+    assert doc["ceiling"]["requests"] > 0
+    assert doc["crud"]["single"]["created"] > 0
+    assert [t["metric"] for t in doc["targets"]]  # the targets with their verdicts
+    assert doc["errors"] == {}
