@@ -49,7 +49,10 @@ jobs = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("deleted_at", DateTime(timezone=True), comment="tombstone: nodes learn of deletes from it"),
     Column(
-        "options", JSONB, nullable=False, server_default=text("'{}'::jsonb"),
+        "options",
+        JSONB,
+        nullable=False,
+        server_default=text("'{}'::jsonb"),
         comment="delivery and scheduling options (fan-out, throttle, misfire, overlap, dead letter)",
     ),
     Index("ix_jobs_slot_live", "slot", postgresql_where=text("deleted_at IS NULL")),

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import uuid
 
 _NAMESPACE = uuid.UUID("5f0c6f1e-9a43-4c53-9a39-6f1f3c2d7a10")
+_NS_BYTES = _NAMESPACE.bytes
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}  # RFC 4122 variant bits
 
 
 class Status(enum.StrEnum):
@@ -21,8 +24,12 @@ class Trigger(enum.StrEnum):
 
 
 def execution_id(job_id: str, scheduled_ms: int, event_index: int = 0, trigger: str = Trigger.SCHEDULE) -> str:
-    """The id of one occurrence: the same on every node, attempt, takeover and redelivery."""
-    return str(uuid.uuid5(_NAMESPACE, f"{job_id}\x00{scheduled_ms}\x00{event_index}\x00{trigger}"))
+    """The id of one occurrence: the same on every node, attempt, takeover and redelivery.
+
+    A UUID version 5 of (job id, scheduled time, event index, trigger), computed directly (it is on
+    the firing path): the same value as ``uuid.uuid5``."""
+    h = hashlib.sha1(_NS_BYTES + f"{job_id}\x00{scheduled_ms}\x00{event_index}\x00{trigger}".encode()).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-5{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}"
 
 
 def backoff_ms(attempt: int, base_seconds: float, max_seconds: float, fraction: float = 1.0) -> int:

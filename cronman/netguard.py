@@ -2,7 +2,7 @@
 
 Pure functions of a URL, its resolved addresses and the policy; no I/O. The API applies them when a
 job is written (a clear 400 early) and the scheduler node applies them to the addresses it actually
-connects to (the real enforcement: see :mod:`cronman.guarded_dns`).
+connects to (the real enforcement: see :mod:`scheduler_node.http`).
 
 The rules, for each address (IPv4-mapped, NAT64 and 6to4 IPv6 forms are judged by the IPv4
 address inside them):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
@@ -21,10 +22,15 @@ def from_ms(ms: int) -> datetime:
 
 def iso(ms: int) -> str:
     """ISO-8601 UTC with a ``Z``; milliseconds shown only when not zero."""
-    dt = from_ms(ms - ms % 1000)
-    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    text = _iso_second(ms // 1000)
     frac = ms % 1000
     return f"{text}.{frac:03d}Z" if frac else f"{text}Z"
+
+
+@lru_cache(maxsize=8192)
+def _iso_second(seconds: int) -> str:
+    # Many executions of one timer pass share their second: format each second once.
+    return from_ms(seconds * 1000).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def iso_dt(dt: datetime | None) -> str | None:

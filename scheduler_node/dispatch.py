@@ -1,6 +1,6 @@
-"""Delivering a callback: HTTP through one keep-alive aiohttp session, SQS ten messages at a time
-with SendMessageBatch (boto3 runs in a small thread pool). Failures become outcomes, never
-exceptions into the timer loop."""
+"""Delivering a callback: HTTP through pooled keep-alive connections (scheduler_node.http), SQS ten
+messages at a time with SendMessageBatch (boto3 runs in a small thread pool). Every delivery is a
+future whose result is its outcome: failures are outcomes, never exceptions into the timer loop."""
 
 from __future__ import annotations
 
@@ -11,24 +11,13 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
-from cronman import __version__
-from cronman.guarded_dns import GuardedResolver, literal_refusal
 from cronman.netguard import CallbackPolicy, parse_allowlist
+from scheduler_node.http import Outcome, Pool, Prepared, prepare
 from scheduler_node.jobs import HttpCall, SqsSend
 
 log = logging.getLogger("cronman.node.dispatch")
 
-_MAX_BODY_READ = 64 * 1024
-_USER_AGENT = f"cronman/{__version__}"
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    ok: bool
-    http_status: int | None = None
-    error: str | None = None
+__all__ = ["Delivery", "Dispatcher", "HttpDispatcher", "Outcome", "SqsDispatcher"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,64 +49,39 @@ class Delivery:
 
 class HttpDispatcher:
     """Callbacks reach only the addresses :mod:`cronman.netguard` allows (``dev_mode``,
-    ``allowlist``: the node's CRONMAN_DEV_MODE and CRONMAN_CALLBACK_ALLOWLIST; by default the
-    strict rules). A refused address is a failed attempt with the reason as its error."""
+    ``allowlist``: the node's CRONMAN_DEV_MODE and CRONMAN_CALLBACK_ALLOWLIST). A refused address
+    is a failed attempt with the reason as its error. Requests go through the lean pooled client
+    of :mod:`scheduler_node.http`; the fixed part of each target's request is prepared once."""
 
     def __init__(self, max_connections: int, *, dev_mode: bool = False, allowlist: str = "") -> None:
-        self._max = max_connections
+        self._per_origin = max(1, min(max_connections, 1024))
         self._policy = CallbackPolicy(dev_mode, parse_allowlist(allowlist))
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
+        self._prepared: dict[HttpCall, Prepared] = {}
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=self._max,
-            limit_per_host=0,
-            ttl_dns_cache=60,
-            keepalive_timeout=30,
-            enable_cleanup_closed=True,
-            resolver=GuardedResolver(self._policy),
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding",),
-            headers={"User-Agent": _USER_AGENT},
-        )
+        self._pool = Pool(self._policy, per_origin=self._per_origin)
 
     async def close(self) -> None:
-        if self._session:
-            await self._session.close()
+        if self._pool is not None:
+            self._pool.close()
+
+    def prune(self) -> None:
+        if self._pool is not None:
+            self._pool.prune()
+
+    def submit(self, call: HttpCall, d: Delivery) -> asyncio.Future[Outcome]:
+        assert self._pool is not None
+        prepared = self._prepared.get(call)
+        if prepared is None:
+            if len(self._prepared) > 100_000:
+                self._prepared.clear()
+            prepared = self._prepared[call] = prepare(call.method, call.url, call.headers)
+        head = "".join(f"{k}: {v}\r\n" for k, v in d.metadata().items()).encode("latin-1", "replace")
+        return self._pool.request(prepared, head, d.body, call.timeout)
 
     async def send(self, call: HttpCall, d: Delivery) -> Outcome:
-        assert self._session is not None
-        refused = literal_refusal(self._policy, call.url)
-        if refused:
-            return Outcome(False, None, refused[:500])
-        headers = dict(call.headers)
-        headers.update(d.metadata())
-        headers["Content-Type"] = "application/json"
-        try:
-            async with self._session.request(
-                call.method,
-                call.url,
-                data=d.body,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=call.timeout),
-                allow_redirects=False,
-            ) as resp:
-                body = await resp.content.read(_MAX_BODY_READ)
-                if not resp.content.at_eof():
-                    resp.close()  # do not drain a huge body; drop the connection instead
-                if 200 <= resp.status < 300:
-                    return Outcome(True, resp.status)
-                snippet = body[:200].decode("utf-8", "replace").strip()
-                return Outcome(False, resp.status, f"HTTP {resp.status}" + (f": {snippet}" if snippet else ""))
-        except TimeoutError:
-            return Outcome(False, None, f"timed out after {call.timeout:g}s")
-        except aiohttp.ClientError as exc:
-            return Outcome(False, None, f"{type(exc).__name__}: {exc}"[:500])
-        except (OSError, ValueError) as exc:
-            return Outcome(False, None, f"{type(exc).__name__}: {exc}"[:500])
+        return await self.submit(call, d)
 
 
 class SqsDispatcher:
@@ -150,7 +114,7 @@ class SqsDispatcher:
             )
         return self._client
 
-    async def send(self, target: SqsSend, d: Delivery) -> Outcome:
+    def submit(self, target: SqsSend, d: Delivery) -> asyncio.Future[Outcome]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Outcome] = loop.create_future()
         queue = self._pending[target.queue_url]
@@ -160,7 +124,10 @@ class SqsDispatcher:
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush_all)
-        return await fut
+        return fut
+
+    async def send(self, target: SqsSend, d: Delivery) -> Outcome:
+        return await self.submit(target, d)
 
     def _flush_all(self) -> None:
         self._flush_scheduled = False
@@ -213,7 +180,11 @@ class Dispatcher:
         self.http = http
         self.sqs = sqs
 
-    async def send(self, target: HttpCall | SqsSend, d: Delivery) -> Outcome:
+    def submit(self, target: HttpCall | SqsSend, d: Delivery) -> asyncio.Future[Outcome]:
+        """Start a delivery; the future's result is its outcome (never an exception)."""
         if isinstance(target, HttpCall):
-            return await self.http.send(target, d)
-        return await self.sqs.send(target, d)
+            return self.http.submit(target, d)
+        return self.sqs.submit(target, d)
+
+    async def send(self, target: HttpCall | SqsSend, d: Delivery) -> Outcome:
+        return await self.submit(target, d)

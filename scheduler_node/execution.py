@@ -25,6 +25,7 @@ class Execution:
         "misfire",
         "waiting_since_ms",
         "throttle_wait_ms",
+        "superseded",
     )
 
     def __init__(
@@ -51,6 +52,7 @@ class Execution:
         self.misfire: MisfirePlan | None = None  # set on the execution that carries a misfire decision
         self.waiting_since_ms: int | None = None  # waiting for a throttle permit since
         self.throttle_wait_ms = 0
+        self.superseded = False  # another node took it over (counted once)
 
     @property
     def ident(self) -> tuple[str, int, int]:

@@ -15,6 +15,7 @@ Life of an occurrence:
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import logging
 import os
@@ -51,9 +52,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("cronman.node")
 
 MAX_BATCH = 5000  # due executions handled per timer pass
+# A timer pass costs a Redis round trip or two whatever its size, so under load passes are at least
+# this far apart: each then handles many executions (up to this much later than due).
+TICK_SECONDS = 0.02
+DONE_GATHER_SECONDS = 0.005
 CHECK_MARGIN_MS = 300
 FINAL = frozenset({Status.SUCCEEDED.value, Status.PERMANENTLY_FAILED.value, Status.SKIPPED.value})
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> None:
+    """Wait for ``event`` at most ``timeout`` seconds. (asyncio.wait_for on Python 3.11 can swallow
+    a cancellation that races with the event; asyncio.timeout does not.)"""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        pass
 
 
 class Firing:
@@ -79,7 +94,11 @@ class Firing:
     _done_pending: list[tuple[Execution, str, str]]
     _seq: itertools.count[int]
     _attempts: set[asyncio.Task[None]]
-    _slots: asyncio.Semaphore
+    _sending: dict[asyncio.Future[Outcome], tuple[Execution, int]]  # delivery -> (execution, sent at)
+    _queued: collections.deque[Execution]  # waiting for one of max_in_flight
+    _reverify: list[Execution]
+    _marking: set[str]  # history rows whose done mark (which remembers them in Redis) is on its way
+    _already_written: set[str]  # of those, the rows already written to PostgreSQL
     _wake: asyncio.Event
     _done_wake: asyncio.Event
     _stopping: bool
@@ -93,9 +112,14 @@ class Firing:
     def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         raise NotImplementedError
 
+    def _forget(self, rows: list[str]) -> None:
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ the timer
     async def _timer_loop(self) -> None:
-        while True:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            pass_started = loop.time()
             now = self.now_ms()
             due: list[Execution] = self.manual
             self.manual = []
@@ -112,6 +136,8 @@ class Firing:
             retries = self._pop_due(self.retries, now)
             checks = self._pop_due(self.checks, now)
             try:
+                if self._reverify:
+                    await self._confirm_late()
                 if due:
                     await self._claim(due)
                 for e in retries:
@@ -124,7 +150,7 @@ class Firing:
                         self._granted(e)
             except Exception:  # noqa: BLE001 - never let one pass stop the timer
                 log.exception("timer pass failed")
-            await self._sleep_until_next()
+            await self._sleep_until_next(pass_started + TICK_SECONDS - loop.time())
 
     def _occurrence(self, job: OwnedJob, when: int) -> list[Execution]:
         """The executions of one occurrence: one per event, guarded by the job's running execution
@@ -144,20 +170,19 @@ class Firing:
             out.append(heapq.heappop(heap)[2])
         return out
 
-    async def _sleep_until_next(self) -> None:
-        if self.manual:
+    async def _sleep_until_next(self, rest_of_tick: float) -> None:
+        if self.manual or self._reverify:
+            await asyncio.sleep(max(0.0, rest_of_tick))
             return
         heads = [h[0][0] for h in (self.fires, self.retries, self.checks) if h]
         cap = 0.05 if self.throttle.waiting else 0.1
         delay = cap if not heads else max(0.0, min(cap, (min(heads) - self.now_ms()) / 1000))
+        delay = max(delay, rest_of_tick)
         if delay <= 0:
             await asyncio.sleep(0)
             return
         self._wake.clear()
-        try:
-            await asyncio.wait_for(self._wake.wait(), delay)
-        except TimeoutError:
-            pass
+        await wait_event(self._wake, delay)
 
     def _later(self, heap: list[tuple[int, int, Execution]], when: int, e: Execution) -> None:
         heapq.heappush(heap, (when, next(self._seq), e))
@@ -178,13 +203,13 @@ class Firing:
             if w == 1:
                 e.deadline_ms = deadline
                 self.held[e.key] = e
-                m.claims.labels("won").inc()
+                m.claim["won"].inc()
                 self._won(e)
             elif w == 2:  # won, but the previous execution is still in flight: skipped
-                m.claims.labels("won").inc()
+                m.claim["won"].inc()
                 self._record_skip(e.job, e.scheduled_ms, e.event_index, _OVERLAP, e.id, e.trigger)
             else:
-                m.claims.labels("lost").inc()
+                m.claim["lost"].inc()
                 self._later(self.checks, deadline + CHECK_MARGIN_MS, e)
         m.in_flight.set(len(self.held))
 
@@ -232,7 +257,7 @@ class Firing:
                 continue
             e.job = current
             self.held[e.key] = e
-            self.metrics.claims.labels("taken_over").inc()
+            self.metrics.claim["taken_over"].inc()
             log.info("took over execution", extra={"job_id": e.job.id, "execution_id": e.id, "attempt": e.attempt})
             self._won(e)
 
@@ -242,6 +267,7 @@ class Firing:
             try:
                 await self._renew(list(self.held.values()))
                 await self.throttle.renew(self.now_ms())
+                self.dispatcher.http.prune()
             except (RedisError, OSError) as exc:
                 log.warning("lease renewal failed: %s", exc)
 
@@ -263,17 +289,26 @@ class Firing:
             return
         e.lost = True
         self.throttle.release(e)
-        if self.held.pop(e.key, None) is not None:  # else it is finishing: its done mark reports it
-            self.metrics.claims.labels("superseded").inc()
-            log.warning("lost the claim on an execution", extra={"job_id": e.job.id, "execution_id": e.id})
+        self.held.pop(e.key, None)
+        self._superseded(e, "lost the claim on an execution")
+
+    def _superseded(self, e: Execution, message: str) -> None:
+        """Count an execution another node took over, once, however this node learned of it."""
+        if not e.superseded:
+            e.superseded = True
+            self.metrics.claim["superseded"].inc()
+            log.warning(message, extra={"job_id": e.job.id, "execution_id": e.id})
 
     def _queue_done(self, e: Execution, status: str, row: str = "") -> None:
         self._done_pending.append((e, status, row))
+        if row:
+            self._marking.add(row)
         self._done_wake.set()
 
     async def _done_loop(self) -> None:
         while True:
             await self._done_wake.wait()
+            await asyncio.sleep(DONE_GATHER_SECONDS)  # let the marks of one burst travel together
             self._done_wake.clear()
             try:
                 await self._flush_done()
@@ -286,24 +321,32 @@ class Firing:
         """Coalesced: whatever finished while the previous round trip was out goes in the next."""
         while self._done_pending:
             batch, self._done_pending = self._done_pending, []
+            # A row already in PostgreSQL (its write beat this mark) need not be remembered.
+            rows = ["" if row in self._already_written else row for _, _, row in batch]
             try:
                 ok = await self.claims.done(
                     [e.key for e, _, _ in batch],
                     [f"d|{self.node_id}|{st}|{e.attempt}" for e, st, _ in batch],
-                    [row for _, _, row in batch],
+                    rows,
                     self.keys.unrecorded(self.node_id),
                 )
             except BaseException:
                 self._done_pending[:0] = batch
                 raise
+            late = []
+            for row in rows:
+                if row:
+                    self._marking.discard(row)
+                    if row in self._already_written:  # written while this mark was on its way
+                        late.append(row)
+            for _, _, row in batch:
+                self._already_written.discard(row)
+            if late:
+                self._forget(late)
             for (e, _, _), marked in zip(batch, ok, strict=True):
-                if not marked and not e.lost:
+                if not marked:
                     e.lost = True
-                    self.metrics.claims.labels("superseded").inc()
-                    log.warning(
-                        "another node took over an execution this node delivered",
-                        extra={"job_id": e.job.id, "execution_id": e.id},
-                    )
+                    self._superseded(e, "another node took over an execution this node delivered")
 
     # ------------------------------------------------------------------ throttles and delivery
     def _dispatch(self, e: Execution) -> None:
@@ -325,33 +368,52 @@ class Firing:
         self._start_attempt(e)
 
     def _start_attempt(self, e: Execution) -> None:
-        task = asyncio.get_running_loop().create_task(self._attempt(e))
-        self._attempts.add(task)
-        task.add_done_callback(self._attempts.discard)
+        """Send now if fewer than max_in_flight deliveries are out, else queue (oldest first)."""
+        if len(self._sending) < self.s.max_in_flight:
+            self._send(e)
+        else:
+            self._queued.append(e)
 
-    async def _attempt(self, e: Execution) -> None:
-        async with self._slots:
-            if e.lost or (self._stopping and e.attempt > 1):
-                self.throttle.release(e)
-                return
-            if self.now_ms() > e.deadline_ms - self.lease_ms // 5:
-                # The lease may have run out (the process was paused or starved): confirm it first.
-                try:
-                    await self._renew([e])
-                except (RedisError, OSError):
-                    self.throttle.release(e)
-                    self._later(self.retries, self.now_ms() + 500, e)
-                    return
-                if e.lost:
-                    return
-            if "exit_after_claim" in self.s.faults:
-                os._exit(137)  # test fault: die holding a claim, before sending
-            fired = self.now_ms()
-            outcome = await self.dispatcher.send(e.job.target, self._delivery(e, fired))
-            finished = self.now_ms()
+    def _send(self, e: Execution) -> None:
+        if e.lost or (self._stopping and e.attempt > 1):
+            self.throttle.release(e)
+            return
+        now = self.now_ms()
+        if now > e.deadline_ms - self.lease_ms // 5:
+            # The lease may have run out (the process was paused or starved): the next timer pass
+            # confirms it, for every such execution at once, before anything is sent.
+            self._reverify.append(e)
+            self._wake.set()
+            return
+        if "exit_after_claim" in self.s.faults:
+            os._exit(137)  # test fault: die holding a claim, before sending
+        future = self.dispatcher.submit(e.job.target, self._delivery(e, now))
+        self._sending[future] = (e, now)
+        future.add_done_callback(self._delivered)
+
+    def _delivered(self, future: asyncio.Future[Outcome]) -> None:
+        e, fired = self._sending.pop(future)
+        finished = self.now_ms()
         if self.throttle.release(e) and self.throttle.waiting:
             self._wake.set()  # a permit is free: hand it out now, not at the next pass
-        self._finish(e, outcome, fired, finished)
+        self._finish(e, future.result(), fired, finished)
+        while self._queued and len(self._sending) < self.s.max_in_flight:
+            self._send(self._queued.popleft())
+
+    async def _confirm_late(self) -> None:
+        """Renew, in one round trip, the claims of executions whose lease ran out before they
+        were sent; send those still held, drop those another node took over."""
+        items, self._reverify = self._reverify, []
+        try:
+            await self._renew(items)
+        except (RedisError, OSError):
+            self._reverify[:0] = items
+            return
+        for e in items:
+            if e.lost:
+                self.throttle.release(e)
+            else:
+                self._send(e)
 
     def _delivery(self, e: Execution, now_ms: int) -> Delivery:
         job = e.job
@@ -365,9 +427,7 @@ class Firing:
         m = self.metrics
         if e.attempt == 1:
             m.lag.observe(max(0, fired - e.scheduled_ms - e.throttle_wait_ms) / 1000)
-        m.callback_latency.labels("http" if isinstance(job.target, HttpCall) else "sqs").observe(
-            (finished - fired) / 1000
-        )
+        m.latency["http" if isinstance(job.target, HttpCall) else "sqs"].observe((finished - fired) / 1000)
         retry = job.retry
         error = outcome.error
         if outcome.ok:
@@ -405,7 +465,7 @@ class Firing:
         finished: int | None,
         dead_lettered: bool | None = None,
     ) -> HistoryRow:
-        self.metrics.executions.labels(status.value).inc()
+        self.metrics.status[status.value].inc()
         row = self.history.add(
             HistoryRow(
                 e.job.id,
@@ -479,7 +539,7 @@ class Firing:
         exec_id: str | None = None,
         trigger: str = Trigger.SCHEDULE,
     ) -> None:
-        self.metrics.executions.labels(Status.SKIPPED.value).inc()
+        self.metrics.status[Status.SKIPPED.value].inc()
         self.history.add(
             HistoryRow(
                 job.id,

@@ -95,7 +95,8 @@ class HistoryWriter:
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             try:
-                await asyncio.wait_for(stopping.wait(), self.flush_seconds + self._backoff)
+                async with asyncio.timeout(self.flush_seconds + self._backoff):
+                    await stopping.wait()
             except TimeoutError:
                 pass
             await self.flush()

@@ -5,6 +5,7 @@ pool. This module is the control plane: which jobs the node owns and when they n
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
 import logging
@@ -28,7 +29,7 @@ from cronman.store import make_engine
 from cronman.timeutil import iso
 from scheduler_node.claims import ClaimStore
 from scheduler_node.commands import CommandConsumer
-from scheduler_node.dispatch import Dispatcher, HttpDispatcher, SqsDispatcher
+from scheduler_node.dispatch import Dispatcher, HttpDispatcher, Outcome, SqsDispatcher
 from scheduler_node.execution import Execution
 from scheduler_node.feed import (
     ClusterConfig,
@@ -39,7 +40,7 @@ from scheduler_node.feed import (
     poll_changes,
     read_watermark,
 )
-from scheduler_node.firing import FINAL, Firing
+from scheduler_node.firing import FINAL, Firing, wait_event
 from scheduler_node.history import HistoryRow, HistoryWriter, row_from_text, row_to_text
 from scheduler_node.jobs import Decoder, JobRow, OwnedJob
 from scheduler_node.membership import Membership
@@ -92,6 +93,11 @@ class Node(Firing):
         self._absent_since: dict[str, float] = {}
         self._seq = itertools.count()
         self._attempts: set[asyncio.Task[None]] = set()
+        self._sending: dict[asyncio.Future[Outcome], tuple[Execution, int]] = {}
+        self._queued: collections.deque[Execution] = collections.deque()
+        self._reverify: list[Execution] = []
+        self._marking: set[str] = set()
+        self._already_written: set[str] = set()
         self.ready = False
         self.started_at = iso(self.now_ms())
         self._stopping = False
@@ -129,7 +135,6 @@ class Node(Firing):
             SqsDispatcher(s.sqs_endpoint_url, s.sqs_region, self.executor),
         )
         await self.dispatcher.http.start()
-        self._slots = asyncio.Semaphore(s.max_in_flight)
         self._wake = asyncio.Event()
         self._sync_wake = asyncio.Event()
         self._config_wake = asyncio.Event()
@@ -209,11 +214,14 @@ class Node(Firing):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     async def _drain(self, timeout: float = 15.0) -> None:
-        """Let deliveries in flight finish; hand executions waiting to retry back to the replica."""
-        if self._attempts:
-            await asyncio.wait(list(self._attempts), timeout=timeout)
+        """Let deliveries in flight finish; hand executions waiting to retry, for a throttle permit
+        or for a delivery slot back to the replica."""
+        pending: list[asyncio.Future[Any]] = [*self._sending, *self._attempts]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
         waiting = [e for _, _, e in self.retries if not e.lost]
         waiting += [e for q in self.throttle.waiting.values() for e in q if not e.lost]
+        waiting += [e for e in [*self._queued, *self._reverify] if not e.lost]
         if waiting:
             try:  # a deadline of 0 lets the replica take over at its next check
                 await self.claims.renew(
@@ -240,9 +248,20 @@ class Node(Firing):
         if duplicates:
             self.metrics.duplicates.inc(duplicates)
             log.warning("duplicate deliveries detected in history", extra={"count": duplicates})
-        written = [row_to_text(r) for r in rows if r.status in FINAL]
+        written = []
+        for r in rows:
+            if r.status in FINAL:
+                text = row_to_text(r)
+                if text in self._marking:  # its done mark has not reached Redis yet: it will skip it
+                    self._already_written.add(text)
+                else:
+                    written.append(text)
         if written:
-            self._background(self._forget_recorded(written))
+            self._forget(written)
+
+    def _forget(self, rows: list[str]) -> None:
+        """Remove written rows from this node's unrecorded set."""
+        self._background(self._forget_recorded(rows))
 
     async def _forget_recorded(self, members: list[str]) -> None:
         try:
@@ -270,7 +289,7 @@ class Node(Firing):
     async def _sweep_recorded(self) -> None:
         """Drop rows from this node's unrecorded set once they are no longer waiting to be written
         (a row written before its done mark reached Redis is left behind otherwise)."""
-        while True:
+        while not self._stopping:
             await asyncio.sleep(_SWEEP_SECONDS)
             try:
                 key = self.keys.unrecorded(self.node_id)
@@ -298,7 +317,7 @@ class Node(Firing):
         }
 
     async def _heartbeat_loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self.membership.beat(self._info())
                 self.metrics.heartbeat_age.set(0)
@@ -317,7 +336,7 @@ class Node(Firing):
         settle_until = time.monotonic() + min(s.heartbeat_interval_seconds, 2.0)
         settled = False
         await self._recover(self.node_id)  # rows a previous run under this id left unwritten
-        while True:
+        while not self._stopping:
             try:
                 seen = {n.node_id for n in await self.membership.live()} | {self.node_id}
                 now = time.monotonic()
@@ -350,7 +369,7 @@ class Node(Firing):
     async def _config_loop(self) -> None:
         """Throttle policies and signing secrets (small tables read whole), and the watermark that
         says the cluster was running until now."""
-        while True:
+        while not self._stopping:
             try:
                 self.config = await self._in_thread(load_cluster_config, self.engine)
                 self.throttle.policies = self.config.throttles
@@ -358,10 +377,7 @@ class Node(Firing):
                     await self._in_thread(advance_watermark, self.engine, self.now_ms())
             except Exception as exc:  # noqa: BLE001 - keep the last configuration
                 log.warning("could not refresh throttle policies and signing secrets: %s", exc)
-            try:  # a change notification (a new policy, say) wakes this early
-                await asyncio.wait_for(self._config_wake.wait(), _CONFIG_SECONDS)
-            except TimeoutError:
-                pass
+            await wait_event(self._config_wake, _CONFIG_SECONDS)  # a change notification wakes it early
             self._config_wake.clear()
             await asyncio.sleep(0.2)
 
@@ -486,7 +502,7 @@ class Node(Firing):
         return [Execution(job, t.requested_ms, self.keys, Trigger.MANUAL, i) for i in range(job.opts.events)]
 
     async def _sync_loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 if self._ownership_dirty.is_set():
                     self._ownership_dirty.clear()
@@ -502,20 +518,17 @@ class Node(Firing):
             except Exception as exc:  # noqa: BLE001 - database down: keep firing what we have, retry
                 log.warning("job sync failed: %s", exc)
                 await asyncio.sleep(1.0)
-            try:
-                await asyncio.wait_for(self._sync_wake.wait(), self.s.change_poll_seconds)
-            except TimeoutError:
-                pass
+            await wait_event(self._sync_wake, self.s.change_poll_seconds)
             self._sync_wake.clear()
             await asyncio.sleep(0.02)
 
     async def _notify_loop(self) -> None:
         """Redis pub/sub wakes the change feed at once; polling alone bounds the delay."""
-        while True:
+        while not self._stopping:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.keys.changes_channel)
-                while True:
+                while not self._stopping:
                     msg = await pubsub.get_message(timeout=1.0)
                     if msg is not None:
                         self._sync_wake.set()
@@ -532,7 +545,7 @@ class Node(Firing):
     async def _maintenance_loop(self) -> None:
         """Partition upkeep, run by one node at a time under a Redis lease."""
         await asyncio.sleep(1.0)
-        while True:
+        while not self._stopping:
             try:
                 lease = int(self.s.maintain_interval_seconds * 900)
                 if await self.redis.set(self.keys.maintenance_lock, self.node_id, nx=True, px=lease):

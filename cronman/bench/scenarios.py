@@ -28,7 +28,7 @@ from cronman.timeutil import iso
 # Defaults for a full run; ``--quick`` uses QUICK over them; ``--param name=value`` overrides either.
 DEFAULTS: dict[str, float] = {
     "nodes": 3,
-    "steady.jobs": 5000,
+    "steady.jobs": 10000,
     "steady.every": 1,
     "steady.warmup": 10,
     "steady.measure": 30,

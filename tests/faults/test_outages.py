@@ -59,8 +59,9 @@ def _history_ids(database_url: str) -> set[str]:
     return ids
 
 
-def test_a_postgres_crash_loses_no_history(own_postgres: EmbeddedPostgres, settings_env: dict[str, str],
-                                           workdir: Path) -> None:
+def test_a_postgres_crash_loses_no_history(
+    own_postgres: EmbeddedPostgres, settings_env: dict[str, str], workdir: Path
+) -> None:
     env = _env(settings_env, own_postgres.url())
     logs = workdir / f"pg-crash-{uuid.uuid4().hex[:6]}"
     logs.mkdir()
@@ -68,8 +69,17 @@ def test_a_postgres_crash_loses_no_history(own_postgres: EmbeddedPostgres, setti
     node, _ = start_node_process(env, "node-1", logs / "node-1.log")
     try:
         with Receiver() as receiver:
-            _create(api_url, [{"id": f"pg-{i}", "schedule": {"type": "interval", "every_seconds": 1},
-                               "target": {"type": "http", "url": receiver.url}} for i in range(30)])
+            _create(
+                api_url,
+                [
+                    {
+                        "id": f"pg-{i}",
+                        "schedule": {"type": "interval", "every_seconds": 1},
+                        "target": {"type": "http", "url": receiver.url},
+                    }
+                    for i in range(30)
+                ],
+            )
             time.sleep(4)
             before = len(receiver.snapshot())
             own_postgres.kill()  # SIGKILL: a crash, not a clean shutdown
@@ -85,8 +95,7 @@ def test_a_postgres_crash_loses_no_history(own_postgres: EmbeddedPostgres, setti
         node.stop()
         api.stop()
     missing = delivered - rows
-    report = {"delivered": len(delivered), "during_outage": during, "history_rows": len(rows),
-              "missing": len(missing)}
+    report = {"delivered": len(delivered), "during_outage": during, "history_rows": len(rows), "missing": len(missing)}
     print("\npostgres crash:", json.dumps(report))
     assert during >= 100, "firing stopped while PostgreSQL was down"
     if missing:
@@ -105,11 +114,19 @@ def test_all_nodes_down_then_up_applies_the_misfire_policy(
     try:
         with Receiver() as receiver:
             nodes = [start_node_process(env, f"node-{i}", logs / f"node-{i}-a.log")[0] for i in (1, 2)]
-            _create(api_url, [
-                {"id": f"{policy}-{i}", "schedule": {"type": "interval", "every_seconds": 2},
-                 "target": {"type": "http", "url": receiver.url}, "misfire_policy": policy}
-                for policy in ("fire_once", "skip") for i in range(5)
-            ])
+            _create(
+                api_url,
+                [
+                    {
+                        "id": f"{policy}-{i}",
+                        "schedule": {"type": "interval", "every_seconds": 2},
+                        "target": {"type": "http", "url": receiver.url},
+                        "misfire_policy": policy,
+                    }
+                    for policy in ("fire_once", "skip")
+                    for i in range(5)
+                ],
+            )
             wait_for(lambda: len(receiver.snapshot()) >= 20, 15, "deliveries before the outage")
             for n in nodes:
                 n.signal(signal.SIGTERM)
@@ -122,8 +139,12 @@ def test_all_nodes_down_then_up_applies_the_misfire_policy(
             for n in nodes:
                 n.stop()
             got = receiver.snapshot()
-        history = requests.get(f"{api_url}/v1/jobs/fire_once-0/executions", params={"limit": 1000},
-                               headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=10).json()["executions"]
+        history = requests.get(
+            f"{api_url}/v1/jobs/fire_once-0/executions",
+            params={"limit": 1000},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=10,
+        ).json()["executions"]
     finally:
         api.stop()
     # The restarted nodes log the outage window they applied the policies to.
@@ -135,8 +156,11 @@ def test_all_nodes_down_then_up_applies_the_misfire_policy(
     assert until is not None, "no node noticed the outage"
 
     def in_outage(job: str) -> list[str]:
-        return [r.headers["Cronman-Scheduled-For"] for r in got if r.job_id == job
-                and down_at + 0.5 < _ts(r.headers["Cronman-Scheduled-For"]) <= until]
+        return [
+            r.headers["Cronman-Scheduled-For"]
+            for r in got
+            if r.job_id == job and down_at + 0.5 < _ts(r.headers["Cronman-Scheduled-For"]) <= until
+        ]
 
     for i in range(5):
         assert len(in_outage(f"fire_once-{i}")) == 1, in_outage(f"fire_once-{i}")  # fire once, late

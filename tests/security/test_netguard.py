@@ -6,10 +6,9 @@ import asyncio
 import socket
 
 import pytest
-from aiohttp.abc import AbstractResolver, ResolveResult
 
-from cronman.guarded_dns import CallbackRefused, GuardedResolver, literal_refusal
 from cronman.netguard import CallbackPolicy, classify, parse_address, parse_allowlist
+from scheduler_node.http import Origin, Pool, Refused
 
 STRICT = CallbackPolicy(dev_mode=False)
 DEV = CallbackPolicy(dev_mode=True)
@@ -112,58 +111,52 @@ def test_a_bad_allow_list_entry_is_named(bad: str) -> None:
         parse_allowlist(f"10.0.0.0/8,{bad}")
 
 
-class FakeResolver(AbstractResolver):
-    def __init__(self, answers: dict[str, list[str]]) -> None:
-        self.answers = answers
-        self.asked: list[str] = []
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        self.asked.append(host)
-        return [
-            ResolveResult(hostname=host, host=a, port=port, family=family, proto=0, flags=0) for a in self.answers[host]
-        ]
-
-    async def close(self) -> None:
-        pass
+ANSWERS = {
+    "mixed.example": ["10.0.0.7", "93.184.215.14"],
+    "inside.example": ["127.0.0.1", "::1"],
+    "meta.example": ["169.254.169.254"],
+    "hooks.internal": ["10.9.9.9"],
+}
 
 
-def test_the_node_resolver_connects_only_to_allowed_addresses() -> None:
-    fake = FakeResolver(
-        {
-            "mixed.example": ["10.0.0.7", "93.184.215.14"],
-            "inside.example": ["127.0.0.1", "::1"],
-            "meta.example": ["169.254.169.254"],
-            "hooks.internal": ["10.9.9.9"],
-        }
-    )
-    resolver = GuardedResolver(CallbackPolicy(False, parse_allowlist("hooks.internal")), fake)
+def test_the_node_connects_only_to_allowed_addresses() -> None:
+    """The node's callback client resolves a host itself and connects only to an address the
+    guard allows: the address checked is the address connected to."""
+    asked: list[str] = []
+
+    async def lookup(host: str, port: int) -> list[tuple[int, str]]:
+        asked.append(host)
+        return [(socket.AF_INET6 if ":" in a else socket.AF_INET, a) for a in ANSWERS[host]]
 
     async def run() -> None:
-        kept = await resolver.resolve("mixed.example", 443)
-        assert [r["host"] for r in kept] == ["93.184.215.14"]
-        with pytest.raises(CallbackRefused, match="inside.example resolves to 127.0.0.1, a loopback address"):
-            await resolver.resolve("inside.example", 80)
-        with pytest.raises(CallbackRefused, match="cloud metadata"):
-            await resolver.resolve("meta.example", 80)
-        with pytest.raises(CallbackRefused, match="metadata.google.internal is a cloud metadata host"):
-            await resolver.resolve("metadata.google.internal", 80)
-        assert "metadata.google.internal" not in fake.asked  # refused by name, without a lookup
-        assert [r["host"] for r in await resolver.resolve("hooks.internal", 80)] == ["10.9.9.9"]
-        dev = GuardedResolver(CallbackPolicy(True), fake)
-        assert len(await dev.resolve("inside.example", 80)) == 2
-        with pytest.raises(CallbackRefused):
-            await dev.resolve("meta.example", 80)
+        pool = Pool(CallbackPolicy(False, parse_allowlist("hooks.internal")), lookup=lookup)
+        assert (await pool.address(Origin("https", "mixed.example", 443)))[1] == "93.184.215.14"
+        with pytest.raises(Refused, match="inside.example resolves to 127.0.0.1, a loopback address"):
+            await pool.address(Origin("http", "inside.example", 80))
+        with pytest.raises(Refused, match="cloud metadata"):
+            await pool.address(Origin("http", "meta.example", 80))
+        with pytest.raises(Refused, match="metadata.google.internal is a cloud metadata host"):
+            await pool.address(Origin("http", "metadata.google.internal", 80))
+        assert "metadata.google.internal" not in asked  # refused by name, without a lookup
+        assert (await pool.address(Origin("http", "hooks.internal", 80)))[1] == "10.9.9.9"
+        dev = Pool(CallbackPolicy(True), lookup=lookup)
+        assert (await dev.address(Origin("http", "inside.example", 80)))[1] == "127.0.0.1"
+        with pytest.raises(Refused):
+            await dev.address(Origin("http", "meta.example", 80))
 
     asyncio.run(run())
 
 
 def test_literal_addresses_are_judged_before_connecting() -> None:
-    strict = CallbackPolicy(False)
-    refused = literal_refusal(strict, "http://127.0.0.1:9000/hook")
-    assert refused is not None and refused.startswith("callback refused: 127.0.0.1 is a loopback address")
-    assert literal_refusal(strict, "http://[::ffff:a9fe:a9fe]/") is not None
-    assert literal_refusal(strict, "https://example.com/") is None  # names go through the resolver
-    assert literal_refusal(CallbackPolicy(True), "http://127.0.0.1/") is None
-    assert literal_refusal(CallbackPolicy(True), "http://169.254.169.254/") is not None
+    async def run() -> None:
+        strict = Pool(CallbackPolicy(False))
+        with pytest.raises(Refused, match=r"callback refused: 127.0.0.1 is a loopback address"):
+            await strict.address(Origin("http", "127.0.0.1", 9000))
+        with pytest.raises(Refused):
+            await strict.address(Origin("http", "::ffff:a9fe:a9fe", 80))
+        dev = Pool(CallbackPolicy(True))
+        assert await dev.address(Origin("http", "127.0.0.1", 80)) == (socket.AF_INET, "127.0.0.1")
+        with pytest.raises(Refused):
+            await dev.address(Origin("http", "169.254.169.254", 80))
+
+    asyncio.run(run())

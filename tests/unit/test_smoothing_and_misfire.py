@@ -22,8 +22,7 @@ def test_ten_thousand_minutely_jobs_do_not_fire_in_one_second() -> None:
         per_second[(first // 1000) % 60] += 1
     assert len(per_second) == 60  # every second of the minute gets some
     assert max(per_second.values()) < 3 * 10_000 / 60  # no second gets a pile-up (mean 167)
-    print("\nfirings per second of the minute (10,000 jobs every 60 s):",
-          [per_second[s] for s in range(60)])
+    print("\nfirings per second of the minute (10,000 jobs every 60 s):", [per_second[s] for s in range(60)])
 
 
 def test_jitter_spreads_jobs_due_at_the_same_instant() -> None:
@@ -35,8 +34,12 @@ def test_jitter_spreads_jobs_due_at_the_same_instant() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(every=st.integers(2, 3600), jitter_frac=st.floats(0.01, 1.0), after=st.integers(0, 10**12),
-       job=st.text(min_size=1, max_size=10))
+@given(
+    every=st.integers(2, 3600),
+    jitter_frac=st.floats(0.01, 1.0),
+    after=st.integers(0, 10**12),
+    job=st.text(min_size=1, max_size=10),
+)
 def test_jittered_occurrences_are_stable_ordered_and_within_the_window(
     every: int, jitter_frac: float, after: int, job: str
 ) -> None:

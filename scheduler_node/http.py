@@ -1,0 +1,363 @@
+"""A lean HTTP/1.1 client for callbacks: keep-alive connections pooled per origin, responses parsed
+by httptools, no task or coroutine per request. Measured against aiohttp on the firing path it
+needs a fraction of the CPU per request (docs/performance.md), which is what bounds a node.
+
+Only what a callback needs: one request per connection at a time, a body of known length, the
+status code and the start of the body for the error message. Connections go only to addresses the
+callback guard (:mod:`cronman.netguard`) allows: the host is resolved here, and the address checked
+is the address connected to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httptools
+
+from cronman import __version__
+from cronman.netguard import CallbackPolicy, explain, parse_address
+
+_SNIPPET = 200
+_MAX_BODY = 1 << 20  # read at most this much of a response; beyond it, drop the connection
+_DNS_TTL = 60.0
+_IDLE_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one delivery attempt went: a 2xx is success; anything else, a timeout or a connection
+    error is a failure, described by ``error``."""
+
+    ok: bool
+    http_status: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    scheme: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What does not change between calls to one target: the origin and the request head's start."""
+
+    origin: Origin
+    head: bytes  # request line and the target's fixed headers, ending in CRLF
+
+
+def prepare(method: str, url: str, headers: tuple[tuple[str, str], ...]) -> Prepared:
+    parts = urlsplit(url)
+    scheme = parts.scheme
+    host = parts.hostname or ""
+    port = parts.port or (443 if scheme == "https" else 80)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    default_port = (scheme == "https" and port == 443) or (scheme == "http" and port == 80)
+    host_header = (f"[{host}]" if ":" in host else host) + ("" if default_port else f":{port}")
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"Host: {host_header}",
+        f"User-Agent: cronman/{__version__}",
+        "Content-Type: application/json",
+    ]
+    lines += [f"{k}: {v}" for k, v in headers]
+    return Prepared(Origin(scheme, host, port), ("\r\n".join(lines) + "\r\n").encode("latin-1"))
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; at most one request on it at a time."""
+
+    __slots__ = (
+        "pool",
+        "transport",
+        "parser",
+        "future",
+        "timer",
+        "snippet",
+        "body_bytes",
+        "done",
+        "closed",
+        "idle_since",
+        "busy",
+    )
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.future: asyncio.Future[Outcome] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.snippet = b""
+        self.body_bytes = 0
+        self.done = False
+        self.closed = False
+        self.idle_since = 0.0
+        self.busy = False  # counted in its origin's busy connections
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.future is None:  # bytes nobody asked for: the connection is not reusable
+            self.close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._finish(Outcome(False, None, f"invalid HTTP response: {exc}"), reusable=False)
+            return
+        if self.body_bytes > _MAX_BODY and not self.done:
+            self._finish(self._result(), reusable=False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        if self.future is not None and not self.done:
+            try:  # a response without a length ends with the connection
+                self.parser.feed_data(b"")
+            except httptools.HttpParserError:
+                pass
+            if not self.done:
+                reason = f"{type(exc).__name__}: {exc}" if exc else "connection closed before the response"
+                self._finish(Outcome(False, None, reason), reusable=False)
+
+    # -- httptools callbacks
+    def on_body(self, body: bytes) -> None:
+        self.body_bytes += len(body)
+        if len(self.snippet) < _SNIPPET:
+            self.snippet += body[: _SNIPPET - len(self.snippet)]
+
+    def on_message_complete(self) -> None:
+        self._finish(self._result(), reusable=self.parser.should_keep_alive())
+
+    # -- requests
+    def send(self, data: bytes, future: asyncio.Future[Outcome], timeout: float) -> None:
+        assert self.transport is not None
+        self.future = future
+        self.done = False
+        self.snippet = b""
+        self.body_bytes = 0
+        self.timer = self.pool.loop.call_later(timeout, self._timed_out, timeout)
+        self.transport.write(data)
+
+    def _result(self) -> Outcome:
+        status = self.parser.get_status_code()
+        if 200 <= status < 300:
+            return Outcome(True, status, None)
+        text = self.snippet.decode("utf-8", "replace").strip()
+        return Outcome(False, status, f"HTTP {status}" + (f": {text}" if text else ""))
+
+    def _timed_out(self, timeout: float) -> None:
+        self._finish(Outcome(False, None, f"timed out after {timeout:g}s"), reusable=False)
+
+    def _finish(self, result: Outcome, reusable: bool) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        future, self.future = self.future, None
+        if reusable and not self.closed:
+            self.parser = httptools.HttpResponseParser(self)
+            self.pool.release(self)
+        else:
+            self.close()
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pool.forget(self)
+            if self.transport is not None:
+                self.transport.close()
+
+
+class _OriginPool:
+    __slots__ = ("idle", "busy", "connecting", "waiting")
+
+    def __init__(self) -> None:
+        self.idle: list[_Connection] = []
+        self.busy = 0
+        self.connecting = 0
+        self.waiting: deque[tuple[bytes, asyncio.Future[Outcome], float]] = deque()
+
+
+class Pool:
+    """Connections per origin, up to ``per_origin`` each; requests beyond that wait their turn."""
+
+    def __init__(
+        self,
+        policy: CallbackPolicy,
+        per_origin: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+        lookup: Callable[[str, int], Awaitable[list[tuple[int, str]]]] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.per_origin = per_origin
+        self.clock = clock
+        self.loop = asyncio.get_running_loop()
+        self._lookup = lookup or self._getaddrinfo
+        self._origins: dict[Origin, _OriginPool] = {}
+        self._owner: dict[_Connection, Origin] = {}
+        self._dns: dict[tuple[str, int], tuple[float, list[tuple[int, str]]]] = {}
+        self._tls = ssl.create_default_context()
+
+    def request(self, prepared: Prepared, extra_head: bytes, body: bytes, timeout: float) -> asyncio.Future[Outcome]:
+        """Send ``prepared.head + extra_head`` (per-request headers, CRLF-terminated) and the body."""
+        future: asyncio.Future[Outcome] = self.loop.create_future()
+        data = b"".join((prepared.head, extra_head, b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body))
+        origin = prepared.origin
+        op = self._origins.get(origin)
+        if op is None:
+            op = self._origins[origin] = _OriginPool()
+        while op.idle:
+            conn = op.idle.pop()
+            if not conn.closed:
+                conn.busy = True
+                op.busy += 1
+                conn.send(data, future, timeout)
+                return future
+        op.waiting.append((data, future, timeout))
+        self._refill(origin, op)
+        return future
+
+    async def _connect(self, origin: Origin, op: _OriginPool) -> None:
+        conn: _Connection | None = None
+        error: str | None = None
+        try:
+            address = await self.address(origin)
+            conn = _Connection(self)
+            await self.loop.create_connection(
+                lambda: conn,  # type: ignore[arg-type,return-value]
+                address[1],
+                origin.port,
+                family=address[0],
+                ssl=self._tls if origin.scheme == "https" else None,
+                server_hostname=origin.host if origin.scheme == "https" else None,
+            )
+        except (TimeoutError, OSError, ssl.SSLError, ValueError) as exc:
+            error = str(exc) if isinstance(exc, Refused) else f"{type(exc).__name__}: {exc}"
+        finally:
+            op.connecting -= 1
+        if error is not None or conn is None:
+            # Fail one waiting request per failed connection; the rest try connections of their own.
+            if op.waiting:
+                _data, future, _timeout = op.waiting.popleft()
+                if not future.done():
+                    future.set_result(Outcome(False, None, error or "connection failed"))
+            self._refill(origin, op)
+            return
+        self._owner[conn] = origin
+        self._hand(conn, op)
+
+    def _hand(self, conn: _Connection, op: _OriginPool) -> None:
+        """Give a free connection the next waiting request, or park it."""
+        while op.waiting:
+            data, future, timeout = op.waiting.popleft()
+            if not future.done():
+                if not conn.busy:
+                    conn.busy = True
+                    op.busy += 1
+                conn.send(data, future, timeout)
+                return
+        if conn.busy:
+            conn.busy = False
+            op.busy -= 1
+        conn.idle_since = self.clock()
+        op.idle.append(conn)
+
+    def _refill(self, origin: Origin, op: _OriginPool) -> None:
+        """Open connections for waiting requests, up to the origin's limit."""
+        while op.connecting < len(op.waiting) and op.busy + op.connecting < self.per_origin:
+            op.connecting += 1
+            self.loop.create_task(self._connect(origin, op))
+
+    def release(self, conn: _Connection) -> None:
+        origin = self._owner.get(conn)
+        op = self._origins.get(origin) if origin is not None else None
+        if op is None:
+            conn.close()
+            return
+        self._hand(conn, op)
+
+    def forget(self, conn: _Connection) -> None:
+        origin = self._owner.pop(conn, None)
+        if origin is None:
+            return
+        op = self._origins.get(origin)
+        if op is None:
+            return
+        if conn in op.idle:
+            op.idle.remove(conn)
+        if conn.busy:
+            conn.busy = False
+            op.busy -= 1
+        self._refill(origin, op)
+
+    async def _getaddrinfo(self, host: str, port: int) -> list[tuple[int, str]]:
+        infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return [(int(i[0]), str(i[4][0])) for i in infos]
+
+    async def address(self, origin: Origin) -> tuple[int, str]:
+        """The (family, address) to connect to for an origin: the first resolved address the
+        callback guard allows; raises Refused when there is none (the reason names the address)."""
+        host, policy = origin.host, self.policy
+        literal = parse_address(host)
+        if literal is not None:
+            if not policy.allowlist.allows_address(literal):
+                reason = policy.address_refusal(literal)
+                if reason:
+                    raise Refused(reason, policy.dev_mode)
+            return (socket.AF_INET6 if literal.version == 6 else socket.AF_INET, str(literal))
+        allow_any = policy.allowlist.allows_host(host)
+        if not allow_any:
+            named = policy.host_refusal(host)
+            if named:
+                raise Refused(named, policy.dev_mode)
+        key = (host, origin.port)
+        cached = self._dns.get(key)
+        now = self.clock()
+        if cached is None or cached[0] < now:
+            cached = (now + _DNS_TTL, await self._lookup(host, origin.port))
+            self._dns[key] = cached
+        first: str | None = None
+        for family, ip in cached[1]:
+            reason = None if allow_any else policy.address_refusal(ip, host)
+            if reason is None:
+                return (family, ip)
+            first = first or reason
+        raise Refused(first or f"{host} has no address", policy.dev_mode)
+
+    def prune(self) -> None:
+        """Close connections idle for long (servers drop them anyway, often silently)."""
+        cutoff = self.clock() - _IDLE_SECONDS
+        for op in self._origins.values():
+            for conn in [c for c in op.idle if c.idle_since < cutoff]:
+                conn.close()
+
+    def close(self) -> None:
+        for op in self._origins.values():
+            for conn in list(op.idle):
+                conn.close()
+        self._origins.clear()
+
+
+class Refused(OSError):
+    """A callback address the guard refuses."""
+
+    def __init__(self, reason: str, dev_mode: bool) -> None:
+        super().__init__("callback refused: " + explain(reason, dev_mode))
