@@ -3,9 +3,9 @@ can run ``cronman migrate`` at once and only one does the work."""
 
 from __future__ import annotations
 
-from alembic import context
 from sqlalchemy import create_engine, pool, text
 
+from alembic import context
 from cronman.db import PARTITION_PREFIX, metadata
 
 _MIGRATION_LOCK = 0x6D696772  # pg_advisory_lock key

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import dataclass
 
 import redis
@@ -22,19 +24,53 @@ log = logging.getLogger("cronman.api")
 MAX_BODY_BYTES = 1024 * 1024
 
 
+class ChangeNotifier:
+    """Wakes the scheduler nodes after a change, from a thread of its own: a request only raises a
+    flag, and however many changes a burst makes, nodes get one notification per interval. They
+    poll anyway, so a failure here only slows them down."""
+
+    def __init__(self, client: redis.Redis, channel: str, interval: float = 0.02) -> None:
+        self._client = client
+        self._channel = channel
+        self._interval = interval
+        self._pending = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def notify(self) -> None:
+        self._pending.set()
+        with self._lock:  # started lazily (gunicorn forks workers after the app is built), ends when idle
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="cronman-notify", daemon=True)
+                self._thread.start()
+
+    def _run(self, idle_seconds: float = 60.0) -> None:
+        while True:
+            if not self._pending.wait(idle_seconds):
+                with self._lock:
+                    if not self._pending.is_set():
+                        self._thread = None
+                        return
+                continue
+            self._pending.clear()
+            try:
+                self._client.publish(self._channel, b"")
+            except redis.RedisError as exc:
+                log.warning("could not publish a change notification: %s", exc)
+            time.sleep(self._interval)
+
+
 @dataclass
 class Services:
     settings: Settings
     store: JobStore
     redis: redis.Redis
     keys: Keys
+    notifier: ChangeNotifier
 
     def notify_change(self) -> None:
-        """Wake the scheduler nodes; they poll anyway, so a failure here only slows them down."""
-        try:
-            self.redis.publish(self.keys.changes_channel, b"")
-        except redis.RedisError as exc:
-            log.warning("could not publish a change notification: %s", exc)
+        """Wake the scheduler nodes (soon, from another thread)."""
+        self.notifier.notify()
 
 
 def _error(status: int, code: str, message: str, field: str | None = None):  # type: ignore[no-untyped-def]
@@ -48,9 +84,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.json.compact = True  # type: ignore[attr-defined]
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, pre_ping=False)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
-    app.extensions["cronman"] = Services(settings, JobStore(engine), client, Keys(settings.redis_prefix))
+    keys = Keys(settings.redis_prefix)
+    notifier = ChangeNotifier(client, keys.changes_channel)
+    app.extensions["cronman"] = Services(settings, JobStore(engine), client, keys, notifier)
 
     from api.batch import bp as batch_bp
     from api.commands import bp as commands_bp

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-from datetime import date
 from pathlib import Path
 
 from alembic.config import Config
-from sqlalchemy import Engine
 
 from alembic import command
 from cronman.errors import ConfigError
-from cronman.partitions import MaintenanceReport, maintain
+from cronman.partitions import run_maintenance  # noqa: F401 - re-exported for the commands
 from cronman.store import engine_url
 
 
@@ -42,8 +40,3 @@ def upgrade(database_url: str) -> None:
 def check(database_url: str) -> None:
     """Raise if the models in cronman.db differ from the migrated schema."""
     command.check(alembic_config(database_url))
-
-
-def run_maintenance(engine: Engine, today: date, retention_days: int, ahead_days: int) -> MaintenanceReport:
-    with engine.begin() as conn:
-        return maintain(conn, today, retention_days, ahead_days)

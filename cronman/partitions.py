@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
 
 from cronman.db import PARTITION_PREFIX
 
@@ -106,3 +106,8 @@ def maintain(conn: Connection, today: date, retention_days: int, ahead_days: int
         text("DELETE FROM commands WHERE received_at < now() - make_interval(days => :days)"), cutoff
     ).rowcount
     return report
+
+
+def run_maintenance(engine: Engine, today: date, retention_days: int, ahead_days: int) -> MaintenanceReport:
+    with engine.begin() as conn:
+        return maintain(conn, today, retention_days, ahead_days)

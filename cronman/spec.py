@@ -320,8 +320,10 @@ OPTION_FIELDS = (
 
 
 def options_of(spec: JobSpec) -> dict[str, Any]:
-    dumped = spec.model_dump(mode="json", include=set(OPTION_FIELDS))
-    return {k: dumped[k] for k in OPTION_FIELDS}
+    """The options that differ from their defaults (most jobs store an empty document: a node
+    loading a million jobs reads it a million times)."""
+    dumped = spec.model_dump(mode="json", include=set(OPTION_FIELDS), exclude_defaults=True)
+    return {k: dumped[k] for k in OPTION_FIELDS if k in dumped}
 
 
 def options_with_defaults(stored: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,6 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from cronman import audit
 from cronman.apikeys import DEFAULT_NAMESPACE
@@ -66,12 +65,15 @@ def engine_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str, *, pool_size: int = 5, max_overflow: int = 10) -> Engine:
+def make_engine(url: str, *, pool_size: int = 5, max_overflow: int = 10, pre_ping: bool = True) -> Engine:
+    """``pre_ping`` tests each pooled connection before use (a round trip), so none fails after
+    a database restart. Without it, a failure on a dead connection discards the whole pool at once,
+    costing one failed request per worker instead of a round trip per request."""
     return create_engine(
         engine_url(url),
         pool_size=pool_size,
         max_overflow=max_overflow,
-        pool_pre_ping=True,
+        pool_pre_ping=pre_ping,
         pool_recycle=1800,
         connect_args={"connect_timeout": 5, "application_name": "cronman"},
     )
@@ -131,6 +133,29 @@ def document_of(spec: JobSpec, job_id: str) -> dict[str, Any]:
     """``spec`` as :meth:`JobRecord.spec_document` shows it once stored (to compare versions)."""
     v = _values(spec, job_id, DEFAULT_NAMESPACE)
     return _document(job_id, v["name"], v["schedule"], v["target"], v["payload"], v["retry"], v["paused"], v["options"])
+
+
+_RETURNED = "id, namespace, name, schedule, target, payload, retry, paused, version, created_at, updated_at, options"
+_CREATE_SQL = f"""
+WITH created AS (
+    INSERT INTO jobs (id, namespace, name, schedule, target, payload, retry, paused, options, slot, version,
+                      change_xid, created_at, updated_at, deleted_at)
+    VALUES (%(id)s, %(namespace)s, %(name)s, %(schedule)s::jsonb, %(target)s::jsonb, %(payload)s, %(retry)s::jsonb,
+            %(paused)s, %(options)s::jsonb, %(slot)s, nextval('jobs_version_seq'),
+            pg_current_xact_id()::text::bigint, now(), now(), NULL)
+    ON CONFLICT (id) DO UPDATE SET
+        namespace = EXCLUDED.namespace, name = EXCLUDED.name, schedule = EXCLUDED.schedule,
+        target = EXCLUDED.target, payload = EXCLUDED.payload, retry = EXCLUDED.retry, paused = EXCLUDED.paused,
+        options = EXCLUDED.options, version = EXCLUDED.version, change_xid = EXCLUDED.change_xid,
+        created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, deleted_at = NULL
+    WHERE jobs.deleted_at IS NOT NULL
+    RETURNING {_RETURNED}
+), event AS (
+    INSERT INTO job_events (job_id, namespace, action, actor, detail)
+    SELECT id, namespace, 'create', %(actor)s, %(detail)s::jsonb FROM created
+)
+SELECT {_RETURNED} FROM created
+"""
 
 
 def _values(spec: JobSpec, job_id: str, namespace: str) -> dict[str, Any]:
@@ -329,6 +354,16 @@ class JobStore:
                 yield conn
 
     @contextmanager
+    def _single_statement(self) -> Iterator[Connection]:
+        """For a change made by one statement: it commits by itself (no COMMIT round trip),
+        unless the store is bound to a caller's transaction."""
+        if self._conn is not None:
+            yield self._conn
+        else:
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                yield conn
+
+    @contextmanager
     def _connect(self) -> Iterator[Connection]:
         if self._conn is not None:
             yield self._conn
@@ -338,17 +373,26 @@ class JobStore:
 
     # -- jobs ------------------------------------------------------------------------------
     def create(self, spec: JobSpec, job_id: str, namespace: str = "default", actor: Actor = NOBODY) -> JobRecord:
-        values = _values(spec, job_id, namespace)
-        insert = pg_insert(jobs).values(values)
-        # A tombstoned id may be reused; a live one is a conflict.
-        revive = {k: insert.excluded[k] for k in values if k != "id"}
-        stmt = insert.on_conflict_do_update(
-            index_elements=[jobs.c.id], set_=revive, where=jobs.c.deleted_at.is_not(None)
-        ).returning(*_RETURNING)
-        with self._begin() as conn:
+        # The busiest write: one prepared SQL text (job and event together), no statement to build.
+        v = _values(spec, job_id, namespace)
+        params = {
+            "id": job_id,
+            "namespace": namespace,
+            "name": v["name"],
+            "schedule": json.dumps(v["schedule"]),
+            "target": json.dumps(v["target"]),
+            "payload": v["payload"],
+            "retry": json.dumps(v["retry"]),
+            "paused": v["paused"],
+            "options": json.dumps(v["options"]),
+            "slot": v["slot"],
+            "actor": actor.name,
+            "detail": None if actor.detail is None else json.dumps(actor.detail),
+        }
+        with self._single_statement() as conn:
             _require_throttle(conn, spec, namespace)
-            row = conn.execute(audited(stmt, audit.CREATE, actor)).mappings().first()
-        if row is None:
+            row = conn.exec_driver_sql(_CREATE_SQL, params).mappings().first()
+        if row is None:  # a live job has this id: a tombstoned one would have been revived
             raise Conflict(f"a job with id {job_id!r} already exists", field="id")
         return JobRecord.from_row(row)
 

@@ -9,12 +9,17 @@ are told apart by version.
 
 from __future__ import annotations
 
+import gc
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine, text
 
-from scheduler_node.jobs import JOB_COLUMNS, JobRow
+from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, OwnedJob
+
+log = logging.getLogger("cronman.node.feed")
 
 _XMIN = text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
 _MS = "floor(extract(epoch from {}) * 1000)::bigint"
@@ -33,18 +38,39 @@ class TriggerRow:
     trigger: str | None = None
 
 
-def load_slots(engine: Engine, slots: Sequence[int], batch: int = 20_000) -> tuple[int, list[JobRow]]:
-    """Every live job in ``slots``, and the snapshot's xmin to poll changes from."""
-    rows: list[JobRow] = []
+def load_slots(
+    engine: Engine, slots: Sequence[int], decoder: Decoder, batch: int = 20_000
+) -> tuple[int, list[tuple[OwnedJob, int]]]:
+    """Every live job in ``slots`` as (job, updated ms), and the snapshot's xmin to poll changes
+    from. Rows are decoded as they stream in (a server-side cursor), so a million jobs never sit
+    in memory as rows."""
+    out: list[tuple[OwnedJob, int]] = []
     with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
         xmin = int(conn.execute(_XMIN).scalar_one())
         if slots:
-            result = conn.execution_options(yield_per=batch).execute(
-                text(f"SELECT {JOB_COLUMNS} FROM jobs WHERE deleted_at IS NULL AND slot = ANY(:slots)"),
-                {"slots": list(slots)},
-            )
-            rows.extend(JobRow(*r) for r in result)
-    return xmin, rows
+            cur: Any = conn.connection.dbapi_connection.cursor(name="cronman_load_slots")  # type: ignore[union-attr]
+            cur.itersize = batch
+            try:
+                cur.execute(
+                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE deleted_at IS NULL AND slot = ANY(%s)", (list(slots),)
+                )
+                job_from = decoder.job_from
+                # Hundreds of thousands of new long-lived objects would set off the cycle collector
+                # over and over, scanning them all each time: it is paused while they are built.
+                collecting = gc.isenabled()
+                gc.disable()
+                for r in cur:
+                    try:
+                        job = job_from(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[9], r[10])
+                    except (ValueError, KeyError, TypeError) as exc:
+                        log.error("cannot schedule job: %s", exc, extra={"job_id": r[0]})
+                        continue
+                    out.append((job, r[8]))
+            finally:
+                if collecting:
+                    gc.enable()
+                cur.close()
+    return xmin, out
 
 
 def poll_changes(engine: Engine, cursor: int) -> tuple[int, list[JobRow], list[TriggerRow]]:

@@ -55,7 +55,6 @@ MAX_BATCH = 5000  # due executions handled per timer pass
 # A timer pass costs a Redis round trip or two whatever its size, so under load passes are at least
 # this far apart: each then handles many executions (up to this much later than due).
 TICK_SECONDS = 0.02
-DONE_GATHER_SECONDS = 0.005
 CHECK_MARGIN_MS = 300
 FINAL = frozenset({Status.SUCCEEDED.value, Status.PERMANENTLY_FAILED.value, Status.SKIPPED.value})
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
@@ -308,7 +307,8 @@ class Firing:
     async def _done_loop(self) -> None:
         while True:
             await self._done_wake.wait()
-            await asyncio.sleep(DONE_GATHER_SECONDS)  # let the marks of one burst travel together
+            # No waiting to gather more: between a delivery and its done mark, a node that dies
+            # leaves the replica to deliver again, so that window stays one round trip.
             self._done_wake.clear()
             try:
                 await self._flush_done()

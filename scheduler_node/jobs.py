@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from cronman.misfire import MisfirePolicy
-from cronman.schedule import Timing, timing_from_dict
+from cronman.schedule import IntervalTiming, Timing, phase_for, timing_from_dict
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,6 @@ class OwnedJob:
         "slot",
         "version",
         "namespace",
-        "schedule_text",
         "timing",
         "target",
         "payload",
@@ -73,7 +73,6 @@ class OwnedJob:
         slot: int,
         version: int,
         namespace: str,
-        schedule_text: str,
         timing: Timing,
         target: Target,
         payload: bytes,
@@ -85,7 +84,6 @@ class OwnedJob:
         self.slot = slot
         self.version = version
         self.namespace = namespace
-        self.schedule_text = schedule_text
         self.timing = timing
         self.target = target
         self.payload = payload
@@ -125,6 +123,9 @@ class Decoder:
         self._targets: dict[str, Target] = {}
         self._retries: dict[str, Retry] = {}
         self._options: dict[str, Options] = {}
+        self._schedules: dict[str, dict[str, Any]] = {}
+        self._timing_makers: dict[str, Callable[[str], Timing]] = {}
+        self._payloads: dict[str, bytes] = {}
 
     def target(self, text: str) -> Target:
         t = self._targets.get(text)
@@ -168,20 +169,89 @@ class Decoder:
             self._options[text] = o
         return o
 
+    def schedule(self, text: str) -> dict[str, Any]:
+        doc = self._schedules.get(text)
+        if doc is None:
+            doc = json.loads(text)
+            if len(self._schedules) > 100_000:
+                self._schedules.clear()
+            self._schedules[text] = doc
+        return doc
+
+    def timing(self, schedule_text: str, job_id: str) -> Timing:
+        make = self._timing_makers.get(schedule_text)
+        if make is None:
+            make = self._timing_maker(self.schedule(schedule_text))
+            if len(self._timing_makers) < 100_000:
+                self._timing_makers[schedule_text] = make
+        return make(job_id)
+
+    @staticmethod
+    def _timing_maker(doc: dict[str, Any]) -> Callable[[str], Timing]:
+        """How to build a schedule's timing for a job id, with the work done once per schedule:
+        a cron or one-off timing without jitter is shared by every job; an interval without a
+        start differs only in its phase."""
+        if doc.get("jitter_seconds"):
+            return lambda job_id: timing_from_dict(doc, job_id)
+        if doc["type"] == "interval" and doc.get("start_at") is None:
+            every, end = int(doc["every_seconds"]) * 1000, doc.get("end_at")
+            end_ms = timing_from_dict(doc, "").end_ms if end else None  # type: ignore[attr-defined]
+            return lambda job_id: IntervalTiming(every, phase_for(job_id, every), None, end_ms)
+        if doc["type"] == "interval":
+            shared_interval = timing_from_dict(doc, "")
+            return lambda job_id: shared_interval
+        shared = timing_from_dict(doc, "")
+        return lambda job_id: shared
+
+    def payload(self, text: str) -> bytes:
+        # Equal small payloads (very common: {} or a fixed document per kind of job) share one object.
+        if len(text) > 256:
+            return text.encode()
+        body = self._payloads.get(text)
+        if body is None:
+            body = text.encode()
+            if len(self._payloads) < 100_000:
+                self._payloads[text] = body
+        return body
+
     def job(self, row: JobRow) -> OwnedJob:
-        timing = timing_from_dict(json.loads(row.schedule_text), row.id)
-        return OwnedJob(
+        return self.job_from(
             row.id,
             row.slot,
             row.version,
-            sys.intern(row.namespace),
             row.schedule_text,
-            timing,
-            self.target(row.target_text),
-            row.payload.encode(),
-            self.retry(row.retry_text),
-            self.options(row.options_text),
+            row.target_text,
+            row.payload,
+            row.retry_text,
             row.paused,
+            row.namespace,
+            row.options_text,
+        )
+
+    def job_from(
+        self,
+        id: str,
+        slot: int,
+        version: int,
+        schedule_text: str,
+        target_text: str,
+        payload: str,
+        retry_text: str,
+        paused: bool,
+        namespace: str,
+        options_text: str,
+    ) -> OwnedJob:
+        return OwnedJob(
+            id,
+            slot,
+            version,
+            sys.intern(namespace),
+            self.timing(schedule_text, id),
+            self.target(target_text),
+            self.payload(payload),
+            self.retry(retry_text),
+            self.options(options_text),
+            paused,
         )
 
 

@@ -1,4 +1,4 @@
-"""Losing nodes while firing (DESIGN §8 item 1): nothing missed, nothing doubled."""
+"""Losing nodes while firing (DESIGN §8 item 1): nothing missed; nothing doubled but what a dead node held."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 import psycopg2
 import pytest
 
+from cronman.execution import execution_id
 from tests.cluster.conftest import HEARTBEAT_TTL, LEASE, Cluster, sleep_until
 
 
@@ -51,7 +52,12 @@ def test_kill_minus_9_one_of_three_nodes(cluster: Cluster) -> None:
     assert cluster.nodes[victim].child.proc.returncode == -9
     assert figures.expected > 8000, "the run should cover thousands of occurrences"
     assert figures.missed == 0, f"missed occurrences (job, scheduled ms): {figures.missed_sample}"
-    assert figures.doubled == 0, f"doubled occurrences (job, scheduled ms): {figures.doubled_sample}"
+    # kill -9 can land after a callback reached the receiver and before the claim was marked done:
+    # nothing can tell that from a kill before the send, so the replica delivers it again, with the
+    # same execution id. That is the one double allowed, and only for what the victim held.
+    doubled_ids = {execution_id(job, ms) for job, ms in figures.doubled_sample}
+    assert figures.doubled <= len(held_at_kill), f"doubled occurrences (job, scheduled ms): {figures.doubled_sample}"
+    assert doubled_ids <= held_at_kill, f"doubled without a claim held at the kill: {figures.doubled_sample}"
     assert figures.unexpected == 0
     assert failover.missed == 0
     # Whatever the dead node held is taken over after its lease: a few seconds late at worst.
