@@ -506,6 +506,27 @@ def _paths() -> dict[str, Any]:
     }
 
 
+def _server_limit(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"text/html": {"schema": {"type": "string"}}}}
+
+
+# Answered by the HTTP server (gunicorn) before a request reaches the application, in its own words.
+_SERVER_LIMITS = {
+    "414": _server_limit("Request line (path and query) longer than 4094 bytes; answered by the HTTP server"),
+    "431": _server_limit("More than 100 header fields, or one longer than 8190 bytes; answered by the HTTP server"),
+}
+
+
+def _with_server_limits(paths: dict[str, Any]) -> dict[str, Any]:
+    for item in paths.values():
+        for method, operation in item.items():
+            if method == "parameters":
+                continue
+            for status, response in _SERVER_LIMITS.items():
+                operation["responses"].setdefault(status, response)
+    return paths
+
+
 @cache
 def openapi_document() -> dict[str, Any]:
     models: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
@@ -538,7 +559,7 @@ def openapi_document() -> dict[str, Any]:
             "description": "Register jobs over HTTP; a cluster of scheduler nodes fires each job's HTTP callback "
             "or SQS message on time, at least once, with a stable execution id.",
         },
-        "paths": _paths(),
+        "paths": _with_server_limits(_paths()),
         "security": [{"bearerAuth": []}],
         "components": {
             "schemas": top["$defs"],

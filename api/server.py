@@ -77,6 +77,10 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
         "timeout": 30,
         "graceful_timeout": 10,
         "keepalive": 30,
+        # gunicorn's defaults, stated: /openapi.json documents the 414 and 431 they give
+        "limit_request_line": 4094,
+        "limit_request_fields": 100,
+        "limit_request_field_size": 8190,
         "accesslog": None,
         "errorlog": "-",
         "loglevel": settings.log_level.lower(),

@@ -97,3 +97,15 @@ def test_the_api_answers_every_input_as_described(case: schemathesis.Case, serve
         del case.headers[name]
     response = case.call_and_validate(base_url=served, headers=AUTH, checks=CHECKS)
     statuses[response.status_code] += 1
+
+
+def test_the_http_server_s_own_limits_are_described(served: str) -> None:
+    """What gunicorn refuses before the application sees it is in the description too."""
+    r = requests.get(f"{served}/v1/jobs/a/executions", params={"limit": "9" * 5000}, headers=AUTH, timeout=5)
+    assert r.status_code == 414
+    headers = {**AUTH, **{f"X-Filler-{i}": "x" for i in range(120)}}
+    r2 = requests.get(f"{served}/v1/jobs", headers=headers, timeout=5)
+    assert r2.status_code == 431
+    for item in openapi_document()["paths"].values():
+        for operation in (op for method, op in item.items() if method != "parameters"):
+            assert {"414", "431"} <= set(operation["responses"])
