@@ -3,7 +3,6 @@ admin key or a namespace's key, and a way to count change notifications."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,32 +18,8 @@ from api import create_app
 from cronman.apikeys import ApiKeyStore
 from cronman.keys import Keys
 from cronman.settings import Settings
+from tests.clients import job, keyed, send  # noqa: F401 - the tests here import them from this module
 from tests.conftest import ADMIN_KEY
-
-
-def keyed(app: Flask, key: str | None) -> FlaskClient:
-    client = app.test_client()
-    if key is not None:
-        client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
-    return client
-
-
-def send(client: FlaskClient, method: str, path: str, doc: Any = None, **kw: Any):  # type: ignore[no-untyped-def]
-    if doc is None:
-        return client.open(path, method=method.upper(), **kw)
-    return client.open(path, method=method.upper(), data=json.dumps(doc), content_type="application/json", **kw)
-
-
-def job(job_id: str | None = "job-1", url: str = "https://example.com/hook", **extra: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "schedule": {"type": "interval", "every_seconds": 3600},
-        "target": {"type": "http", "url": url},
-        "payload": {"n": 1},
-        **extra,
-    }
-    if job_id is not None:
-        doc["id"] = job_id
-    return doc
 
 
 def rows(engine: Engine, sql: str, **params: Any) -> list[Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,37 +12,12 @@ from flask.testing import FlaskClient
 from api import create_app
 from cronman.apikeys import ApiKeyStore
 from cronman.settings import Settings
+from tests.clients import job, keyed, send  # noqa: F401 - the tests here import them from this module
 from tests.conftest import ADMIN_KEY
 
 
 def make_app(settings: Settings, **changes: Any) -> Flask:
     return create_app(settings.model_copy(update=changes) if changes else settings)
-
-
-def keyed(app: Flask, key: str | None) -> FlaskClient:
-    """A test client that sends ``key`` with every request (none when ``key`` is None)."""
-    client = app.test_client()
-    if key is not None:
-        client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
-    return client
-
-
-def send(client: FlaskClient, method: str, path: str, doc: Any = None, **kw: Any):  # type: ignore[no-untyped-def]
-    if doc is None:
-        return client.open(path, method=method.upper(), **kw)
-    return client.open(path, method=method.upper(), data=json.dumps(doc), content_type="application/json", **kw)
-
-
-def job(job_id: str | None = "job-1", url: str = "https://example.com/hook", **extra: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "schedule": {"type": "interval", "every_seconds": 3600},
-        "target": {"type": "http", "url": url},
-        "payload": {"n": 1},
-        **extra,
-    }
-    if job_id is not None:
-        doc["id"] = job_id
-    return doc
 
 
 @pytest.fixture
