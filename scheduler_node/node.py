@@ -177,9 +177,7 @@ class Node(Firing):
         await stop.wait()
         log.info("node stopping", extra={"node": self.node_id, "in_flight": len(self.held)})
         self._stopping = True
-        for t in loops:
-            t.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
+        await _cancel_all(loops, "loop")
         await self._drain()
         if self.ready:
             try:  # the cluster was running until now: not a misfire for whoever starts next
@@ -189,9 +187,7 @@ class Node(Firing):
         history_stop.set()
         await asyncio.wait(keepers[2:], timeout=10)  # let a write in progress finish
         await self._final_flush()
-        for t in keepers:
-            t.cancel()
-        await asyncio.gather(*keepers, return_exceptions=True)
+        await _cancel_all(keepers, "keeper")
         try:
             await self.membership.leave()
         except RedisError as exc:
@@ -206,7 +202,7 @@ class Node(Firing):
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A long-lived loop; the caller keeps the task."""
-        return asyncio.get_running_loop().create_task(coro)
+        return asyncio.get_running_loop().create_task(coro, name=getattr(coro, "__qualname__", None))
 
     def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         """A short task that shutdown waits for, like a delivery."""
@@ -575,3 +571,15 @@ class Node(Firing):
             except Exception as exc:  # noqa: BLE001 - try again next time
                 log.warning("maintenance failed: %s", exc)
             await asyncio.sleep(self.s.maintain_interval_seconds)
+
+
+async def _cancel_all(tasks: list[asyncio.Task[None]], what: str, timeout: float = 5.0) -> None:
+    """Cancel long-lived tasks and wait for them, but not forever: a stop must not hang on one
+    that ignores its cancellation (it is named in the log instead)."""
+    if not tasks:
+        return
+    for t in tasks:
+        t.cancel()
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    for t in pending:
+        log.warning("a %s did not stop when cancelled", what, extra={"task": t.get_name()})

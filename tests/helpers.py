@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -66,9 +68,22 @@ class NodeThread:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout)
-        assert not self._thread.is_alive(), "node did not stop"
+        assert not self._thread.is_alive(), f"node did not stop within {timeout} s; where it is:\n{self._where()}"
         if self.error:
             raise self.error
+
+    def _where(self) -> str:
+        """The node thread's stack and its event loop's tasks, for a node that will not stop."""
+        lines: list[str] = []
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        if frame is not None:
+            lines += traceback.format_stack(frame)
+        if self._loop is not None:
+            for task in list(asyncio.all_tasks(self._loop)):  # racy from another thread; good enough here
+                out = io.StringIO()
+                task.print_stack(limit=6, file=out)
+                lines.append(out.getvalue())
+        return "".join(lines)
 
     def __enter__(self) -> NodeThread:
         return self.start()
