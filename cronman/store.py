@@ -135,7 +135,7 @@ def document_of(spec: JobSpec, job_id: str) -> dict[str, Any]:
     return _document(job_id, v["name"], v["schedule"], v["target"], v["payload"], v["retry"], v["paused"], v["options"])
 
 
-_RETURNED = "id, namespace, name, schedule, target, payload, retry, paused, version, created_at, updated_at, options"
+_RETURNED = ", ".join(c.name for c in _RETURNING)
 _CREATE_SQL = f"""
 WITH created AS (
     INSERT INTO jobs (id, namespace, name, schedule, target, payload, retry, paused, options, slot, version,
@@ -152,7 +152,7 @@ WITH created AS (
     RETURNING {_RETURNED}
 ), event AS (
     INSERT INTO job_events (job_id, namespace, action, actor, detail)
-    SELECT id, namespace, 'create', %(actor)s, %(detail)s::jsonb FROM created
+    SELECT id, namespace, %(action)s, %(actor)s, %(detail)s::jsonb FROM created
 )
 SELECT {_RETURNED} FROM created
 """
@@ -386,6 +386,7 @@ class JobStore:
             "paused": v["paused"],
             "options": json.dumps(v["options"]),
             "slot": v["slot"],
+            "action": audit.CREATE,
             "actor": actor.name,
             "detail": None if actor.detail is None else json.dumps(actor.detail),
         }

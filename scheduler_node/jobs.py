@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cronman.misfire import MisfirePolicy
-from cronman.schedule import IntervalTiming, Timing, phase_for, timing_from_dict
+from cronman.schedule import Timing, timing_maker
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +123,6 @@ class Decoder:
         self._targets: dict[str, Target] = {}
         self._retries: dict[str, Retry] = {}
         self._options: dict[str, Options] = {}
-        self._schedules: dict[str, dict[str, Any]] = {}
         self._timing_makers: dict[str, Callable[[str], Timing]] = {}
         self._payloads: dict[str, bytes] = {}
 
@@ -169,39 +168,13 @@ class Decoder:
             self._options[text] = o
         return o
 
-    def schedule(self, text: str) -> dict[str, Any]:
-        doc = self._schedules.get(text)
-        if doc is None:
-            doc = json.loads(text)
-            if len(self._schedules) > 100_000:
-                self._schedules.clear()
-            self._schedules[text] = doc
-        return doc
-
     def timing(self, schedule_text: str, job_id: str) -> Timing:
         make = self._timing_makers.get(schedule_text)
         if make is None:
-            make = self._timing_maker(self.schedule(schedule_text))
+            make = timing_maker(json.loads(schedule_text))
             if len(self._timing_makers) < 100_000:
                 self._timing_makers[schedule_text] = make
         return make(job_id)
-
-    @staticmethod
-    def _timing_maker(doc: dict[str, Any]) -> Callable[[str], Timing]:
-        """How to build a schedule's timing for a job id, with the work done once per schedule:
-        a cron or one-off timing without jitter is shared by every job; an interval without a
-        start differs only in its phase."""
-        if doc.get("jitter_seconds"):
-            return lambda job_id: timing_from_dict(doc, job_id)
-        if doc["type"] == "interval" and doc.get("start_at") is None:
-            every, end = int(doc["every_seconds"]) * 1000, doc.get("end_at")
-            end_ms = timing_from_dict(doc, "").end_ms if end else None  # type: ignore[attr-defined]
-            return lambda job_id: IntervalTiming(every, phase_for(job_id, every), None, end_ms)
-        if doc["type"] == "interval":
-            shared_interval = timing_from_dict(doc, "")
-            return lambda job_id: shared_interval
-        shared = timing_from_dict(doc, "")
-        return lambda job_id: shared
 
     def payload(self, text: str) -> bytes:
         # Equal small payloads (very common: {} or a fixed document per kind of job) share one object.

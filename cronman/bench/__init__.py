@@ -12,3 +12,24 @@ Modules:
 - :mod:`cronman.bench.report` - targets, the table and the JSON document;
 - :mod:`cronman.bench.profiling` - py-spy on one node, and a summary of where it spends its time.
 """
+
+from __future__ import annotations
+
+import asyncio
+
+
+def new_loop(kind: str = "uvloop") -> tuple[asyncio.AbstractEventLoop, str]:
+    """A new event loop of ``kind`` ("uvloop" or "asyncio"), set as the current one; uvloop falls
+    back to asyncio when it is not installed. Returns the loop and the kind it is."""
+    loop: asyncio.AbstractEventLoop | None = None
+    if kind == "uvloop":
+        try:
+            import uvloop
+
+            loop = uvloop.new_event_loop()
+        except ImportError:
+            kind = "asyncio"
+    if loop is None:
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    return loop, kind

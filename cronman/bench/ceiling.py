@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from cronman import __version__
+from cronman.bench import new_loop
 from cronman.timeutil import iso
 
 
@@ -86,14 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=5000)
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = p.parse_args(argv)
-    loop_kind = args.loop
-    if loop_kind == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            loop_kind = "asyncio"
-    loop = uvloop.new_event_loop() if loop_kind == "uvloop" else asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
+    loop, loop_kind = new_loop(args.loop)
     try:
         result = loop.run_until_complete(blast(args.url, args.count, args.concurrency, args.prefix, args.jobs))
     finally:

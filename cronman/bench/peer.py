@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 
 from cronman import __version__
+from cronman.bench import new_loop
 from cronman.execution import execution_id
 from cronman.schedule import phase_for
 from cronman.timeutil import iso, to_ms
@@ -178,14 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
-    loop_kind = args.loop
-    if loop_kind == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            loop_kind = "asyncio"
-    loop = uvloop.new_event_loop() if loop_kind == "uvloop" else asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
+    loop, loop_kind = new_loop(args.loop)
     try:
         result = loop.run_until_complete(
             run_peer(args.url, args.jobs, args.prefix, args.every, args.seconds, args.concurrency, loop_kind)

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
+from cronman.bench import new_loop
+
 _RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 _BAD = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 _MAX_HEAD = 64 * 1024
@@ -195,22 +197,12 @@ def _control(loop: asyncio.AbstractEventLoop, ledger: Ledger, out: IO[str]) -> N
     loop.call_soon_threadsafe(loop.stop)
 
 
-def _new_loop() -> tuple[asyncio.AbstractEventLoop, str]:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop(), "uvloop"
-    except ImportError:
-        return asyncio.new_event_loop(), "asyncio"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cronman.bench.receiver")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     args = p.parse_args(argv)
-    loop, kind = _new_loop()
-    asyncio.set_event_loop(loop)
+    loop, kind = new_loop()
     ledger = Ledger()
     server = loop.run_until_complete(
         loop.create_server(lambda: LedgerProtocol(ledger), args.host, args.port, backlog=4096, reuse_address=True)
