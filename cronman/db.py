@@ -12,6 +12,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     Sequence,
@@ -27,6 +28,8 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 metadata = MetaData()
 
 jobs_version_seq = Sequence("jobs_version_seq", metadata=metadata)
+# A job id (re)created after a delete gets a new incarnation; its history belongs to it alone.
+jobs_incarnation_seq = Sequence("jobs_incarnation_seq", metadata=metadata)
 
 # Every change to a job stamps it with the next `version` and with the id of the writing
 # transaction (`change_xid`). Nodes read the change feed by transaction id against the
@@ -55,6 +58,13 @@ jobs = Table(
         server_default=text("'{}'::jsonb"),
         comment="delivery and scheduling options (fan-out, throttle, misfire, overlap, dead letter)",
     ),
+    Column(
+        "incarnation",
+        BigInteger,
+        nullable=False,
+        server_default=text("nextval('jobs_incarnation_seq'::regclass)"),
+        comment="a new number each time the id is (re)created; history belongs to one incarnation",
+    ),
     Index("ix_jobs_slot_live", "slot", postgresql_where=text("deleted_at IS NULL")),
     Index("ix_jobs_change_xid", "change_xid"),
     Index("ix_jobs_namespace_id", "namespace", "id"),
@@ -76,7 +86,10 @@ job_triggers = Table(
     Column("attempt", Integer),
     Column("execution_id", UUID(as_uuid=False)),
     Column("trigger", Text, comment="the redelivered execution's own trigger"),
+    Column("incarnation", BigInteger),
+    Column("namespace", Text),
     Index("ix_job_triggers_change_xid", "change_xid"),
+    Index("ix_job_triggers_requested_at", "requested_at"),
 )
 
 # Execution history, one row per attempt, range-partitioned by day on scheduled_for
@@ -95,12 +108,14 @@ scheduled_jobs = Table(
     Column("node", Text),
     Column("fired_at", DateTime(timezone=True)),
     Column("finished_at", DateTime(timezone=True)),
-    Column("lag_ms", Integer),
+    Column("lag_ms", BigInteger),
     Column("http_status", Integer),
     Column("error", Text),
     Column("duplicates", Integer, nullable=False, server_default="0"),
-    Column("throttle_wait_ms", Integer),
+    Column("throttle_wait_ms", BigInteger),
     Column("dead_lettered", Boolean),
+    Column("incarnation", BigInteger),
+    Column("namespace", Text),
     PrimaryKeyConstraint("job_id", "scheduled_for", "event_index", "attempt", name="pk_scheduled_jobs"),
     postgresql_partition_by="RANGE (scheduled_for)",
 )
@@ -184,3 +199,29 @@ scheduler_state = Table(
 )
 
 PARTITION_PREFIX = "scheduled_jobs_"
+
+
+# How far each node (incarnation) fired the slots it owned (a bitmap of slots). A slot taken over
+# resumes from the furthest point any of its owners reached, so a cascade of failures misses nothing.
+node_progress = Table(
+    "node_progress",
+    metadata,
+    Column("node_id", Text, nullable=False),
+    Column("incarnation", Text, nullable=False),
+    Column("fired_through", DateTime(timezone=True), nullable=False),
+    Column("slots", LargeBinary, nullable=False, comment="bitmap of the slots fired through that time"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("node_id", "incarnation"),
+)
+
+# Times when no scheduler was running at all: only occurrences due then are misfires.
+cluster_outages = Table(
+    "cluster_outages",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("since", DateTime(timezone=True), nullable=False),
+    Column("until", DateTime(timezone=True), nullable=False),
+    Column("recorded_by", Text),
+    Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_cluster_outages_until", "until"),
+)

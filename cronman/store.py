@@ -147,7 +147,8 @@ WITH created AS (
         namespace = EXCLUDED.namespace, name = EXCLUDED.name, schedule = EXCLUDED.schedule,
         target = EXCLUDED.target, payload = EXCLUDED.payload, retry = EXCLUDED.retry, paused = EXCLUDED.paused,
         options = EXCLUDED.options, version = EXCLUDED.version, change_xid = EXCLUDED.change_xid,
-        created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, deleted_at = NULL
+        created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, deleted_at = NULL,
+        incarnation = EXCLUDED.incarnation
     WHERE jobs.deleted_at IS NOT NULL
     RETURNING {_RETURNED}
 ), event AS (
@@ -234,7 +235,8 @@ WITH v AS (
         payload = excluded.payload, retry = excluded.retry, paused = excluded.paused, options = excluded.options,
         slot = excluded.slot, version = excluded.version, change_xid = excluded.change_xid,
         created_at = CASE WHEN jobs.deleted_at IS NULL THEN jobs.created_at ELSE now() END,
-        updated_at = excluded.updated_at, deleted_at = NULL
+        updated_at = excluded.updated_at, deleted_at = NULL,
+        incarnation = CASE WHEN jobs.deleted_at IS NULL THEN jobs.incarnation ELSE excluded.incarnation END
     {where}
     RETURNING {returning}
 ), event AS (

@@ -8,6 +8,14 @@ from functools import lru_cache
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 
+# Every instant the API accepts lies in [MIN_INSTANT_MS, MAX_INSTANT_MS). Schedule maths is total
+# beyond that by a wide margin (a year of interval, an hour of jitter, DST look-arounds), so no
+# stored job can produce an instant that datetime or croniter cannot represent.
+MIN_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
+MIN_INSTANT_MS = 0
+MAX_INSTANT_MS = (MAX_INSTANT - EPOCH) // _MS
+
 
 def to_ms(dt: datetime) -> int:
     """An aware datetime as epoch milliseconds, exactly (naive datetimes are taken as UTC)."""
