@@ -49,9 +49,9 @@ class Settings(BaseSettings):
     callback_allowlist: str = ""
 
     # Scheduler node
-    node_id: str = Field(default_factory=_default_node_id, min_length=1, max_length=200)
+    node_id: str = Field(default_factory=_default_node_id, min_length=1, max_length=200, pattern=r"^[^|/\s]+$")
     node_host: str = "0.0.0.0"
-    node_port: int = Field(9090, ge=0, le=65535)
+    node_port: int = Field(9090, ge=-1, le=65535)  # health and metrics; 0: any free port; -1: none
     heartbeat_interval_seconds: float = Field(3.0, gt=0)
     heartbeat_ttl_seconds: float = Field(30.0, gt=0)
     membership_poll_seconds: float = Field(1.0, gt=0)
@@ -64,6 +64,14 @@ class Settings(BaseSettings):
     history_flush_seconds: float = Field(0.1, gt=0)
     history_buffer_max: int = Field(1_000_000, ge=1000)
     maintain_interval_seconds: float = Field(3600.0, gt=0)
+    # The firing core: no namespace holds more than this share of max_in_flight while another
+    # waits; how often a node records how far it fired; how long nothing may fire before the
+    # first node back treats the gap as an outage of the whole cluster (misfire policies apply).
+    namespace_inflight_share: float = Field(0.5, gt=0, le=1)
+    progress_seconds: float = Field(2.0, gt=0)
+    outage_after_seconds: float = Field(10.0, gt=0)
+    # A delivered row its writer has not recorded by then (it died) is written by a slot owner.
+    history_recover_after_seconds: float = Field(30.0, gt=0)
 
     # History
     history_retention_days: int = Field(45, ge=1)

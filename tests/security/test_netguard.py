@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from cronman.netguard import CallbackPolicy, classify, parse_address, parse_allowlist
-from scheduler_node.http import Origin, Pool, Refused
+from scheduler_node.senders.http import Origin, Pool, Refused
 
 STRICT = CallbackPolicy(dev_mode=False)
 DEV = CallbackPolicy(dev_mode=True)
