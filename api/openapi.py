@@ -338,7 +338,12 @@ def _paths() -> dict[str, Any]:
                 "parameters": [
                     _JOB_ID,
                     {"name": "count", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
-                    {"name": "after", "in": "query", "schema": {"type": "string", "format": "date-time"}},
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "description": "Default now; from 1970-01-01T00:00:00Z to before 9000-01-01T00:00:00Z.",
+                        "schema": {"type": "string", "format": "date-time"},
+                    },
                 ],
                 "responses": {"200": _json(_ref("NextTimes"), "Fire times, ISO-8601 UTC"), **_ERRORS},
             }
