@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cronman.netguard import Allowlist, parse_allowlist
+from cronman.queues import parse_queue_allowlist
 
 
 def _default_node_id() -> str:
@@ -80,6 +81,14 @@ class Settings(BaseSettings):
     # Logging
     log_level: str = "INFO"
 
+    # SQS targets and the command queue: the queues jobs may send to (comma-separated queue URL
+    # prefixes or ARNs, `*` wildcards, `namespace=` for one namespace; empty: any queue but
+    # cronman's own), and the secret the command tokens derive from (commands are signed with
+    # them; the previous secret keeps verifying during a rotation).
+    sqs_allowlist: str = ""
+    command_secret: SecretStr | None = None
+    command_secret_previous: SecretStr | None = None
+
     # Test-only fault injection: comma-separated hook names (see scheduler_node.faults).
     test_faults: str = ""
 
@@ -103,6 +112,21 @@ class Settings(BaseSettings):
     @classmethod
     def _allowlist_parses(cls, v: str) -> str:
         parse_allowlist(v)  # raises ValueError naming the bad entry
+        return v
+
+    @field_validator("sqs_allowlist")
+    @classmethod
+    def _sqs_allowlist_parses(cls, v: str) -> str:
+        parse_queue_allowlist(v)  # raises ValueError naming the bad entry
+        return v
+
+    @field_validator("command_secret", "command_secret_previous")
+    @classmethod
+    def _command_secret_strong(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None or v.get_secret_value() == "":
+            return None
+        if len(v.get_secret_value()) < 32:
+            raise ValueError("must be at least 32 characters (generate one with: openssl rand -base64 32)")
         return v
 
     @cached_property

@@ -346,7 +346,10 @@ def test_after_a_full_outage_the_misfire_policy_decides(
             catchup_window_seconds=catchup,
         )
         with db.begin() as conn:
-            conn.execute(text("UPDATE jobs SET updated_at = now() - interval '120 seconds'"))
+            # the job existed before the outage (its history counts from its creation)
+            conn.execute(
+                text("UPDATE jobs SET created_at = now() - interval '120 s', updated_at = now() - interval '120 s'")
+            )
             conn.execute(
                 text(
                     "INSERT INTO node_progress (node_id, incarnation, fired_through, slots) "
