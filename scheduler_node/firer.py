@@ -133,6 +133,7 @@ class Firer:
         self._gens = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
+        self._sweep_wake = asyncio.Event()
         self._done_wake = asyncio.Event()
         self.stopping = False
         self.progress_ms: int | None = None  # every occurrence due up to here has been claimed
@@ -192,6 +193,12 @@ class Firer:
 
     def occurrence(self, job: OwnedJob, when: int, trigger: str = Trigger.SCHEDULE) -> list[Execution]:
         return [Execution.of(job, when, i, trigger) for i in range(job.opts.events)]
+
+    def stop(self) -> None:
+        """The timer and the sweeper end after the pass they are in."""
+        self.stopping = True
+        self._wake.set()
+        self._sweep_wake.set()
 
     # ------------------------------------------------------------------ the timer
     async def run_timer(self) -> None:
@@ -424,8 +431,8 @@ class Firer:
         rows_every = self.cfg.unrecorded_after_ms / 4000
         rows_at = loop.time() + rows_every
         while not self.stopping:
-            await asyncio.sleep(self.cfg.sweep_seconds * (0.75 + 0.5 * self.rng.random()))
-            if not ready() or not self.slots:
+            await wait_event(self._sweep_wake, self.cfg.sweep_seconds * (0.75 + 0.5 * self.rng.random()))
+            if self.stopping or not ready() or not self.slots:
                 continue
             rows = loop.time() >= rows_at
             if rows:

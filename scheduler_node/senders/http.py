@@ -369,7 +369,7 @@ class Pool:
             self._dns[key] = cached
         first: str | None = None
         for family, ip in cached[1]:
-            reason = None if allow_any else policy.address_refusal(ip, host)
+            reason = policy.address_refusal(ip, host)  # an allow-listed name still never reaches metadata
             if reason is None:
                 return (family, ip)
             first = first or reason

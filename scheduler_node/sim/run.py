@@ -42,3 +42,26 @@ def run_seeds(seeds: Iterable[int], base: SimConfig | None = None, processes: in
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(processes) as pool:
         return pool.map(_one, items, chunksize=max(1, len(items) // (processes * 8)))
+
+
+def digest(seed: int, base: SimConfig | None = None) -> str:
+    """A fingerprint of everything a run delivered: the same seed gives the same one."""
+    import hashlib
+
+    sim = Sim(replace(base or SimConfig(seed), seed=seed))
+    sim.run()
+    h = hashlib.sha256()
+    for a in sim.receivers.arrivals:
+        h.update(f"{a.at:.6f}|{a.holder}|{a.execution_id}|{a.attempt}|{a.ok}\n".encode())
+    return h.hexdigest()
+
+
+def trace(seed: int, what: str, base: SimConfig | None = None) -> tuple[Report, list[str], list[str]]:
+    """Replay one seed, recording the steps of the executions of ``what`` (a job id, an
+    execution id, or ``*``); returns the report, the steps and the faults injected."""
+    from scheduler_node.sim.world import EPOCH
+
+    sim = Sim(replace(base or SimConfig(seed), seed=seed), tracing=what)
+    sim.run()
+    faults = [f"t+{f.start - EPOCH:8.3f} {f.kind} {f.holder or f.node} until t+{f.end - EPOCH:.3f}" for f in sim.faults]
+    return check(sim), sim.trace, faults

@@ -36,8 +36,8 @@ FAULTS = (
 @dataclass(frozen=True)
 class SimConfig:
     seed: int
-    duration: float = 45.0  # faults happen in (warmup, duration)
-    settle: float = 25.0  # then every node is up and nothing fails
+    duration: float = 40.0  # faults happen in (warmup, duration)
+    settle: float = 20.0  # then every node is up and nothing fails
     warmup: float = 3.0
     slots: int = 64
     faults: frozenset[str] = frozenset(FAULTS)
@@ -136,7 +136,7 @@ class Sim:
             membership_poll_seconds=0.3,
             lease_seconds=cfg.lease_seconds,
             change_poll_seconds=0.5,
-            history_flush_seconds=0.1,
+            history_flush_seconds=0.2,
             load_grace_seconds=2.0,
             progress_seconds=0.5,
             outage_after_seconds=5.0,
@@ -352,7 +352,7 @@ class Sim:
             self.end = self.world.now
             for n in self.alive():  # a clean stop, so that everything in flight is recorded
                 self.terminate(n)
-            self.world.run_until(self.world.now + 20)
+            self.world.run_until(self.world.now + 5)
         finally:
             logging.getLogger("cronman").removeHandler(handler)
         self.logged_errors = handler.errors
