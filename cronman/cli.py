@@ -175,9 +175,10 @@ def _notify_nodes(settings: Settings) -> None:
     import redis
 
     from cronman.keys import Keys
+    from cronman.redisconn import sync_client
 
     try:
-        client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        client = sync_client(settings, timeout=2.0, retries=1)
         client.publish(Keys(settings.redis_prefix).changes_channel, b"")
         client.close()
     except redis.RedisError:

@@ -10,10 +10,9 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
-import redis
-
 from cronman.hashing import SLOTS, shared_ownership
 from cronman.keys import Keys, lua
+from cronman.redisconn import SyncRedis
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +35,7 @@ def parse_members(flat: list[Any], now: float) -> list[NodeInfo]:
     return sorted(nodes, key=lambda n: n.node_id)
 
 
-def live_nodes(client: redis.Redis, keys: Keys) -> list[NodeInfo]:
+def live_nodes(client: SyncRedis, keys: Keys) -> list[NodeInfo]:
     flat = client.eval(lua("members"), 1, keys.members, keys.heartbeat_prefix)
     return parse_members(list(flat), time.time())
 
@@ -47,7 +46,7 @@ def slot_counts(members: frozenset[str], replication_factor: int) -> Mapping[str
     return MappingProxyType(shared_ownership(replication_factor).table(members))
 
 
-def cluster_view(client: redis.Redis, keys: Keys, replication_factor: int) -> dict[str, Any]:
+def cluster_view(client: SyncRedis, keys: Keys, replication_factor: int) -> dict[str, Any]:
     nodes = live_nodes(client, keys)
     counts = slot_counts(frozenset(n.node_id for n in nodes), replication_factor)
     return {

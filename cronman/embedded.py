@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -172,11 +172,21 @@ def _pg_bin_for(uid: int | None) -> Path:
 
 
 class EmbeddedPostgres:
-    def __init__(self, data_dir: Path, port: int | None = None, *, durable: bool = True, log: Path | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        durable: bool = True,
+        log: Path | None = None,
+        settings: Mapping[str, str] | None = None,
+    ):
+        """``settings``: extra server settings (``-c name=value``) for this server alone."""
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.durable = durable
         self.log = log or self.data_dir.parent / "postgres.log"
+        self.settings = dict(settings or {})
         self.uid, self.gid = _run_as()
         self.child: Child | None = None
 
@@ -243,6 +253,8 @@ class EmbeddedPostgres:
         if not self.durable:
             # Fast and disposable (test suites, benchmarks): a crash may lose the last commits.
             opts += ["-c", "fsync=off", "-c", "full_page_writes=off", "-c", "synchronous_commit=off"]
+        for name, value in self.settings.items():
+            opts += ["-c", f"{name}={value}"]
         self.child = Child(
             "postgres",
             [str(bindir / "postgres"), "-D", str(self.data_dir), *opts],
@@ -253,8 +265,66 @@ class EmbeddedPostgres:
             death_signal=signal.SIGINT,
         )
         self.child.wait_until(self._accepting, timeout, "PostgreSQL to accept connections")
-        self._create_database("cronman")
+        if not self.is_standby:
+            self._create_database("cronman")
         return self.url()
+
+    @property
+    def is_standby(self) -> bool:
+        return (self.data_dir / "standby.signal").exists()
+
+    def make_standby(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        log: Path | None = None,
+        settings: Mapping[str, str] | None = None,
+        timeout: float = 120.0,
+    ) -> EmbeddedPostgres:
+        """A streaming standby of this (running) server: ``pg_basebackup -R`` into ``data_dir``,
+        which must not exist or be empty. Start it with :meth:`start`, promote it with :meth:`promote`."""
+        bindir = _pg_bin_for(self.uid)
+        target = Path(data_dir).resolve()
+        target.mkdir(parents=True, exist_ok=True)
+        if self.uid is not None:
+            os.chown(target, self.uid, self.gid or -1)
+        os.chmod(target, 0o700)
+        argv = [str(bindir / "pg_basebackup"), "-D", str(target), "-R", "-X", "stream", "--checkpoint=fast"]
+        argv += ["-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "--no-sync"]
+        proc = subprocess.run(argv, user=self.uid, group=self.gid, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"pg_basebackup from port {self.port} failed: {proc.stderr.strip()}")
+        return EmbeddedPostgres(
+            target, port, durable=self.durable, log=log or target.parent / f"{target.name}.log", settings=settings
+        )
+
+    def promote(self, timeout: float = 60.0) -> None:
+        """End recovery on this standby: it becomes a primary that accepts writes."""
+        import psycopg2
+
+        conn = psycopg2.connect(self.url("postgres"), connect_timeout=5)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_promote(true, %s)", (int(timeout),))
+                (done,) = cur.fetchone() or (False,)
+        finally:
+            conn.close()
+        if not done:
+            raise RuntimeError(f"the standby on port {self.port} did not finish promotion within {timeout:.0f}s")
+
+    def in_recovery(self) -> bool:
+        import psycopg2
+
+        conn = psycopg2.connect(self.url("postgres"), connect_timeout=5)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_is_in_recovery()")
+                row = cur.fetchone()
+                return bool(row and row[0])
+        finally:
+            conn.close()
 
     def _running_pid(self) -> int | None:
         pidfile = self.data_dir / "postmaster.pid"
