@@ -173,3 +173,14 @@ def test_execution_id_is_stable_and_distinct() -> None:
 def test_backoff_doubles_up_to_the_cap() -> None:
     assert [backoff_ms(n, 1, 10) for n in range(1, 7)] == [1000, 2000, 4000, 8000, 10000, 10000]
     assert backoff_ms(1, 0, 10) == 0
+
+
+def test_the_cluster_view_counts_slots_once_per_membership() -> None:
+    from cronman.cluster import slot_counts
+
+    members = frozenset(f"view-{i}" for i in range(50))
+    first = slot_counts(members, 2)
+    assert slot_counts(frozenset(sorted(members)), 2) is first  # the same set of live nodes: no work
+    assert sum(first.values()) == 2 * SLOTS and set(first) == members
+    fewer = slot_counts(members - {"view-0"}, 2)
+    assert "view-0" not in fewer and sum(fewer.values()) == 2 * SLOTS
