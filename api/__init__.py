@@ -16,6 +16,7 @@ from api.metrics import init_app as init_metrics
 from api.metrics import note_error
 from cronman.errors import CronmanError
 from cronman.keys import Keys
+from cronman.redisconn import SyncRedis, sync_client
 from cronman.settings import Settings, load_settings
 from cronman.store import JobStore, make_engine
 
@@ -29,7 +30,7 @@ class ChangeNotifier:
     flag, and however many changes a burst makes, nodes get one notification per interval. They
     poll anyway, so a failure here only slows them down."""
 
-    def __init__(self, client: redis.Redis, channel: str, interval: float = 0.02) -> None:
+    def __init__(self, client: SyncRedis, channel: str, interval: float = 0.02) -> None:
         self._client = client
         self._channel = channel
         self._interval = interval
@@ -64,7 +65,7 @@ class ChangeNotifier:
 class Services:
     settings: Settings
     store: JobStore
-    redis: redis.Redis
+    redis: SyncRedis
     keys: Keys
     notifier: ChangeNotifier
 
@@ -85,7 +86,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.json.compact = True  # type: ignore[attr-defined]
     engine = make_engine(settings.database_url, pre_ping=False)
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+    client = sync_client(settings, timeout=2.0)
     keys = Keys(settings.redis_prefix)
     notifier = ChangeNotifier(client, keys.changes_channel)
     app.extensions["cronman"] = Services(settings, JobStore(engine), client, keys, notifier)

@@ -103,6 +103,12 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
+    from cronman.embedded import DEV_SERVERS_HINT, missing_dev_servers
+
+    missing = missing_dev_servers()
+    if missing:
+        needed = ", ".join(missing)
+        raise SystemExit(f"cronman dev needs the development servers ({needed} missing): {DEV_SERVERS_HINT}")
     from cronman.devstack import run_dev
 
     return run_dev(_settings(), args.nodes, args.api_port, Path(args.data_dir))
@@ -181,9 +187,10 @@ def _notify_nodes(settings: Settings) -> None:
     import redis
 
     from cronman.keys import Keys
+    from cronman.redisconn import sync_client
 
     try:
-        client = redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+        client = sync_client(settings, timeout=2.0, retries=1)
         client.publish(Keys(settings.redis_prefix).changes_channel, b"")
         client.close()
     except redis.RedisError:

