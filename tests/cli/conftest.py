@@ -3,7 +3,10 @@ injector can stand in front of it), and clients of it."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,6 +18,7 @@ from sqlalchemy import Engine
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from api import create_app
+from cronman.cli import main
 from cronman.client import Client
 from cronman.settings import Settings
 from tests.conftest import ADMIN_KEY
@@ -104,3 +108,31 @@ def job(job_id: str | None = "job-1", **extra: Any) -> dict[str, Any]:
     if job_id is not None:
         doc["id"] = job_id
     return doc
+
+
+@dataclass(frozen=True)
+class Run:
+    rc: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(api_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Any) -> Any:
+    """Runs ``cronman ...`` in this process against the served API (CRONMAN_API_URL and the admin
+    key in the environment, a config directory of its own); returns (rc, stdout, stderr)."""
+    for name in [n for n in os.environ if n.startswith("CRONMAN_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("CRONMAN_API_URL", api_url)
+    monkeypatch.setenv("CRONMAN_API_KEY", ADMIN_KEY)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+
+    def run(*argv: str, stdin: str | None = None) -> Run:
+        capsys.readouterr()
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        rc = main(list(argv))
+        captured = capsys.readouterr()
+        return Run(rc, captured.out, captured.err)
+
+    return run

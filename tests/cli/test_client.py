@@ -206,7 +206,7 @@ def test_one_connection_is_kept_alive(settings_env: dict[str, str], tmp_path: Pa
             for _ in range(5):
                 cron.get_job("k")
             pools = cron.session.get_adapter(url).poolmanager.pools  # type: ignore[attr-defined]
-            assert [pools[k].num_connections for k in pools.keys()] == [1]
+            assert [pools[k].num_connections for k in pools.keys()] == [1]  # noqa: SIM118 - no __iter__
     finally:
         child.stop()
 
