@@ -336,12 +336,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--fail-status", type=int, default=500)
     s.set_defaults(fn=cmd_receive)
+
+    from cronman import cli_apply, cli_config, cli_jobs
+
+    cli_jobs.add_parsers(sub)
+    cli_apply.add_parsers(sub)
+    cli_config.add_parsers(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from cronman.errors import CronmanError
+
     args = build_parser().parse_args(argv)
-    return int(args.fn(args) or 0)
+    try:
+        return int(args.fn(args) or 0)
+    except CronmanError as exc:  # one line a user can act on, no traceback
+        sys.stderr.write(f"cronman: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # the reader went away (| head)
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
