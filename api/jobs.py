@@ -14,6 +14,7 @@ from cronman.audit import JobEvent
 from cronman.commands import patch_job as apply_patch
 from cronman.errors import Conflict, InvalidInput, NotFound
 from cronman.execution import Trigger, execution_id
+from cronman.labels import parse_selector
 from cronman.schedule import next_times, timing_from_dict
 from cronman.spec import JOB_ID_RE, new_job_id, options_with_defaults
 from cronman.store import ExecutionRecord, JobRecord, decode_cursor, encode_cursor
@@ -24,11 +25,22 @@ bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
 MAX_LIST = 1000
 MAX_NEXT = 100
+MAX_SEARCH = 200
 
 
 def _check_path_id(job_id: str) -> None:
     if not JOB_ID_RE.match(job_id):
         raise NotFound(f"no job with id {job_id!r}", field="id")
+
+
+def _search_arg() -> str | None:
+    """``q``: a part of the id or the name to look for."""
+    q = request.args.get("q") or None
+    if q is not None and (len(q) > MAX_SEARCH or any(ord(c) < 0x20 for c in q)):
+        raise InvalidInput(
+            f"q must be at most {MAX_SEARCH} characters, without control characters", field="q", code="invalid_value"
+        )
+    return q
 
 
 def _type_first(d: dict[str, Any]) -> dict[str, Any]:
@@ -41,6 +53,7 @@ def job_json(r: JobRecord, at_ms: int) -> dict[str, Any]:
     doc: dict[str, Any] = {"id": r.id, "namespace": r.namespace}
     if r.name is not None:
         doc["name"] = r.name
+    doc["labels"] = r.labels
     doc.update(
         schedule=_type_first(r.schedule),
         target=_type_first(redact_target(r.target)),
@@ -103,7 +116,10 @@ def list_jobs() -> Response:
     limit = int_arg("limit", 100, 1, MAX_LIST)
     cursor = request.args.get("cursor") or None
     after = decode_cursor(cursor, (str,))[0] if cursor else None
-    records = services().store.list_jobs(requested_namespace() or own_namespace(), limit + 1, after)
+    selector = parse_selector(request.args.get("selector", ""))
+    records = services().store.list_jobs(
+        requested_namespace() or own_namespace(), limit + 1, after, selector=selector, search=_search_arg()
+    )
     more = len(records) > limit
     records = records[:limit]
     now = now_ms()

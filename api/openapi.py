@@ -9,9 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
 from api.batch import MAX_BATCH
+from api.jobs import MAX_SEARCH
 from cronman import __version__
 from cronman.apikeys import NAMESPACE_PATTERN
 from cronman.commands import COMMAND_ID_PATTERN
+from cronman.labels import MAX_SELECTOR
 from cronman.misfire import MisfirePolicy
 from cronman.spec import JOB_ID_PATTERN, THROTTLE_NAME_PATTERN, JobSpec, OverlapPolicy, RetryPolicy, Schedule, Target
 from cronman.throttles import ThrottlePolicySpec
@@ -27,6 +29,7 @@ class Job(_Out):
     id: str
     namespace: str
     name: str | None = None
+    labels: dict[str, str]
     schedule: Schedule
     target: Target
     payload: Any
@@ -227,6 +230,21 @@ _NAMESPACE = {
     "description": "The admin key: the namespace to act in (a namespace key may name only its own).",
     "schema": {"type": "string", "pattern": NAMESPACE_PATTERN, "maxLength": 64},
 }
+_SELECTOR = {
+    "name": "selector",
+    "in": "query",
+    "description": "Label selector: requirements separated by commas, all of which must hold: key=value (or "
+    "key==value), key!=value, key in (v1,v2), key notin (v1,v2), key (present), !key (absent). A bad selector "
+    "is a 400 invalid_selector.",
+    "schema": {"type": "string", "maxLength": MAX_SELECTOR},
+    "example": "team=payments,env!=dev",
+}
+_SEARCH = {
+    "name": "q",
+    "in": "query",
+    "description": "Only jobs whose id or name contains this text, ignoring case.",
+    "schema": {"type": "string", "maxLength": MAX_SEARCH},
+}
 _JOB_ID = {
     "name": "job_id",
     "in": "path",
@@ -291,7 +309,7 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "summary": "List jobs",
                 "operationId": "listJobs",
-                "parameters": [*_page(1000), _NAMESPACE],
+                "parameters": [*_page(1000), _NAMESPACE, _SELECTOR, _SEARCH],
                 "responses": {"200": _json(_ref("JobList"), "A page of jobs"), "400": _ERRORS["400"], **_AUTH_ERRORS},
             },
         },

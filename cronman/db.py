@@ -65,7 +65,19 @@ jobs = Table(
         server_default=text("nextval('jobs_incarnation_seq'::regclass)"),
         comment="a new number each time the id is (re)created; history belongs to one incarnation",
     ),
+    Column(
+        "labels",
+        JSONB,
+        nullable=False,
+        server_default=text("'{}'::jsonb"),
+        comment="key/value labels for selecting jobs (cronman.labels)",
+    ),
     Index("ix_jobs_slot_live", "slot", postgresql_where=text("deleted_at IS NULL")),
+    # Label selectors (containment @> and key existence ?: the default jsonb_ops answers both) and
+    # ?q= (a substring of the id or the name: pg_trgm).
+    Index("ix_jobs_labels", "labels", postgresql_using="gin"),
+    Index("ix_jobs_id_trgm", "id", postgresql_using="gin", postgresql_ops={"id": "gin_trgm_ops"}),
+    Index("ix_jobs_name_trgm", "name", postgresql_using="gin", postgresql_ops={"name": "gin_trgm_ops"}),
     Index("ix_jobs_change_xid", "change_xid"),
     Index("ix_jobs_namespace_id", "namespace", "id"),
 )

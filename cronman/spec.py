@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from cronman.errors import InvalidInput
+from cronman.labels import KEY_PATTERN, MAX_KEY, MAX_LABELS, MAX_NAME, MAX_PREFIX, VALUE_PATTERN, labels_error
 from cronman.misfire import MisfirePolicy
 from cronman.schedule import FoldPolicy, GapPolicy, timing_from_dict, validate_cron, validate_timezone
 from cronman.timeutil import to_ms
@@ -260,6 +261,19 @@ class JobSpec(_Model):
 
     id: str | None = Field(None, pattern=JOB_ID_PATTERN, description="Letters, digits, . _ : - ; at most 128.")
     name: str | None = Field(None, max_length=200)
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description=f"Kubernetes-style labels, for selecting jobs (GET /v1/jobs?selector=team=payments). At most "
+        f"{MAX_LABELS}; a key is an optional DNS-subdomain prefix (at most {MAX_PREFIX} characters) and '/' and a "
+        f"name of at most {MAX_NAME} letters, digits, '-', '_' or '.', starting and ending with a letter or digit; "
+        "a value is empty or follows the rules of a name.",
+        json_schema_extra={
+            "maxProperties": MAX_LABELS,
+            "propertyNames": {"pattern": KEY_PATTERN, "maxLength": MAX_KEY},
+            "additionalProperties": {"type": "string", "pattern": VALUE_PATTERN, "maxLength": MAX_NAME},
+        },
+        examples=[{"team": "payments", "env": "prod"}],
+    )
     schedule: Schedule
     target: Target
     payload: Any = Field(default_factory=dict, description="Any JSON; delivered verbatim as the body.")
@@ -297,6 +311,16 @@ class JobSpec(_Model):
             parts = urlsplit(v)
             if parts.scheme not in ("http", "https") or not parts.hostname or not parts.path.strip("/"):
                 raise PydanticCustomError("invalid_url", "dead_letter_queue_url must be an SQS queue URL")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        error = labels_error(v)
+        if error:
+            message, key = error
+            context = {"message": message, **({"field": key} if key is not None else {})}
+            raise PydanticCustomError("invalid_label", "{message}", context)
         return v
 
     @field_validator("payload")
@@ -344,6 +368,7 @@ _CUSTOM = {
     "invalid_bounds",
     "missing_field",
     "too_large",
+    "invalid_label",
 }
 _CODES = {
     "extra_forbidden": "unknown_field",
