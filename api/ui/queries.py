@@ -41,8 +41,17 @@ from cronman import audit
 from cronman.audit import Actor, audited
 from cronman.db import jobs, scheduled_jobs
 from cronman.errors import InvalidInput
+from cronman.labels import Selector
 from cronman.schedule import timing_from_dict
-from cronman.store import _CURRENT_XID, _NEXT_VERSION, _NOW, decode_cursor, encode_cursor
+from cronman.store import (
+    _CURRENT_XID,
+    _NEXT_VERSION,
+    _NOW,
+    decode_cursor,
+    encode_cursor,
+    search_clause,
+    selector_clause,
+)
 from cronman.timeutil import from_ms, to_ms
 
 FAILED = ("failed", "permanently_failed")
@@ -88,6 +97,7 @@ class JobRow:
     paused: bool
     updated_at: datetime
     incarnation: int
+    labels: dict[str, str]
     next_fire_ms: int | None = None
     last: LastResult | None = None
 
@@ -112,7 +122,7 @@ class JobQuery:
     sort: Sort = Sort.ID
     limit: int = 50
     cursor: str | None = None
-    selector: ColumnElement[bool] | None = None  # a label selector as a condition on ``jobs``
+    selector: Selector | None = None  # labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +135,8 @@ class JobPage:
     capped: bool  # sorted modes: more jobs matched than were sorted
 
 
+EMPTY_PAGE = JobPage([], None, 0, False, None, False)
+
 _JOB_COLUMNS = (
     jobs.c.id,
     jobs.c.namespace,
@@ -133,11 +145,8 @@ _JOB_COLUMNS = (
     jobs.c.paused,
     jobs.c.updated_at,
     jobs.c.incarnation,
+    jobs.c.labels,
 )
-
-
-def _like(q: str) -> str:
-    return "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _schedule_instant(name: str) -> ColumnElement[Any]:
@@ -177,10 +186,9 @@ def _filtered(query: JobQuery, now: datetime) -> Select[Any]:
     if query.namespace is not None:
         stmt = stmt.where(jobs.c.namespace == query.namespace)
     if query.q:
-        pattern = _like(query.q)
-        stmt = stmt.where(or_(jobs.c.id.ilike(pattern, escape="\\"), jobs.c.name.ilike(pattern, escape="\\")))
-    if query.selector is not None:
-        stmt = stmt.where(query.selector)
+        stmt = stmt.where(search_clause(query.q))
+    if query.selector:
+        stmt = stmt.where(selector_clause(query.selector))
     cond = _state_condition(query.state, now)
     if cond is not None:
         stmt = stmt.where(cond)
@@ -214,7 +222,9 @@ def _complete(conn: Connection, raw: Sequence[Any], now_ms: int) -> list[JobRow]
     rows = []
     for r in raw:
         nxt = None if r.paused else timing_from_dict(r.schedule, r.id).next_after(now_ms)
-        rows.append(JobRow(r.id, r.namespace, r.name, r.schedule, r.paused, r.updated_at, r.incarnation, nxt))
+        rows.append(
+            JobRow(r.id, r.namespace, r.name, r.schedule, r.paused, r.updated_at, r.incarnation, r.labels, nxt)
+        )
     last = last_results(conn, rows)
     return [replace(r, last=last.get(r.id)) for r in rows]
 
@@ -393,7 +403,7 @@ def get_job(engine: Engine, job_id: str, namespace: str | None) -> JobRow | None
         r = conn.execute(select(*_JOB_COLUMNS).where(cond)).first()
     if r is None:
         return None
-    return JobRow(r.id, r.namespace, r.name, r.schedule, r.paused, r.updated_at, r.incarnation)
+    return JobRow(r.id, r.namespace, r.name, r.schedule, r.paused, r.updated_at, r.incarnation, r.labels)
 
 
 # -- failures across jobs ------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from cronman.apikeys import check_namespace
 from cronman.cluster import live_nodes
 from cronman.describe import describe_schedule, zone_of
 from cronman.errors import Forbidden, InvalidInput, NotFound
+from cronman.labels import parse_selector
 from cronman.schedule import next_times, timing_from_dict
 from cronman.spec import JOB_ID_RE, options_with_defaults
 from cronman.targets import redact_target
@@ -148,8 +149,8 @@ def logout() -> Response:
 
 def _job_query() -> JobQuery:
     q = (request.args.get("q") or "").strip()
-    if len(q) > MAX_Q:
-        raise InvalidInput(f"search text is at most {MAX_Q} characters", field="q")
+    if len(q) > MAX_Q or any(ord(c) < 0x20 for c in q):
+        raise InvalidInput(f"search text is at most {MAX_Q} characters, without control characters", field="q")
     limit = request.args.get("limit", "50")
     size = int(limit) if limit.isdigit() and int(limit) in PAGE_SIZES else 50
     ns = namespace()
@@ -162,6 +163,7 @@ def _job_query() -> JobQuery:
     return JobQuery(
         namespace=ns,
         q=q,
+        selector=parse_selector(request.args.get("selector") or ""),
         state=_choice("state", State, None),
         sort=_choice("sort", Sort, Sort.ID),
         limit=size,
@@ -171,9 +173,17 @@ def _job_query() -> JobQuery:
 
 @bp.get("/jobs")
 def jobs() -> Response:
-    query = _job_query()
     now = now_ms()
-    page = queries.list_jobs(_engine(), query, now)
+    status, filter_error = 200, None
+    try:
+        query = _job_query()
+        page = queries.list_jobs(_engine(), query, now)
+    except InvalidInput as exc:
+        if exc.field not in ("q", "selector"):
+            raise
+        # a filter being typed: say what is wrong where the results go
+        status, filter_error = 400, exc.message
+        query, page = JobQuery(namespace(), sort=_choice("sort", Sort, Sort.ID)), queries.EMPTY_PAGE
     template = "ui/_jobs_results.html" if request.headers.get("HX-Target") == "results" else "ui/jobs.html"
     args = {k: v for k, v in request.args.items() if k not in ("cursor", "done", "n") and v}
     html = render_template(
@@ -188,8 +198,11 @@ def jobs() -> Response:
         sorts=[(Sort.ID, "id"), (Sort.NEXT_FIRE, "next fire"), (Sort.LAST_RESULT, "last result (failures first)")],
         page_sizes=PAGE_SIZES,
         here=request.full_path,
+        filter_error=filter_error,
+        selector_text=request.args.get("selector") or "",
+        q_text=request.args.get("q") or "",
     )
-    return Response(html, mimetype="text/html")
+    return Response(html, status=status, mimetype="text/html")
 
 
 @bp.post("/jobs/bulk")

@@ -61,20 +61,31 @@ def _seed_jobs(api_url: str, key_a: str, key_b: str, ok_url: str, failing_url: s
         "target": {"type": "http", "url": ok_url, "headers": {"Authorization": "Bearer not-shown"}},
     }
     jobs_a = [
-        {"id": "invoice-reminder", "name": "Invoice reminders", **_interval(2, ok_url), "payload": {"batch": 50}},
-        {"id": "nightly-settlement", "name": "Nightly settlement", **nightly},
+        {
+            "id": "invoice-reminder",
+            "name": "Invoice reminders",
+            "labels": {"team": "billing", "env": "prod"},
+            **_interval(2, ok_url),
+            "payload": {"batch": 50},
+        },
+        {"id": "nightly-settlement", "name": "Nightly settlement", "labels": {"team": "settlement", "env": "prod"},
+         **nightly},
         {
             "id": "ledger-webhook",
             "name": "Ledger webhook",
+            "labels": {"team": "ledger", "env": "prod"},
             **_interval(3, failing_url),
             "retry": {"max_attempts": 2, "backoff_seconds": 1},
         },
-        {"id": "archive-statements", **_interval(86400, ok_url), "paused": True},
+        {"id": "archive-statements", "labels": {"team": "billing", "env": "dev"}, **_interval(86400, ok_url),
+         "paused": True},
     ]
     for doc in jobs_a:
         r = a.post(f"{api_url}/v1/jobs", json=doc, timeout=10)
         assert r.status_code == 201, r.text
-    r = b.post(f"{api_url}/v1/jobs", json={"id": "b-secret-job", "name": "Bravo private", **_interval(5, ok_url)})
+    same_labels = {"team": "billing", "env": "prod"}  # another namespace's job with the very same labels
+    doc = {"id": "b-secret-job", "name": "Bravo private", "labels": same_labels, **_interval(5, ok_url)}
+    r = b.post(f"{api_url}/v1/jobs", json=doc, timeout=10)
     assert r.status_code == 201, r.text
 
 
@@ -135,16 +146,22 @@ def test_the_dashboard_in_a_real_browser(
         assert set(_rows(driver)) == {"invoice-reminder", "nightly-settlement", "ledger-webhook", "archive-statements"}
         assert "b-secret-job" not in driver.page_source and "Bravo private" not in driver.page_source
 
-        # 2. find a job: the filter updates the list in place (htmx), and the address follows
-        search = driver.find_element(By.ID, "q")
-        search.send_keys("invoice")
-        wait_for(lambda: _rows(driver) == ["invoice-reminder"], 10, "the filtered list")
-        assert "q=invoice" in driver.current_url
-        search.clear()
-        search.send_keys("e")
-        wait_for(lambda: len(_rows(driver)) == 4, 10, "the whole list again")
-        wait_for(lambda: "failing" in driver.page_source, 20, "a failing job in the list")
+        # 2. find a job by its labels: the list updates in place (htmx), and the address follows
+        selector = driver.find_element(By.ID, "selector")
+        selector.send_keys("team=billing,env=prod")
+        wait_for(lambda: _rows(driver) == ["invoice-reminder"], 10, "the job with those labels")
+        assert "selector=team%3Dbilling%2Cenv%3Dprod" in driver.current_url
+        assert "b-secret-job" not in driver.page_source
+        selector.clear()
+        selector.send_keys("env=prod")
+        expected = ["invoice-reminder", "ledger-webhook", "nightly-settlement"]
+        wait_for(lambda: _rows(driver) == expected, 10, "the production jobs")
+        wait_for(lambda: "failing" in driver.page_source or driver.refresh(), 20, "the failing job, in the list")
         screenshot(driver, DOCS_IMG / "ui-jobs.png", max_height=700)
+        selector = driver.find_element(By.ID, "selector")
+        selector.clear()
+        selector.send_keys("team=billing,env=prod")
+        wait_for(lambda: _rows(driver) == ["invoice-reminder"], 10, "the job with those labels, again")
 
         # 3. open it; a new delivery shows up in its history without reloading the page
         driver.find_element(By.LINK_TEXT, "invoice-reminder").click()

@@ -240,6 +240,41 @@ def test_states_search_and_sorts(
     assert b.get("/ui/jobs?cursor=garbage").status_code == 400
 
 
+def test_label_selectors_filter_the_list_within_the_namespace(
+    app: Flask, new_key: Callable[[str], str], browser: Callable[[], Browser]
+) -> None:
+    ka, kb = new_key("team-a"), new_key("team-b")
+    a, b_api = keyed(app, ka), keyed(app, kb)
+    for job_id, labels in (
+        ("pay-prod", {"team": "payments", "env": "prod"}),
+        ("pay-dev", {"team": "payments", "env": "dev"}),
+        ("search-prod", {"team": "search", "env": "prod", "legacy": ""}),
+        ("bare", {}),
+    ):
+        assert send(a, "post", "/v1/jobs", job(job_id, labels=labels)).status_code == 201
+    send(b_api, "post", "/v1/jobs", job("b-pay-prod", labels={"team": "payments", "env": "prod"}))
+    b = browser()
+    b.login(ka)
+
+    def ids(selector: str, extra: str = "") -> list[str]:
+        r = b.get("/ui/jobs", query_string={"selector": selector, **dict([extra.split("=")] if extra else [])})
+        assert r.status_code == 200, r.text
+        return _job_ids(r.text)
+
+    assert ids("team=payments") == ["pay-dev", "pay-prod"]
+    assert ids("team=payments,env!=dev") == ["pay-prod"]
+    assert ids("env in (prod,staging)") == ["pay-prod", "search-prod"]
+    assert ids("!team") == ["bare"]
+    assert ids("legacy") == ["search-prod"]
+    assert ids("team=payments", "state=paused") == []
+    assert ids("env=prod", "sort=next") in (["pay-prod", "search-prod"], ["search-prod", "pay-prod"])
+    html = b.get("/ui/jobs?selector=team%3Dpayments").text
+    assert "env=prod" in html and "team=payments" in html  # the labels are shown
+    r = b.get("/ui/jobs?selector=team+in+(")
+    assert r.status_code == 400 and 'id="filter-error"' in r.text and "selector:" in r.text
+    assert 'value="team in ("' in r.text  # the text stays in the box to be corrected
+
+
 def test_pages_follow_each_other_without_gaps_or_repeats(
     app: Flask, new_key: Callable[[str], str], browser: Callable[[], Browser]
 ) -> None:
