@@ -7,6 +7,7 @@ Pure: the schedule document in, a sentence out. Cron expressions are put into wo
 from __future__ import annotations
 
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from cron_descriptor import CasingTypeEnum, ExpressionDescriptor, FormatException, Options
@@ -40,9 +41,11 @@ def duration_words(seconds: int) -> str:
     return " ".join(parts)
 
 
+@lru_cache(maxsize=4096)
 def cron_words(expression: str) -> str:
     """A 5-field or 6-field (leading seconds) expression in words, 24-hour clock; the expression
-    itself when the describer cannot read it."""
+    itself when the describer cannot read it. Cached: the describer reads its locale files each
+    time (about 1 ms), and many jobs share an expression."""
     options = Options()
     options.use_24hour_time_format = True
     options.casing_type = CasingTypeEnum.Sentence

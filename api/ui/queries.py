@@ -21,11 +21,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
     ColumnElement,
     Connection,
     Engine,
     Select,
     and_,
+    any_,
+    bindparam,
     exists,
     func,
     literal,
@@ -36,6 +39,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.types import Text
 
 from cronman import audit
 from cronman.audit import Actor, audited
@@ -55,7 +59,8 @@ from cronman.store import (
 from cronman.timeutil import from_ms, to_ms
 
 FAILED = ("failed", "permanently_failed")
-FAILING_LOOKBACK = timedelta(days=7)  # a job is "failing" if it failed in this window and has not succeeded since
+FAILING_LOOKBACK = timedelta(days=7)  # "failing" looks for failed attempts this recent ...
+MAX_FAILED_READ = 50_000  # ... reading at most this many, newest first
 MAX_SCAN = 5000  # jobs examined for one page when a state is decided in Python
 SORT_LIMIT = 1000  # matching jobs sorted by next fire or last result in one request
 MAX_JITTER_MS = 3600 * 1000  # the largest jitter a schedule may have (cronman.spec)
@@ -133,6 +138,7 @@ class JobPage:
     partial: bool  # the scan budget ran out before the page was full: more may match further on
     sorted_among: int | None  # sorted modes: how many jobs were sorted (SORT_LIMIT when capped)
     capped: bool  # sorted modes: more jobs matched than were sorted
+    failures_capped: bool = False  # state=failing: the latest MAX_FAILED_READ failed attempts were read, not all
 
 
 EMPTY_PAGE = JobPage([], None, 0, False, None, False)
@@ -161,27 +167,35 @@ def _ended_before(at: datetime) -> ColumnElement[bool]:
     return or_(once, ended)
 
 
-def _recent_failures(now: datetime) -> Select[Any]:
+def recently_failed(conn: Connection, now: datetime) -> tuple[list[str], bool]:
+    """The jobs with a failed attempt in the last FAILING_LOOKBACK, from the newest MAX_FAILED_READ
+    failed attempts (by the partial index on failed rows), and whether that limit was reached."""
     s = scheduled_jobs.c
-    return select(s.job_id).where(s.status.in_(FAILED), s.scheduled_for >= now - FAILING_LOOKBACK)
+    stmt = (
+        select(s.job_id)
+        .where(s.status.in_(FAILED), s.scheduled_for >= now - FAILING_LOOKBACK)
+        .order_by(s.scheduled_for.desc())
+        .limit(MAX_FAILED_READ)
+    )
+    ids = conn.execute(stmt).scalars().all()
+    return sorted(set(ids)), len(ids) >= MAX_FAILED_READ
 
 
-def _state_condition(state: State | None, now: datetime) -> ColumnElement[bool] | None:
+def _state_condition(state: State | None, now: datetime, failed: list[str]) -> ColumnElement[bool] | None:
     """A superset of the jobs in ``state``, in SQL; :meth:`JobRow.state` decides exactly."""
     if state is None:
         return None
     if state is State.PAUSED:
         return jobs.c.paused
-    failed_recently = jobs.c.id.in_(_recent_failures(now))
-    if state is State.FAILING:
-        return and_(not_(jobs.c.paused), failed_recently)
+    if state is State.FAILING:  # primary-key look-ups of the jobs that failed lately
+        return and_(not_(jobs.c.paused), jobs.c.id == any_(bindparam("failed_ids", failed, type_=ARRAY(Text))))
     if state is State.COMPLETED:
         return and_(not_(jobs.c.paused), _ended_before(now))
     # active: not paused, and not surely over (a jittered occurrence may still be due)
     return and_(not_(jobs.c.paused), not_(_ended_before(now - timedelta(milliseconds=MAX_JITTER_MS))))
 
 
-def _filtered(query: JobQuery, now: datetime) -> Select[Any]:
+def _filtered(query: JobQuery, now: datetime, failed: list[str]) -> Select[Any]:
     stmt = select(*_JOB_COLUMNS).where(jobs.c.deleted_at.is_(None))
     if query.namespace is not None:
         stmt = stmt.where(jobs.c.namespace == query.namespace)
@@ -189,7 +203,7 @@ def _filtered(query: JobQuery, now: datetime) -> Select[Any]:
         stmt = stmt.where(search_clause(query.q))
     if query.selector:
         stmt = stmt.where(selector_clause(query.selector))
-    cond = _state_condition(query.state, now)
+    cond = _state_condition(query.state, now, failed)
     if cond is not None:
         stmt = stmt.where(cond)
     return stmt
@@ -230,37 +244,39 @@ def _complete(conn: Connection, raw: Sequence[Any], now_ms: int) -> list[JobRow]
 
 
 def list_jobs(engine: Engine, query: JobQuery, now_ms: int) -> JobPage:
-    if query.sort is Sort.ID:
-        return _by_id(engine, query, now_ms)
-    return _sorted(engine, query, now_ms)
+    with engine.connect() as conn:
+        failed, capped = recently_failed(conn, from_ms(now_ms)) if query.state is State.FAILING else ([], False)
+        base = _filtered(query, from_ms(now_ms), failed)
+        page = _by_id(conn, base, query, now_ms) if query.sort is Sort.ID else _sorted(conn, base, query, now_ms)
+    return replace(page, failures_capped=capped)
 
 
-def _by_id(engine: Engine, query: JobQuery, now_ms: int) -> JobPage:
+def _by_id(conn: Connection, base: Select[Any], query: JobQuery, now_ms: int) -> JobPage:
     after = decode_cursor(query.cursor, (str,))[0] if query.cursor else None
-    base = _filtered(query, from_ms(now_ms)).order_by(jobs.c.id)
+    base = base.order_by(jobs.c.id)
+    if query.state in (None, State.PAUSED):  # the SQL is exact: one page, one query
+        stmt = base if after is None else base.where(jobs.c.id > after)
+        raw = conn.execute(stmt.limit(query.limit + 1)).all()
+        rows = _complete(conn, raw[: query.limit], now_ms)
+        more = len(raw) > query.limit
+        return JobPage(rows, encode_cursor([rows[-1].id]) if more else None, len(raw), False, None, False)
     out: list[JobRow] = []
     scanned = 0
-    exact = query.state in (None, State.PAUSED)
-    with engine.connect() as conn:
-        while True:
-            want = query.limit + 1 if exact else min(_BATCH, MAX_SCAN - scanned)
-            stmt = base if after is None else base.where(jobs.c.id > after)
-            raw = conn.execute(stmt.limit(want)).all()
-            scanned += len(raw)
-            if exact:
-                rows = _complete(conn, raw[: query.limit], now_ms)
-                more = len(raw) > query.limit
-                return JobPage(rows, encode_cursor([rows[-1].id]) if more else None, scanned, False, None, False)
-            for row in _complete(conn, raw, now_ms):
-                after = row.id
-                if row.state is query.state:
-                    out.append(row)
-                    if len(out) == query.limit:
-                        return JobPage(out, encode_cursor([after]), scanned, False, None, False)
-            if len(raw) < want:  # the end of the matching jobs
-                return JobPage(out, None, scanned, False, None, False)
-            if scanned >= MAX_SCAN:
-                return JobPage(out, encode_cursor([after]), scanned, True, None, False)
+    while True:  # the state is decided in Python: examine batches until the page is full
+        want = min(_BATCH, MAX_SCAN - scanned)
+        stmt = base if after is None else base.where(jobs.c.id > after)
+        raw = conn.execute(stmt.limit(want)).all()
+        scanned += len(raw)
+        for row in _complete(conn, raw, now_ms):
+            after = row.id
+            if row.state is query.state:
+                out.append(row)
+                if len(out) == query.limit:
+                    return JobPage(out, encode_cursor([after]), scanned, False, None, False)
+        if len(raw) < want:  # the end of the matching jobs
+            return JobPage(out, None, scanned, False, None, False)
+        if scanned >= MAX_SCAN:
+            return JobPage(out, encode_cursor([after]), scanned, True, None, False)
 
 
 _NONE_LAST = 2**62
@@ -276,14 +292,12 @@ def _sort_key(sort: Sort, row: JobRow) -> list[Any]:
     return [rank, -to_ms(row.last.scheduled_for), row.id]
 
 
-def _sorted(engine: Engine, query: JobQuery, now_ms: int) -> JobPage:
+def _sorted(conn: Connection, base: Select[Any], query: JobQuery, now_ms: int) -> JobPage:
     shape: tuple[type, ...] = (int, str) if query.sort is Sort.NEXT_FIRE else (int, int, str)
     after = decode_cursor(query.cursor, shape) if query.cursor else None
-    stmt = _filtered(query, from_ms(now_ms)).order_by(jobs.c.id).limit(SORT_LIMIT + 1)
-    with engine.connect() as conn:
-        raw = conn.execute(stmt).all()
-        capped = len(raw) > SORT_LIMIT
-        rows = _complete(conn, raw[:SORT_LIMIT], now_ms)
+    raw = conn.execute(base.order_by(jobs.c.id).limit(SORT_LIMIT + 1)).all()
+    capped = len(raw) > SORT_LIMIT
+    rows = _complete(conn, raw[:SORT_LIMIT], now_ms)
     if query.state not in (None, State.PAUSED):
         rows = [r for r in rows if r.state is query.state]
     keyed = sorted(((_sort_key(query.sort, r), r) for r in rows), key=lambda kr: kr[0])
