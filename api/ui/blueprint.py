@@ -53,8 +53,8 @@ def _helpers() -> dict[str, object]:
 
 
 def _error_page(status: int, title: str, text: str) -> Response:
-    if request.headers.get("HX-Request"):
-        return Response(text, status=status, mimetype="text/plain")
+    if request.headers.get("HX-Request"):  # a section asked for itself: leave the page as it is
+        return Response(text, status=status, mimetype="text/plain", headers={"HX-Reswap": "none"})
     html = render_template("ui/error.html", status=status, title=title, text=text)
     return Response(html, status=status, mimetype="text/html")
 

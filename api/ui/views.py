@@ -179,7 +179,7 @@ def jobs() -> Response:
         query = _job_query()
         page = queries.list_jobs(_engine(), query, now)
     except InvalidInput as exc:
-        if exc.field not in ("q", "selector"):
+        if exc.field not in ("q", "selector", "namespace"):
             raise
         # a filter being typed: say what is wrong where the results go
         status, filter_error = 400, exc.message

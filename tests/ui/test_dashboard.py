@@ -187,6 +187,10 @@ def test_a_namespace_key_sees_its_own_jobs_nowhere_another_namespaces(
     admin.login(ADMIN_KEY)
     assert set(_job_ids(admin.get("/ui/jobs").text)) == {"a-1", "b-secret"}
     assert _job_ids(admin.get("/ui/jobs?namespace=team-b").text) == ["b-secret"]
+    typed = admin.get("/ui/jobs?namespace=team+b", headers={"HX-Request": "true", "HX-Target": "results"})
+    assert typed.status_code == 400 and typed.text.startswith('<div id="results">') and "namespace" in typed.text
+    broken = admin.get("/ui/jobs/nope/history", headers={"HX-Request": "true"})
+    assert broken.status_code == 404 and broken.headers["HX-Reswap"] == "none"
     assert admin.get("/ui/cluster").status_code == 200
 
 
