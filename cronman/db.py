@@ -129,6 +129,12 @@ scheduled_jobs = Table(
     Column("incarnation", BigInteger),
     Column("namespace", Text),
     PrimaryKeyConstraint("job_id", "scheduled_for", "event_index", "attempt", name="pk_scheduled_jobs"),
+    # Failures across jobs, newest first, and the jobs whose latest execution failed (the dashboard).
+    Index(
+        "ix_scheduled_jobs_failed",
+        "scheduled_for",
+        postgresql_where=text("status IN ('failed', 'permanently_failed')"),
+    ),
     postgresql_partition_by="RANGE (scheduled_for)",
 )
 

@@ -62,6 +62,14 @@ class Settings(BaseSettings):
     auth_disabled: bool = False
     callback_allowlist: str = ""
 
+    # Dashboard (/ui/): how long a login lasts, failed logins allowed per client address and
+    # window, and whether the session cookie is marked Secure on plain HTTP too (behind a TLS proxy
+    # that does not say so; over HTTPS it always is).
+    ui_session_seconds: int = Field(12 * 3600, ge=60, le=7 * 86400)
+    ui_login_attempts: int = Field(10, ge=1, le=10_000)
+    ui_login_window_seconds: int = Field(300, ge=1, le=86400)
+    ui_secure_cookie: bool = False
+
     # Scheduler node
     node_id: str = Field(default_factory=_default_node_id, min_length=1, max_length=200, pattern=r"^[^|/\s]+$")
     node_host: str = "0.0.0.0"

@@ -37,6 +37,8 @@ TARGETS = (
     Target("scale.rss_mb_per_node", "<=", 600, "scale: resident memory per node (MB)"),
     Target("crud.single_per_s", ">=", 1000, "crud: single creates/s"),
     Target("crud.batch_jobs_per_s", ">=", 10000, "crud: jobs/s in batches of 1,000"),
+    Target("ui.jobs_page_ms.p95", "<=", 300, "ui: jobs page p95 (ms), 100,000 jobs"),
+    Target("ui.selector_ms.p95", "<=", 300, "ui: jobs page with a label selector p95 (ms)"),
 )
 
 # Figures shown in the table without a target of their own.
@@ -61,6 +63,12 @@ CONTEXT = (
     ("scale.load.copy_s", "scale: COPY of the jobs (s)"),
     ("scale.settled_after_ready_s", "scale: ready to settled (s)"),
     ("crud.single.latency_ms.p99", "crud: single create latency p99 (ms)"),
+    ("ui.jobs_page_2_ms.p95", "ui: jobs page 2 p95 (ms)"),
+    ("ui.selector_sorted_by_next_fire_ms.p95", "ui: selector, sorted by next fire p95 (ms)"),
+    ("ui.search_ms.p95", "ui: search p95 (ms)"),
+    ("ui.failing_ms.p95", "ui: failing jobs p95 (ms)"),
+    ("ui.failures_ms.p95", "ui: failures page p95 (ms)"),
+    ("ui.api_selector_ms.p95", "ui: GET /v1/jobs?selector= p95 (ms)"),
 )
 
 

@@ -17,7 +17,7 @@ from cronman.bench.report import evaluate, machine_facts, render_table
 from cronman.bench.scenarios import DEFAULTS, QUICK, SCENARIOS, Bench
 from cronman.bench.stack import BenchStack, background_load
 
-ORDER = ("steady", "ceiling", "peer", "burst", "failover", "scale", "crud")
+ORDER = ("steady", "ceiling", "peer", "burst", "failover", "scale", "crud", "ui")
 # Keys the JSON document always has (null for a scenario that did not run).
 TOP_KEYS = (
     "steady",
@@ -30,6 +30,7 @@ TOP_KEYS = (
     "failover",
     "scale",
     "crud",
+    "ui",
 )
 
 

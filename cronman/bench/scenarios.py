@@ -21,6 +21,7 @@ import requests
 from cronman.bench.ledger import analyse
 from cronman.bench.loader import JobTemplate, copy_jobs
 from cronman.bench.stack import BenchNode, BenchStack, CpuMeter
+from cronman.bench.ui import run_ui
 from cronman.embedded import _die_with_parent
 from cronman.settings import Settings
 from cronman.timeutil import iso
@@ -52,6 +53,8 @@ DEFAULTS: dict[str, float] = {
     "crud.concurrency": 32,
     "crud.batch_size": 1000,
     "crud.batch_concurrency": 2,
+    "ui.jobs": 100_000,
+    "ui.requests": 50,
 }
 QUICK: dict[str, float] = {
     "steady.jobs": 500,
@@ -72,6 +75,7 @@ QUICK: dict[str, float] = {
     "scale.ready_timeout": 120,
     "crud.seconds": 3,
     "crud.batch_size": 500,
+    "ui.jobs": 10_000,
 }
 NODE_READY_TIMEOUT = 90.0
 
@@ -698,4 +702,5 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "failover": run_failover,
     "scale": run_scale,
     "crud": run_crud,
+    "ui": run_ui,
 }
