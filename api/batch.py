@@ -11,11 +11,13 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify
 
-from api.common import actor, json_body, own_namespace, requested_namespace, services
+from api.common import actor, json_body, now_ms, own_namespace, requested_namespace, services
 from api.metrics import api_metrics
+from cronman.apikeys import DEFAULT_NAMESPACE
 from cronman.errors import CronmanError, InvalidInput
 from cronman.spec import JOB_ID_RE, JobSpec, new_job_id
-from cronman.targets import has_placeholder, spec_from_document
+from cronman.store import StoredJob
+from cronman.targets import spec_from_document
 
 bp = Blueprint("batch", __name__)
 
@@ -46,14 +48,31 @@ def _result(index: int, job_id: str | None, status: int, error: CronmanError | N
     return {"index": index, "id": job_id, "status": status, "error": None if error is None else error.to_dict()}
 
 
+def _spec(
+    item: dict[str, Any], namespace: str | None, current: StoredJob | None, now: int, resolved: dict[str, list[str]]
+) -> JobSpec:
+    """One item validated by PUT's rules (without a namespace, the admin replaces a job in its own)."""
+    lands_in = namespace or (current.namespace if current else DEFAULT_NAMESPACE)
+    return spec_from_document(
+        item,
+        services().settings,
+        current.target if current else None,
+        None,
+        resolved,
+        namespace=lands_in,
+        now_ms=now,
+        stored_schedule=current.schedule if current and current.namespace == lands_in else None,
+    )
+
+
 @bp.post("/v1/jobs:batch")
 def put_jobs() -> Response:
     _, doc = json_body(MAX_BATCH_BODY_BYTES)
     items = _items(doc)
     namespace = requested_namespace() or own_namespace()
     svc = services()
-    redacted = [i for i in (_given_id(x) for x in items if isinstance(x, dict) and has_placeholder(x)) if i]
-    stored = svc.store.targets(redacted, own_namespace())
+    stored = svc.store.stored([i for i in map(_given_id, items) if i], own_namespace())
+    now = now_ms()
     resolved: dict[str, list[str]] = {}  # host lookups, shared by the batch's callbacks
     results: list[dict[str, Any]] = [{}] * len(items)
     valid: list[tuple[JobSpec, str]] = []
@@ -62,7 +81,8 @@ def put_jobs() -> Response:
         try:
             if not isinstance(item, dict):
                 raise InvalidInput("each job must be a JSON object", code="invalid_json")
-            spec = spec_from_document(item, svc.settings, stored.get(_given_id(item) or ""), None, resolved)
+            current = stored.get(_given_id(item) or "")
+            spec = _spec(item, namespace, current, now, resolved)
         except CronmanError as exc:
             results[i] = _result(i, _given_id(item), exc.status, exc)
             continue

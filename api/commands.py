@@ -1,18 +1,43 @@
-"""/v1/commands/{command_id}: what became of a job command sent through the command queue."""
+"""The command queue from the API's side: the command token a key signs its queued commands with,
+and what became of a command (``/v1/commands/{command_id}``)."""
 
 from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify
 
+from api.auth import caller
 from api.common import own_namespace, services
-from cronman.commands import COMMAND_ID_RE, get_command
-from cronman.errors import NotFound
+from cronman.commands import ADMIN_KEY, COMMAND_ID_RE, command_token, get_command
+from cronman.errors import Conflict, NotFound
 from cronman.timeutil import iso_dt
 
-bp = Blueprint("commands", __name__, url_prefix="/v1/commands")
+bp = Blueprint("commands", __name__)
 
 
-@bp.get("/<command_id>")
+@bp.get("/v1/commands:token")
+def token() -> Response:
+    """The calling key's command token: a producer signs each message it puts on the command queue
+    with it (see cronman.commands.sign_command); the command then acts in the key's namespace."""
+    secret = services().settings.command_secret
+    if secret is None:
+        raise Conflict(
+            "the command queue is not set up on this server (CRONMAN_COMMAND_SECRET is not set)",
+            code="not_configured",
+        )
+    who = caller()
+    key = ADMIN_KEY if who.is_admin else who.name.removeprefix("key:")
+    resp = jsonify(
+        {
+            "token": command_token(secret.get_secret_value(), key, who.namespace),
+            "key": key,
+            "namespace": who.namespace,
+        }
+    )
+    resp.headers["Cache-Control"] = "no-store"
+    return resp
+
+
+@bp.get("/v1/commands/<command_id>")
 def get(command_id: str) -> Response:
     if not COMMAND_ID_RE.match(command_id):
         raise NotFound(f"no command {command_id!r}", field="command_id")

@@ -4,6 +4,7 @@ arguments."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -54,6 +55,17 @@ def target_namespace() -> str:
     return requested_namespace() or own_namespace() or DEFAULT_NAMESPACE
 
 
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is beyond the range of a double")
+    return value
+
+
 def json_body(limit: int | None = None) -> tuple[bytes, dict[str, Any]]:
     """The request's JSON object body (and its bytes), within ``limit`` bytes (default: the app's)."""
     mimetype = request.mimetype or ""
@@ -74,7 +86,7 @@ def json_body(limit: int | None = None) -> tuple[bytes, dict[str, Any]]:
     except RequestEntityTooLarge:
         raise too_large from None
     try:
-        doc = json.loads(raw)
+        doc = json.loads(raw, parse_constant=_not_json, parse_float=_finite)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"the body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(doc, dict):

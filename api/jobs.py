@@ -4,26 +4,32 @@ and events. Every change records who made it (a job event) in its own transactio
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
 from api.common import actor, int_arg, json_body, now_ms, own_namespace, requested_namespace, services, target_namespace
+from cronman.apikeys import DEFAULT_NAMESPACE
 from cronman.audit import JobEvent
 from cronman.commands import patch_job as apply_patch
 from cronman.errors import Conflict, InvalidInput, NotFound
 from cronman.execution import Trigger, execution_id
-from cronman.schedule import next_times, timing_from_dict
+from cronman.schedule import Timing, timing_from_dict
 from cronman.spec import JOB_ID_RE, new_job_id, options_with_defaults
 from cronman.store import ExecutionRecord, JobRecord, decode_cursor, encode_cursor
-from cronman.targets import has_placeholder, redact_target, spec_from_document
-from cronman.timeutil import iso, iso_dt, parse_iso
+from cronman.targets import redact_target, spec_from_document
+from cronman.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, iso, iso_dt, parse_iso
+
+log = logging.getLogger("cronman.api.jobs")
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
 MAX_LIST = 1000
 MAX_NEXT = 100
+_LOGGED_MAX = 10_000
+_logged: set[tuple[str, int, str]] = set()  # (id, version, updated_at) of jobs whose schedule did not compute
 
 
 def _check_path_id(job_id: str) -> None:
@@ -35,9 +41,35 @@ def _type_first(d: dict[str, Any]) -> dict[str, Any]:
     return {"type": d.get("type"), **d}
 
 
+def _unschedulable(r: JobRecord, exc: Exception) -> None:
+    """Log, once per job version, a stored job whose next time cannot be computed."""
+    seen = (r.id, r.version, str(r.updated_at))
+    if seen in _logged:
+        return
+    if len(_logged) >= _LOGGED_MAX:
+        _logged.clear()
+    _logged.add(seen)
+    log.warning(
+        "cannot compute the next fire time of a stored job: %s: %s",
+        type(exc).__name__,
+        exc,
+        extra={"job_id": r.id, "namespace": r.namespace, "version": r.version},
+    )
+
+
+def _next_fire(r: JobRecord, after_ms: int) -> str | None:
+    """The job's next fire time after ``after_ms``, or None: when it has none, and when a stored
+    schedule cannot be computed (a job written before today's limits must not break a page)."""
+    try:
+        nxt = timing_from_dict(r.schedule, r.id).next_after(after_ms)
+        return None if nxt is None else iso(nxt)
+    except Exception as exc:  # noqa: BLE001 - stored data is not trusted to be computable
+        _unschedulable(r, exc)
+        return None
+
+
 def job_json(r: JobRecord, at_ms: int) -> dict[str, Any]:
-    timing = timing_from_dict(r.schedule, r.id)
-    nxt = None if r.paused else timing.next_after(at_ms)
+    nxt = None if r.paused else _next_fire(r, at_ms)
     doc: dict[str, Any] = {"id": r.id, "namespace": r.namespace}
     if r.name is not None:
         doc["name"] = r.name
@@ -52,7 +84,7 @@ def job_json(r: JobRecord, at_ms: int) -> dict[str, Any]:
         created_at=iso_dt(r.created_at),
         updated_at=iso_dt(r.updated_at),
         version=r.version,
-        next_fire_at=None if nxt is None else iso(nxt),
+        next_fire_at=nxt,
     )
     return doc
 
@@ -91,7 +123,7 @@ def create_job() -> Response:
     raw, doc = json_body()
     namespace = target_namespace()
     svc = services()
-    spec = spec_from_document(doc, svc.settings, None, raw)
+    spec = spec_from_document(doc, svc.settings, None, raw, namespace=namespace, now_ms=now_ms())
     job_id = spec.id or new_job_id()
     record = svc.store.create(spec, job_id, namespace, actor())
     svc.notify_change()
@@ -132,13 +164,21 @@ def put_job(job_id: str) -> Response:
         raise InvalidInput("the id in the body differs from the id in the path", field="id", code="invalid_value")
     namespace = requested_namespace() or own_namespace()
     svc = services()
-    stored = None
-    if has_placeholder(doc):
-        try:
-            stored = svc.store.get(job_id, own_namespace()).target
-        except NotFound:
-            stored = None
-    spec = spec_from_document(doc, svc.settings, stored, raw)
+    try:
+        current: JobRecord | None = svc.store.get(job_id, own_namespace())
+    except NotFound:
+        current = None
+    # The namespace the job will be in: the admin replacing a job without naming one keeps the job's.
+    lands_in = namespace or (current.namespace if current else DEFAULT_NAMESPACE)
+    spec = spec_from_document(
+        doc,
+        svc.settings,
+        current.target if current else None,
+        raw,
+        namespace=lands_in,
+        now_ms=now_ms(),
+        stored_schedule=current.schedule if current and current.namespace == lands_in else None,
+    )
     try:
         record, created = svc.store.put(spec, job_id, namespace, actor())
     except Conflict:
@@ -155,7 +195,7 @@ def patch_job(job_id: str) -> Response:
     _check_path_id(job_id)
     _, patch = json_body()
     svc = services()
-    record = apply_patch(svc.store, svc.settings, job_id, own_namespace(), patch, actor())
+    record = apply_patch(svc.store, svc.settings, job_id, own_namespace(), patch, actor(), now_ms())
     svc.notify_change()
     return _job_response(record, 200)
 
@@ -177,22 +217,38 @@ def next_fire_times(job_id: str) -> Response:
     if after_raw:
         try:
             after = parse_iso(after_raw)
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:
             raise InvalidInput(f"after must be an ISO-8601 timestamp with an offset: {exc}", field="after") from None
+        if not MIN_INSTANT_MS <= after < MAX_INSTANT_MS:
+            raise InvalidInput(
+                f"after must lie from {iso(MIN_INSTANT_MS)} to before {iso(MAX_INSTANT_MS)}", field="after"
+            )
     else:
         after = now_ms()
     record = services().store.get(job_id, own_namespace())
-    times = next_times(timing_from_dict(record.schedule, record.id), after, count)
-    return jsonify({"next": [iso(t) for t in times]})
+    return jsonify({"next": _next_times(record, after, count)})
+
+
+def _next_times(record: JobRecord, after_ms: int, count: int) -> list[str]:
+    """Up to ``count`` fire times after ``after_ms``, as far as a stored schedule can be computed."""
+    out: list[str] = []
+    try:
+        timing: Timing = timing_from_dict(record.schedule, record.id)
+        t: int | None = after_ms
+        while len(out) < count and t is not None:
+            t = timing.next_after(t)
+            if t is not None:
+                out.append(iso(t))
+    except Exception as exc:  # noqa: BLE001 - stored data is not trusted to be computable
+        _unschedulable(record, exc)
+    return out
 
 
 @bp.get("/<job_id>/executions")
 def list_executions(job_id: str) -> Response:
     _check_path_id(job_id)
     limit = int_arg("limit", 100, 1, MAX_LIST)
-    svc = services()
-    svc.store.get(job_id, own_namespace())
-    rows, next_cursor = svc.store.executions(job_id, limit, request.args.get("cursor") or None)
+    rows, next_cursor = services().store.executions(job_id, own_namespace(), limit, request.args.get("cursor") or None)
     return jsonify({"executions": [execution_json(e) for e in rows], "next_cursor": next_cursor})
 
 

@@ -201,6 +201,15 @@ class Command(_Out):
     applied_at: str | None = Field(json_schema_extra={"format": "date-time"})
 
 
+class CommandToken(_Out):
+    token: str = Field(
+        description="Signs the messages this key puts on the command queue (HMAC-SHA256, see the API guide); "
+        "keep it as secret as the key. The commands act in the key's namespace."
+    )
+    key: str = Field(description="The key's prefix, or admin: the value of the Cronman-Command-Key attribute.")
+    namespace: str | None = Field(description="The namespace the commands act in; null for the admin key (any).")
+
+
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
@@ -329,7 +338,12 @@ def _paths() -> dict[str, Any]:
                 "parameters": [
                     _JOB_ID,
                     {"name": "count", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
-                    {"name": "after", "in": "query", "schema": {"type": "string", "format": "date-time"}},
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "description": "Default now; from 1970-01-01T00:00:00Z to before 9000-01-01T00:00:00Z.",
+                        "schema": {"type": "string", "format": "date-time"},
+                    },
                 ],
                 "responses": {"200": _json(_ref("NextTimes"), "Fire times, ISO-8601 UTC"), **_ERRORS},
             }
@@ -454,6 +468,17 @@ def _paths() -> dict[str, Any]:
                 },
             },
         },
+        "/v1/commands:token": {
+            "get": {
+                "summary": "The calling key's command token, to sign commands sent through the command queue",
+                "operationId": "getCommandToken",
+                "responses": {
+                    "200": _json(_ref("CommandToken"), "The token"),
+                    "409": _json(_ref("Error"), "The command queue is not set up (CRONMAN_COMMAND_SECRET)"),
+                    **_AUTH_ERRORS,
+                },
+            },
+        },
         "/v1/commands/{command_id}": {
             "get": {
                 "summary": "What became of a command sent through the command queue",
@@ -549,6 +574,7 @@ def openapi_document() -> dict[str, Any]:
         (SigningSecret, "serialization"),
         (SigningSecrets, "serialization"),
         (Command, "serialization"),
+        (CommandToken, "serialization"),
     ]
     _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
     return {

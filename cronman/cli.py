@@ -55,7 +55,13 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
     import uvloop  # a faster event loop: the node's hot path is event-loop bound (docs/performance.md)
 
-    uvloop.run(main())
+    from cronman.errors import ConfigError
+
+    try:
+        uvloop.run(main())
+    except ConfigError as exc:
+        print(f"cronman scheduler: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

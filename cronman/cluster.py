@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,22 +19,23 @@ class NodeInfo:
     info: dict[str, Any]
 
 
-def parse_members(flat: list[Any], now: float) -> list[NodeInfo]:
+def parse_members(flat: list[Any]) -> list[NodeInfo]:
+    """The members script's answer: Redis's time, then (node id, ms since its beat, info) each."""
     nodes: list[NodeInfo] = []
-    for i in range(0, len(flat), 2):
+    for i in range(1, len(flat) - 2, 3):
         node_id = flat[i].decode() if isinstance(flat[i], bytes) else str(flat[i])
         try:
-            info = json.loads(flat[i + 1])
+            info = json.loads(flat[i + 2])
         except (ValueError, TypeError):
             info = {}
-        age = max(0.0, now - float(info.get("ts", now)))
-        nodes.append(NodeInfo(node_id, round(age, 3), info))
+        age = max(0, int(flat[i + 1])) / 1000
+        nodes.append(NodeInfo(node_id, round(age, 3), info if isinstance(info, dict) else {}))
     return sorted(nodes, key=lambda n: n.node_id)
 
 
 def live_nodes(client: redis.Redis, keys: Keys) -> list[NodeInfo]:
-    flat = client.eval(lua("members"), 1, keys.members, keys.heartbeat_prefix)
-    return parse_members(list(flat), time.time())
+    flat = client.eval(lua("members"), 1, keys.members)
+    return parse_members(list(flat))
 
 
 def cluster_view(client: redis.Redis, keys: Keys, replication_factor: int) -> dict[str, Any]:
@@ -52,6 +52,7 @@ def cluster_view(client: redis.Redis, keys: Keys, replication_factor: int) -> di
                 "jobs_owned": n.info.get("jobs"),
                 "ready": n.info.get("ready", False),
                 "started_at": n.info.get("started_at"),
+                **{k: n.info[k] for k in ("in_flight", "fires_per_s", "lag_p99_ms", "parked") if k in n.info},
             }
             for n in nodes
         ],

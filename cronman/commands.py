@@ -10,29 +10,42 @@ Commands are applied through the same store functions and validation as the API,
 ``queue``, and recorded in the ``commands`` table in the same transaction as the change, keyed by
 ``command_id``: a command delivered twice (SQS is at-least-once) is applied once. A command that
 cannot be applied (malformed, or refused the way the API would refuse it) is ``rejected``.
+
+Every message must be signed by an API key's **command token** (``GET /v1/commands:token``, an
+HMAC of the key's identity under CRONMAN_COMMAND_SECRET): its attributes name the key
+(``Cronman-Command-Key``: the key's prefix, or ``admin``) and carry ``Cronman-Command-Signature:
+t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" keyed by the token>``. A command acts in the
+namespace of the key that signed it (the admin key's may name any); a message that is not signed by
+a live key's token, or is older than the queue can keep it, is rejected without being recorded, so
+whoever can write to the queue without a token can neither act nor use up a command id. Nothing a
+job sends carries these attributes: the scheduler nodes never sign.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy.exc
-from sqlalchemy import Connection, Engine, literal_column, select, update
+from sqlalchemy import Connection, Engine, and_, literal_column, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from cronman import signing
 from cronman.apikeys import DEFAULT_NAMESPACE, NAMESPACE_RE
 from cronman.audit import Actor
-from cronman.db import commands
+from cronman.db import api_keys, commands
 from cronman.errors import CronmanError, InvalidInput, NotFound, TransientError
 from cronman.settings import Settings
 from cronman.spec import JOB_ID_RE, changed_fields, merge_patch, new_job_id
 from cronman.store import JobRecord, JobStore, document_of
-from cronman.targets import has_placeholder, spec_from_document
+from cronman.targets import spec_from_document
 
 COMMAND_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 COMMAND_ID_RE = re.compile(COMMAND_ID_PATTERN)
@@ -88,8 +101,9 @@ def _known(doc: Any) -> dict[str, str]:
     return known
 
 
-def parse_command(body: str | bytes) -> Command:
-    """A command from a queue message's body; MalformedCommand says what is wrong."""
+def parse_command(body: str | bytes, default_namespace: str = DEFAULT_NAMESPACE) -> Command:
+    """A command from a queue message's body (``namespace`` defaults to ``default_namespace``);
+    MalformedCommand says what is wrong."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -111,7 +125,7 @@ def parse_command(body: str | bytes) -> Command:
         action = Action(str(doc.get("action")))
     except ValueError:
         raise bad(f"action must be one of {', '.join(a.value for a in Action)}") from None
-    namespace = doc.get("namespace", DEFAULT_NAMESPACE)
+    namespace = doc.get("namespace", default_namespace)
     if not isinstance(namespace, str) or not NAMESPACE_RE.match(namespace):
         raise bad("namespace must be 1-64 characters: letters, digits, '.', '_' or '-'")
     job_id = doc.get("job_id")
@@ -137,24 +151,37 @@ def parse_command(body: str | bytes) -> Command:
 
 
 def patch_job(
-    store: JobStore, settings: Settings, job_id: str, namespace: str | None, patch: dict[str, Any], actor: Actor
+    store: JobStore,
+    settings: Settings,
+    job_id: str,
+    namespace: str | None,
+    patch: dict[str, Any],
+    actor: Actor,
+    now_ms: int,
 ) -> JobRecord:
-    """Apply a JSON merge patch to a live job (see :func:`cronman.spec.merge_patch`)."""
+    """Apply a JSON merge patch to a live job (see :func:`cronman.spec.merge_patch`) at ``now_ms``."""
     if patch.get("id", job_id) != job_id:
         raise InvalidInput("a job's id cannot be changed", field="id", code="invalid_value")
     current = store.get(job_id, namespace)
     before = current.spec_document()
-    spec = spec_from_document(merge_patch(before, patch), settings, current.target)
+    spec = spec_from_document(
+        merge_patch(before, patch),
+        settings,
+        current.target,
+        namespace=current.namespace,
+        now_ms=now_ms,
+        stored_schedule=current.schedule,
+    )
     detail = {"fields": changed_fields(before, document_of(spec, job_id))}
     return store.replace_checked(job_id, namespace, current.version, spec, actor, detail)
 
 
-def apply_command(store: JobStore, settings: Settings, cmd: Command, actor: Actor) -> str:
-    """Apply one command as the API would; returns the job id. Raises CronmanError when refused."""
+def apply_command(store: JobStore, settings: Settings, cmd: Command, actor: Actor, now_ms: int) -> str:
+    """Apply one command as the API would at ``now_ms``; returns the job id. Raises CronmanError when refused."""
     ns = cmd.namespace
     if cmd.action is Action.CREATE:
         assert cmd.job is not None
-        spec = spec_from_document(cmd.job, settings, None)
+        spec = spec_from_document(cmd.job, settings, None, namespace=ns, now_ms=now_ms)
         job_id = cmd.job_id or new_job_id()
         store.create(spec, job_id, ns, actor)
         return job_id
@@ -162,16 +189,22 @@ def apply_command(store: JobStore, settings: Settings, cmd: Command, actor: Acto
     job_id = cmd.job_id
     if cmd.action is Action.PUT:
         assert cmd.job is not None
-        stored = None
-        if has_placeholder(cmd.job):
-            try:
-                stored = store.get(job_id, ns).target
-            except NotFound:
-                stored = None
-        store.put(spec_from_document(cmd.job, settings, stored), job_id, ns, actor)
+        try:
+            current: JobRecord | None = store.get(job_id, ns)
+        except NotFound:
+            current = None
+        spec = spec_from_document(
+            cmd.job,
+            settings,
+            current.target if current else None,
+            namespace=ns,
+            now_ms=now_ms,
+            stored_schedule=current.schedule if current else None,
+        )
+        store.put(spec, job_id, ns, actor)
     elif cmd.action is Action.PATCH:
         assert cmd.job is not None
-        patch_job(store, settings, job_id, ns, cmd.job, actor)
+        patch_job(store, settings, job_id, ns, cmd.job, actor, now_ms)
     elif cmd.action is Action.DELETE:
         store.delete(job_id, ns, actor)
     elif cmd.action in (Action.PAUSE, Action.RESUME):
@@ -179,6 +212,98 @@ def apply_command(store: JobStore, settings: Settings, cmd: Command, actor: Acto
     else:
         store.add_trigger(job_id, ns, QUEUE_ACTOR, actor)
     return job_id
+
+
+# -- who sent it --------------------------------------------------------------------------------
+
+KEY_ATTRIBUTE = "Cronman-Command-Key"
+SIGNATURE_ATTRIBUTE = "Cronman-Command-Signature"
+TOKEN_PREFIX = "cmt_"
+ADMIN_KEY = "admin"
+SQS_MAX_RETENTION_SECONDS = 14 * 86400  # no message is older than this, unless replayed
+CLOCK_SKEW_SECONDS = 300
+_KEY_RE = re.compile(r"^(admin|cmk_[0-9a-f]{12})$")
+
+
+@dataclass(frozen=True, slots=True)
+class Sender:
+    """The API key that signed a command: ``key`` is its prefix or ``admin``; ``namespace`` is
+    the key's (None for the admin key, which may act in any)."""
+
+    key: str
+    namespace: str | None
+
+
+class Unauthenticated(CronmanError):
+    code = "unauthenticated"
+    status = 401
+
+
+def command_token(secret: str, key: str, namespace: str | None) -> str:
+    """The command token of an API key (``key``: its prefix, or ``admin``) in ``namespace``,
+    derived from CRONMAN_COMMAND_SECRET. Whoever holds it can sign commands for that namespace."""
+    context = f"cronman-command-token/v1\x00{key}\x00{namespace or '*'}".encode()
+    return f"{TOKEN_PREFIX}{key}_{hmac.new(secret.encode(), context, hashlib.sha256).hexdigest()}"
+
+
+def sign_command(body: str, token: str, now: int) -> dict[str, dict[str, str]]:
+    """The SQS ``MessageAttributes`` that authenticate the message ``body`` sent at ``now`` (unix
+    seconds) by the holder of ``token``::
+
+        sqs.send_message(QueueUrl=url, MessageBody=body, MessageAttributes=sign_command(body, token, int(time.time())))
+    """
+    key = token[len(TOKEN_PREFIX) :].rpartition("_")[0]
+    if not token.startswith(TOKEN_PREFIX) or not _KEY_RE.match(key):
+        raise ValueError("not a command token (cmt_...)")
+    signature = signing.sign([token], body.encode(), now)
+    return {
+        KEY_ATTRIBUTE: {"DataType": "String", "StringValue": key},
+        SIGNATURE_ATTRIBUTE: {"DataType": "String", "StringValue": signature},
+    }
+
+
+def _secrets(settings: Settings) -> list[str]:
+    return [s.get_secret_value() for s in (settings.command_secret, settings.command_secret_previous) if s]
+
+
+def _signed_at(signature: str) -> int | None:
+    for part in signature.split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "t" and value.isdigit() and len(value) < 16:
+            return int(value)
+    return None
+
+
+def authenticate(conn: Connection, settings: Settings, body: bytes, attributes: Mapping[str, str], now: int) -> Sender:
+    """The key that signed a command message, given its string attributes; Unauthenticated says
+    why there is none. ``now`` is in unix seconds."""
+    secrets = _secrets(settings)
+    if not secrets:
+        raise Unauthenticated("CRONMAN_COMMAND_SECRET is not set: no command can be authenticated")
+    key = attributes.get(KEY_ATTRIBUTE, "")
+    signature = attributes.get(SIGNATURE_ATTRIBUTE, "")
+    if not key or not signature:
+        raise Unauthenticated(
+            f"the message is not signed: a command needs the {KEY_ATTRIBUTE} and {SIGNATURE_ATTRIBUTE} attributes"
+        )
+    if not _KEY_RE.match(key):
+        raise Unauthenticated(f"{KEY_ATTRIBUTE} must be an API key prefix (cmk_...) or admin")
+    signed_at = _signed_at(signature)
+    max_age = min(SQS_MAX_RETENTION_SECONDS, settings.history_retention_days * 86400)
+    if signed_at is None or not now - max_age <= signed_at <= now + CLOCK_SKEW_SECONDS:
+        raise Unauthenticated("the signature's time is missing, in the future, or older than a queue keeps a message")
+    if key == ADMIN_KEY:
+        candidates: list[str | None] = [None]
+    else:
+        cond = and_(api_keys.c.prefix == key, api_keys.c.revoked_at.is_(None))
+        candidates = list(conn.execute(select(api_keys.c.namespace).where(cond)).scalars())
+        if not candidates:
+            raise Unauthenticated(f"the key {key} is unknown or revoked")
+    for namespace in candidates:
+        for secret in secrets:
+            if signing.verify(command_token(secret, key, namespace), signature, body, now, max_age):
+                return Sender(key, namespace)
+    raise Unauthenticated(f"the signature does not match the message and the command token of {key}")
 
 
 # -- the ledger --------------------------------------------------------------------------------
@@ -221,29 +346,45 @@ def _duplicate(conn: Connection, command_id: str) -> Outcome:
     return Outcome("duplicate", command_id, row.error, dead_letter=row.status == "rejected")
 
 
-def run_command(engine: Engine, settings: Settings, body: str | bytes) -> Outcome:
-    """Parse, apply and record one command, in one transaction. A fault that may pass (the database
-    is unreachable) raises, and the message should be left on its queue to be tried again."""
+def run_command(
+    engine: Engine, settings: Settings, body: str | bytes, attributes: Mapping[str, str], now_ms: int
+) -> Outcome:
+    """Authenticate, parse, apply and record one command, in one transaction. A fault that may pass
+    (the database is unreachable) raises, and the message should be left on its queue to be tried
+    again. A message no key signed is rejected and not recorded."""
+    raw = body.encode() if isinstance(body, str) else body
+    with engine.connect() as conn:
+        try:
+            sender = authenticate(conn, settings, raw, attributes, now_ms // 1000)
+        except Unauthenticated as exc:
+            return Outcome("rejected", None, exc.message, dead_letter=True)
     try:
-        cmd = parse_command(body)
+        cmd = parse_command(body, sender.namespace or DEFAULT_NAMESPACE)
+        if sender.namespace is not None and cmd.namespace != sender.namespace:
+            raise MalformedCommand(
+                f"this command is signed with a key of namespace {sender.namespace!r}; "
+                f"it cannot act in namespace {cmd.namespace!r}",
+                _known(json.loads(body)),
+            )
     except MalformedCommand as exc:
-        command_id = exc.known.get("command_id")
+        known = exc.known if sender.namespace is None else {**exc.known, "namespace": sender.namespace}
+        command_id = known.get("command_id")
         if command_id is None:
             return Outcome("rejected", None, exc.message, dead_letter=True)
         with engine.begin() as conn:
-            if not _claim(conn, command_id, exc.known, exc.known.get("action", ""), "rejected", exc.message):
+            if not _claim(conn, command_id, known, known.get("action", ""), "rejected", exc.message):
                 return _duplicate(conn, command_id)
         return Outcome("rejected", command_id, exc.message, dead_letter=True)
 
     known = {"namespace": cmd.namespace, **({"job_id": cmd.job_id} if cmd.job_id else {})}
-    actor = Actor(QUEUE_ACTOR, {"command_id": cmd.command_id})
+    actor = Actor(QUEUE_ACTOR, {"command_id": cmd.command_id, "key": sender.key})
     with engine.begin() as conn:
         if not _claim(conn, cmd.command_id, known, cmd.action, "applied", None):
             return _duplicate(conn, cmd.command_id)
         record = update(commands).where(commands.c.id == cmd.command_id)
         try:
             with conn.begin_nested():
-                job_id = apply_command(JobStore(engine).bound(conn), settings, cmd, actor)
+                job_id = apply_command(JobStore(engine).bound(conn), settings, cmd, actor, now_ms)
         except TransientError:
             raise
         except (CronmanError, sqlalchemy.exc.DataError, sqlalchemy.exc.IntegrityError, ValueError) as exc:

@@ -24,6 +24,8 @@ from cronman.settings import Settings
 from cronman.store import make_engine
 
 DEV_QUEUE = "cronman-dev"
+COMMAND_QUEUE = "cronman-dev-commands"
+COMMAND_DLQ = "cronman-dev-commands-dlq"
 
 
 def _port(preferred: int) -> int:
@@ -78,7 +80,9 @@ class DevStack:
         engine = make_engine(db_url, pool_size=1)
         run_maintenance(engine, datetime.now(UTC).date(), 45, 7)
         engine.dispose()
-        queue_url = self._create_queue(sqs_url)
+        queue_url, command_queue, command_dlq = (
+            self._create_queue(sqs_url, name) for name in (DEV_QUEUE, COMMAND_QUEUE, COMMAND_DLQ)
+        )
         api_url = f"http://127.0.0.1:{self.api_port}"
         self.env = {
             "CRONMAN_DATABASE_URL": db_url,
@@ -88,6 +92,10 @@ class DevStack:
             "CRONMAN_DEV_MODE": "1",
             "CRONMAN_API_KEY": secrets.token_urlsafe(32),  # the admin key, new on every start
             "CRONMAN_DEV_QUEUE_URL": queue_url,
+            # Job commands through SQS: signed with a token from GET /v1/commands:token (see docs/api.md).
+            "CRONMAN_COMMAND_QUEUE_URL": command_queue,
+            "CRONMAN_COMMAND_DLQ_URL": command_dlq,
+            "CRONMAN_COMMAND_SECRET": secrets.token_urlsafe(32),  # new on every start, like the admin key
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1",
@@ -102,6 +110,7 @@ class DevStack:
   API            {api_url}          (OpenAPI: {api_url}/openapi.json)
   admin key      {self.env["CRONMAN_API_KEY"]}   (Authorization: Bearer $CRONMAN_API_KEY)
   SQS endpoint   {sqs_url}   dev queue: {queue_url}
+  command queue  {command_queue}   (GET /v1/commands:token for a signing token)
   PostgreSQL     {db_url}
   Redis          {redis_url}
   nodes          {", ".join(f"{n} :{self.node_port_base + i}" for i, n in enumerate(self.node_children))}
@@ -110,7 +119,7 @@ class DevStack:
 ready in {time.monotonic() - t0:.1f}s; Ctrl-C stops everything.""")
         return self.env
 
-    def _create_queue(self, sqs_url: str) -> str:
+    def _create_queue(self, sqs_url: str, name: str) -> str:
         import boto3
 
         client = boto3.client(
@@ -120,7 +129,7 @@ ready in {time.monotonic() - t0:.1f}s; Ctrl-C stops everything.""")
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
         )
-        return str(client.create_queue(QueueName=DEV_QUEUE)["QueueUrl"])
+        return str(client.create_queue(QueueName=name)["QueueUrl"])
 
     def _write_env(self) -> None:
         lines = [f"{k}={v}" for k, v in self.env.items()]

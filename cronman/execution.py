@@ -16,6 +16,7 @@ class Status(enum.StrEnum):
     FAILED = "failed"
     PERMANENTLY_FAILED = "permanently_failed"
     SKIPPED = "skipped"
+    CANCELLED = "cancelled"  # no attempt: the job was deleted or paused first
 
 
 class Trigger(enum.StrEnum):

@@ -6,10 +6,13 @@ connects to (the real enforcement: see :mod:`scheduler_node.http`).
 
 The rules, for each address (IPv4-mapped, NAT64 and 6to4 IPv6 forms are judged by the IPv4
 address inside them):
-- always refused: cloud metadata endpoints, link-local, unspecified, multicast, reserved, IPv6
-  site-local and every other special-purpose (non-global) range;
-- refused unless ``dev_mode``: loopback, private (RFC 1918, IPv6 ULA) and shared (CGNAT, 100.64/10);
-- anything is allowed when the host name, or a CIDR containing the address, is on the allow-list.
+- always refused, whatever the mode and the allow-list: cloud metadata endpoints (by address and by
+  name);
+- refused unless allow-listed: link-local, unspecified, multicast, reserved, IPv6 site-local and
+  every other special-purpose (non-global) range;
+- refused unless ``dev_mode`` or allow-listed: loopback, private (RFC 1918, IPv6 ULA) and shared
+  (CGNAT, 100.64/10);
+- allow-listed: the host name, or a CIDR containing the address, is on the allow-list.
 """
 
 from __future__ import annotations
@@ -18,14 +21,17 @@ import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+
+from cronman.urls import wire_url
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 SCHEMES = ("http", "https")
 
-METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata.goog"})
+METADATA_HOSTS = frozenset(
+    {"metadata.google.internal", "metadata.goog", "metadata", "instance-data", "instance-data.ec2.internal"}
+)
 METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(a)
     for a in (
@@ -68,9 +74,14 @@ class Allowlist:
         return bool(self.networks or self.hosts)
 
     def allows_host(self, host: str) -> bool:
-        return normalize_host(host) in self.hosts
+        """Whether a host name is listed (never a cloud metadata name, which no list can allow)."""
+        name = normalize_host(host)
+        return name in self.hosts and name not in METADATA_HOSTS
 
     def allows_address(self, ip: IPAddress) -> bool:
+        """Whether a listed CIDR contains the address (never for a cloud metadata address)."""
+        if classify(ip) == "metadata":
+            return False
         return any(ip.version == n.version and ip in n for n in self.networks)
 
 
@@ -153,19 +164,22 @@ class CallbackPolicy:
     allowlist: Allowlist = field(default_factory=Allowlist)
 
     def host_refusal(self, host: str) -> str | None:
-        """Why a host name is refused before any lookup (cloud metadata names), or None."""
+        """Why a host name is refused before any lookup (cloud metadata names, in every mode), or None."""
         name = normalize_host(host)
-        if name in METADATA_HOSTS and not self.allowlist.allows_host(name):
+        if name in METADATA_HOSTS:
             return f"{name} is a cloud metadata host"
         return None
 
     def address_refusal(self, ip: IPAddress | str, host: str | None = None) -> str | None:
-        """Why cronman must not connect to this address (which ``host`` resolved to), or None when it may."""
+        """Why cronman must not connect to this address (which ``host`` resolved to), or None when it
+        may. An allow-listed ``host`` may resolve to any address but a cloud metadata one."""
         addr = parse_address(ip) if isinstance(ip, str) else ip
         if addr is None:
             return f"{ip!r} is not an IP address"
         kind = classify(addr)
-        if kind is None or (self.dev_mode and kind in DEV_ALLOWED) or self.allowlist.allows_address(addr):
+        if kind is None or (kind != "metadata" and host is not None and self.allowlist.allows_host(host)):
+            return None
+        if (self.dev_mode and kind in DEV_ALLOWED) or self.allowlist.allows_address(addr):
             return None
         if host is None:
             return f"{addr} is {_DESCRIPTIONS[kind]}"
@@ -175,19 +189,17 @@ class CallbackPolicy:
         """Why a callback to ``url``, whose host resolved to ``addresses``, is refused, or None.
 
         A literal IP host is judged itself; a host name by every address it resolved to (one bad
-        address refuses it). An allow-listed host name is always allowed.
+        address refuses it); an allow-listed host name may resolve to anything but a cloud metadata
+        address. Names are judged in the
+        form they are sent in (:func:`cronman.urls.wire_url`: an IDN as punycode, after UTS #46
+        mapping, so a look-alike spelling of a metadata host is that host).
         """
-        try:
-            parts = urlsplit(url)
-            host = parts.hostname
-        except ValueError:
-            return "the URL is malformed"
-        if parts.scheme not in SCHEMES:
+        if url.partition(":")[0].lower() not in SCHEMES:
             return "only http and https callbacks are allowed"
-        if not host:
-            return "the URL names no host"
-        if self.allowlist.allows_host(host):
-            return None
+        try:
+            host = wire_url(url).host
+        except ValueError as exc:
+            return f"the URL cannot be sent: {exc}"
         literal = parse_address(host)
         if literal is not None:
             return self.address_refusal(literal)
@@ -208,4 +220,6 @@ def explain(reason: str, dev_mode: bool) -> str:
         if dev_mode
         else "cronman does not call loopback, private, link-local, cloud metadata or other non-public addresses"
     )
+    if "metadata" in reason:
+        return f"{reason}; cronman never calls a cloud metadata endpoint, in any mode and whatever the allow-list"
     return f"{reason}; {rules} (an operator can allow it with CRONMAN_CALLBACK_ALLOWLIST)"

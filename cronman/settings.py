@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cronman.netguard import Allowlist, parse_allowlist
+from cronman.queues import parse_queue_allowlist
 
 
 def _default_node_id() -> str:
@@ -49,9 +50,9 @@ class Settings(BaseSettings):
     callback_allowlist: str = ""
 
     # Scheduler node
-    node_id: str = Field(default_factory=_default_node_id, min_length=1, max_length=200)
+    node_id: str = Field(default_factory=_default_node_id, min_length=1, max_length=200, pattern=r"^[^|/\s]+$")
     node_host: str = "0.0.0.0"
-    node_port: int = Field(9090, ge=0, le=65535)
+    node_port: int = Field(9090, ge=-1, le=65535)  # health and metrics; 0: any free port; -1: none
     heartbeat_interval_seconds: float = Field(3.0, gt=0)
     heartbeat_ttl_seconds: float = Field(30.0, gt=0)
     membership_poll_seconds: float = Field(1.0, gt=0)
@@ -64,6 +65,14 @@ class Settings(BaseSettings):
     history_flush_seconds: float = Field(0.1, gt=0)
     history_buffer_max: int = Field(1_000_000, ge=1000)
     maintain_interval_seconds: float = Field(3600.0, gt=0)
+    # The firing core: no namespace holds more than this share of max_in_flight while another
+    # waits; how often a node records how far it fired; how long nothing may fire before the
+    # first node back treats the gap as an outage of the whole cluster (misfire policies apply).
+    namespace_inflight_share: float = Field(0.5, gt=0, le=1)
+    progress_seconds: float = Field(2.0, gt=0)
+    outage_after_seconds: float = Field(10.0, gt=0)
+    # A delivered row its writer has not recorded by then (it died) is written by a slot owner.
+    history_recover_after_seconds: float = Field(30.0, gt=0)
 
     # History
     history_retention_days: int = Field(45, ge=1)
@@ -71,6 +80,14 @@ class Settings(BaseSettings):
 
     # Logging
     log_level: str = "INFO"
+
+    # SQS targets and the command queue: the queues jobs may send to (comma-separated queue URL
+    # prefixes or ARNs, `*` wildcards, `namespace=` for one namespace; empty: any queue but
+    # cronman's own), and the secret the command tokens derive from (commands are signed with
+    # them; the previous secret keeps verifying during a rotation).
+    sqs_allowlist: str = ""
+    command_secret: SecretStr | None = None
+    command_secret_previous: SecretStr | None = None
 
     # Test-only fault injection: comma-separated hook names (see scheduler_node.faults).
     test_faults: str = ""
@@ -95,6 +112,21 @@ class Settings(BaseSettings):
     @classmethod
     def _allowlist_parses(cls, v: str) -> str:
         parse_allowlist(v)  # raises ValueError naming the bad entry
+        return v
+
+    @field_validator("sqs_allowlist")
+    @classmethod
+    def _sqs_allowlist_parses(cls, v: str) -> str:
+        parse_queue_allowlist(v)  # raises ValueError naming the bad entry
+        return v
+
+    @field_validator("command_secret", "command_secret_previous")
+    @classmethod
+    def _command_secret_strong(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None or v.get_secret_value() == "":
+            return None
+        if len(v.get_secret_value()) < 32:
+            raise ValueError("must be at least 32 characters (generate one with: openssl rand -base64 32)")
         return v
 
     @cached_property

@@ -11,9 +11,9 @@ import re
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -26,19 +26,49 @@ from pydantic_core import PydanticCustomError
 
 from cronman.errors import InvalidInput
 from cronman.misfire import MisfirePolicy
+from cronman.queues import parse_queue
 from cronman.schedule import FoldPolicy, GapPolicy, timing_from_dict, validate_cron, validate_timezone
-from cronman.timeutil import to_ms
+from cronman.timeutil import MAX_INSTANT, MAX_INSTANT_MS, MIN_INSTANT, iso, to_ms
+from cronman.urls import wire_url
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_EVERY_SECONDS = 366 * 86400
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# What HTTP can carry in a field value (RFC 9110 field-vchar without obs-text, SP, HTAB).
+_FIELD_VALUE_RE = re.compile(r"^[\t\x20-\x7e]*$")
+_SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
 MAX_HEADERS = 50
 MAX_HEADER_VALUE = 4096
 MAX_HEADERS_BYTES = 16 * 1024  # names and values together
 _RESERVED_HEADERS = {"content-length", "host", "transfer-encoding", "connection"}
+
+
+def _plain_text(value: str) -> str:
+    """Refuse what no column or wire can hold: NUL and unpaired surrogates (JSON's \\u0000, \\ud800)."""
+    if "\x00" in value:
+        raise PydanticCustomError("invalid_value", "must not contain a NUL character")
+    if _SURROGATE_RE.search(value):
+        raise PydanticCustomError("invalid_value", "must not contain an unpaired surrogate (\\ud800-\\udfff)")
+    return value
+
+
+PlainStr = Annotated[str, AfterValidator(_plain_text)]
+
+
+def _within_range(value: datetime | None) -> datetime | None:
+    if value is not None and not MIN_INSTANT <= value < MAX_INSTANT:
+        raise PydanticCustomError(
+            "invalid_value",
+            "must lie from {lo} to before {hi}",
+            {"lo": iso(0), "hi": iso(MAX_INSTANT_MS)},
+        )
+    return value
+
+
+Instant = Annotated[AwareDatetime, AfterValidator(_within_range)]
+INSTANT_RANGE = f"from {iso(0)} to before {iso(MAX_INSTANT_MS)}"
 
 
 class _Model(BaseModel):
@@ -46,8 +76,8 @@ class _Model(BaseModel):
 
 
 class _Bounds(_Model):
-    start_at: AwareDatetime | None = Field(None, description="No occurrence before this instant.")
-    end_at: AwareDatetime | None = Field(None, description="No occurrence after this instant.")
+    start_at: Instant | None = Field(None, description=f"No occurrence before this instant ({INSTANT_RANGE}).")
+    end_at: Instant | None = Field(None, description=f"No occurrence after this instant ({INSTANT_RANGE}).")
     jitter_seconds: float | None = Field(
         None,
         gt=0,
@@ -66,12 +96,12 @@ class _Bounds(_Model):
 
 class CronSchedule(_Bounds):
     type: Literal["cron"]
-    expression: str = Field(
+    expression: PlainStr = Field(
         max_length=200,
         description="5 fields (minute hour day-of-month month day-of-week), or 6 with a leading seconds field.",
         examples=["0 7 * * *"],
     )
-    timezone: str = Field("UTC", max_length=64, description="IANA time zone name.")
+    timezone: PlainStr = Field("UTC", max_length=64, description="IANA time zone name.")
     dst_gap: GapPolicy = Field(
         GapPolicy.SHIFT,
         description="A local time that does not exist (spring forward): shift = fire at the first instant "
@@ -123,13 +153,22 @@ class IntervalSchedule(_Bounds):
 
 class OnceSchedule(_Bounds):
     type: Literal["once"]
-    at: AwareDatetime = Field(description="The one instant to fire at (ISO-8601 with an offset).")
+    at: Instant = Field(
+        description=f"The one instant to fire at (ISO-8601 with an offset; {INSTANT_RANGE}, jitter included). "
+        "Not in the past when written, unless unchanged."
+    )
 
     @model_validator(mode="after")
     def _within(self) -> OnceSchedule:
         if (self.start_at and self.at < self.start_at) or (self.end_at and self.at > self.end_at):
             raise PydanticCustomError(
                 "invalid_bounds", "at lies outside start_at..end_at: the job would never fire", {"field": "at"}
+            )
+        if to_ms(self.at) + int((self.jitter_seconds or 0) * 1000) >= MAX_INSTANT_MS:
+            raise PydanticCustomError(
+                "invalid_value",
+                "at plus jitter_seconds must lie before {hi}",
+                {"field": "at", "hi": iso(MAX_INSTANT_MS)},
             )
         return self
 
@@ -139,15 +178,23 @@ Schedule = Annotated[CronSchedule | IntervalSchedule | OnceSchedule, Field(discr
 
 class HttpTarget(_Model):
     type: Literal["http"]
-    url: str = Field(min_length=1, max_length=2048, examples=["https://example.com/hook"])
+    url: str = Field(
+        min_length=1,
+        max_length=2048,
+        examples=["https://example.com/hook"],
+        description="http or https. An internationalised host is called by its IDNA (punycode) name, and "
+        "characters outside ASCII in the path and query are sent percent-encoded as UTF-8.",
+    )
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
     headers: dict[str, str] = Field(
         default_factory=dict,
         description=f"Sent with every call. At most {MAX_HEADERS}, each value at most {MAX_HEADER_VALUE} "
-        f'characters, {MAX_HEADERS_BYTES} bytes in all. Values are write-only: responses show "<redacted>".',
+        f"characters, {MAX_HEADERS_BYTES} bytes in all. A value holds only what HTTP can carry: visible ASCII "
+        "characters, spaces and tabs (RFC 9110 field-vchar, SP, HTAB; no other control character and nothing "
+        'beyond ASCII). Values are write-only: responses show "<redacted>".',
         json_schema_extra={
             "maxProperties": MAX_HEADERS,
-            "additionalProperties": {"type": "string", "maxLength": MAX_HEADER_VALUE},
+            "additionalProperties": {"type": "string", "maxLength": MAX_HEADER_VALUE, "pattern": r"^[\t -~]*$"},
         },
     )
     timeout_seconds: float = Field(10.0, gt=0, le=300, allow_inf_nan=False)
@@ -155,17 +202,12 @@ class HttpTarget(_Model):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        try:
-            parts = urlsplit(v)
-            parts.port  # noqa: B018 - raises on a malformed port
-        except ValueError as exc:
-            raise PydanticCustomError("invalid_url", "malformed URL: {reason}", {"reason": str(exc)}) from None
-        if parts.scheme not in ("http", "https"):
-            raise PydanticCustomError("invalid_url", "url must start with http:// or https://")
-        if not parts.hostname:
-            raise PydanticCustomError("invalid_url", "url must name a host")
         if any(c.isspace() for c in v):
             raise PydanticCustomError("invalid_url", "url must not contain whitespace")
+        try:
+            wire_url(v)
+        except ValueError as exc:
+            raise PydanticCustomError("invalid_url", "{reason}", {"reason": str(exc)}) from None
         return v
 
     @field_validator("headers")
@@ -193,10 +235,11 @@ class HttpTarget(_Model):
                 raise PydanticCustomError(
                     "invalid_header", "header '{name}' is set by cronman", {"name": name, "field": name}
                 )
-            if _CONTROL_RE.search(value):
+            if not _FIELD_VALUE_RE.match(value):
                 raise PydanticCustomError(
                     "invalid_header",
-                    "header '{name}' has a line break or another control character",
+                    "header '{name}' has a character HTTP cannot carry: a value may hold only visible ASCII "
+                    "characters, spaces and tabs (RFC 9110)",
                     {"name": name, "field": name},
                 )
         if total > MAX_HEADERS_BYTES:
@@ -208,24 +251,39 @@ class HttpTarget(_Model):
         return v
 
 
+def _queue_url(v: str, name: str) -> str:
+    try:
+        queue = parse_queue(v)
+    except ValueError as exc:
+        raise PydanticCustomError(
+            "invalid_url", "{name} must be an SQS queue URL: {reason}", {"name": name, "reason": str(exc)}
+        ) from None
+    if queue.url is None:
+        raise PydanticCustomError("invalid_url", "{name} must be a queue URL (https://...), not an ARN", {"name": name})
+    return v
+
+
 class SqsTarget(_Model):
     type: Literal["sqs"]
     queue_url: str = Field(
-        min_length=1, max_length=2048, examples=["https://sqs.us-east-1.amazonaws.com/123456789012/jobs"]
+        min_length=1,
+        max_length=2048,
+        examples=["https://sqs.us-east-1.amazonaws.com/123456789012/jobs"],
+        description="An SQS queue URL, https://<host>/<account>/<queue name>. Not one of cronman's own queues; "
+        "the operator may limit the queues allowed (CRONMAN_SQS_ALLOWLIST).",
     )
-    message_group_id: str | None = Field(None, min_length=1, max_length=128, description="Required for FIFO queues.")
+    message_group_id: PlainStr | None = Field(
+        None, min_length=1, max_length=128, description="Required for FIFO queues."
+    )
 
     @field_validator("queue_url")
     @classmethod
     def _queue_url(cls, v: str) -> str:
-        parts = urlsplit(v)
-        if parts.scheme not in ("http", "https") or not parts.hostname or len(parts.path.strip("/")) == 0:
-            raise PydanticCustomError("invalid_url", "queue_url must be an SQS queue URL, https://host/account/queue")
-        return v
+        return _queue_url(v, "queue_url")
 
     @model_validator(mode="after")
     def _fifo(self) -> SqsTarget:
-        if self.queue_url.endswith(".fifo") and not self.message_group_id:
+        if parse_queue(self.queue_url).name.endswith(".fifo") and not self.message_group_id:
             raise PydanticCustomError(
                 "missing_field", "message_group_id is required for a FIFO queue", {"field": "message_group_id"}
             )
@@ -259,7 +317,7 @@ class JobSpec(_Model):
     """A job as written by a user (POST/PUT body)."""
 
     id: str | None = Field(None, pattern=JOB_ID_PATTERN, description="Letters, digits, . _ : - ; at most 128.")
-    name: str | None = Field(None, max_length=200)
+    name: PlainStr | None = Field(None, max_length=200)
     schedule: Schedule
     target: Target
     payload: Any = Field(default_factory=dict, description="Any JSON; delivered verbatim as the body.")
@@ -287,22 +345,29 @@ class JobSpec(_Model):
         None,
         min_length=1,
         max_length=2048,
-        description="An SQS queue that gets the payload of executions that failed permanently.",
+        description="An SQS queue URL that gets the payload of executions that failed permanently (the same rules "
+        "as target.queue_url).",
     )
 
     @field_validator("dead_letter_queue_url")
     @classmethod
     def _dlq(cls, v: str | None) -> str | None:
-        if v is not None:
-            parts = urlsplit(v)
-            if parts.scheme not in ("http", "https") or not parts.hostname or not parts.path.strip("/"):
-                raise PydanticCustomError("invalid_url", "dead_letter_queue_url must be an SQS queue URL")
-        return v
+        return None if v is None else _queue_url(v, "dead_letter_queue_url")
 
     @field_validator("payload")
     @classmethod
     def _payload_size(cls, v: Any) -> Any:
-        if len(json.dumps(v, separators=(",", ":"))) > MAX_PAYLOAD_BYTES:
+        try:  # as stored and sent: UTF-8 JSON, which has no form for an unpaired surrogate, NaN or Infinity
+            size = len(json.dumps(v, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
+        except UnicodeEncodeError:
+            raise PydanticCustomError(
+                "invalid_value", "payload must not contain an unpaired surrogate (\\ud800-\\udfff)"
+            ) from None
+        except ValueError:
+            raise PydanticCustomError(
+                "invalid_value", "payload must be JSON: no NaN, Infinity or number beyond a double's range"
+            ) from None
+        if size > MAX_PAYLOAD_BYTES:
             raise PydanticCustomError("too_large", "payload exceeds {limit} bytes", {"limit": MAX_PAYLOAD_BYTES})
         return v
 

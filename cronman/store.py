@@ -19,8 +19,10 @@ from sqlalchemy import (
     TextClause,
     and_,
     create_engine,
+    func,
     literal,
     literal_column,
+    or_,
     select,
     text,
     tuple_,
@@ -36,7 +38,7 @@ from cronman.execution import Trigger, execution_id
 from cronman.hashing import slot_of
 from cronman.spec import JobSpec, options_of
 from cronman.throttles import missing_policies, unknown_throttle
-from cronman.timeutil import from_ms, iso, to_ms
+from cronman.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, from_ms, iso, to_ms
 
 _NEXT_VERSION: ColumnElement[int] = literal_column("nextval('jobs_version_seq')")
 _CURRENT_XID: ColumnElement[int] = literal_column("pg_current_xact_id()::text::bigint")
@@ -54,6 +56,7 @@ _RETURNING = (
     jobs.c.created_at,
     jobs.c.updated_at,
     jobs.c.options,
+    jobs.c.incarnation,
 )
 
 
@@ -93,6 +96,7 @@ class JobRecord:
     created_at: datetime
     updated_at: datetime
     options: dict[str, Any]
+    incarnation: int
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> JobRecord:
@@ -314,6 +318,26 @@ def decode_cursor(cursor: str, shape: tuple[type, ...]) -> list[Any]:
         raise InvalidInput("cursor is not one this API returned", field="cursor", code="invalid_cursor") from None
 
 
+def _history_of(record: JobRecord) -> ColumnElement[bool]:
+    """The history rows of a job's current incarnation. Rows written before history carried the
+    incarnation (NULL) count when they are not older than the incarnation itself."""
+    c = scheduled_jobs.c
+    return and_(
+        c.job_id == record.id,
+        or_(
+            and_(c.incarnation == record.incarnation, func.coalesce(c.namespace, record.namespace) == record.namespace),
+            and_(c.incarnation.is_(None), c.scheduled_for >= record.created_at),
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredJob:
+    namespace: str
+    target: dict[str, Any]
+    schedule: dict[str, Any]
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutionRecord:
     job_id: str
@@ -460,15 +484,17 @@ class JobStore:
         with self._connect() as conn:
             return _get(conn, job_id, namespace)
 
-    def targets(self, ids: Sequence[str], namespace: str | None) -> dict[str, dict[str, Any]]:
-        """The stored targets of the live jobs among ``ids`` (to restore redacted header values)."""
+    def stored(self, ids: Sequence[str], namespace: str | None) -> dict[str, StoredJob]:
+        """The live jobs among ``ids`` as a write needs them (to restore redacted header values,
+        to know the namespace a replacement lands in, and whether it changes a once job's time)."""
         if not ids:
             return {}
         cond = and_(jobs.c.id.in_(list(ids)), jobs.c.deleted_at.is_(None))
         if namespace is not None:
             cond = and_(cond, jobs.c.namespace == namespace)
+        q = select(jobs.c.id, jobs.c.namespace, jobs.c.target, jobs.c.schedule).where(cond)
         with self._connect() as conn:
-            return {r[0]: r[1] for r in conn.execute(select(jobs.c.id, jobs.c.target).where(cond))}
+            return {r[0]: StoredJob(r[1], r[2], r[3]) for r in conn.execute(q)}
 
     def list_jobs(self, namespace: str | None, limit: int, after_id: str | None) -> list[JobRecord]:
         q = select(*_RETURNING).where(jobs.c.deleted_at.is_(None))
@@ -538,7 +564,13 @@ class JobStore:
             record = _get(conn, job_id, namespace)
             stmt = (
                 job_triggers.insert()
-                .values(job_id=record.id, requested_by=requested_by, change_xid=_CURRENT_XID)
+                .values(
+                    job_id=record.id,
+                    requested_by=requested_by,
+                    change_xid=_CURRENT_XID,
+                    incarnation=record.incarnation,
+                    namespace=record.namespace,
+                )
                 .returning(job_triggers.c.requested_at)
             )
             requested = to_ms(conn.execute(stmt).scalar_one())
@@ -563,7 +595,7 @@ class JobStore:
             record = _get(conn, job_id, namespace)
             last = conn.execute(
                 select(c.scheduled_for, c.event_index, c.attempt, c.trigger, c.status)
-                .where(c.job_id == record.id, c.execution_id == exec_id)
+                .where(_history_of(record), c.execution_id == exec_id)
                 .order_by(c.attempt.desc())
                 .limit(1)
             ).first()
@@ -586,6 +618,8 @@ class JobStore:
                     attempt=last.attempt + 1,
                     execution_id=exec_id,
                     trigger=last.trigger,
+                    incarnation=record.incarnation,
+                    namespace=record.namespace,
                 )
             )
             detail = {"execution_id": exec_id, "attempt": last.attempt + 1}
@@ -608,40 +642,25 @@ class JobStore:
         return rows[:limit], next_cursor
 
     # -- history ---------------------------------------------------------------------------
-    def executions(self, job_id: str, limit: int, cursor: str | None) -> tuple[list[ExecutionRecord], str | None]:
+    def executions(
+        self, job_id: str, namespace: str | None, limit: int, cursor: str | None
+    ) -> tuple[list[ExecutionRecord], str | None]:
+        """The history of the live job ``job_id`` (visible in ``namespace``; None: any), newest
+        first: its current incarnation's only, so an id created again starts with an empty history."""
         c = scheduled_jobs.c
-        q = select(
-            c.job_id,
-            c.execution_id,
-            c.scheduled_for,
-            c.event_index,
-            c.attempt,
-            c.trigger,
-            c.status,
-            c.node,
-            c.fired_at,
-            c.finished_at,
-            c.lag_ms,
-            c.http_status,
-            c.error,
-            c.duplicates,
-            c.throttle_wait_ms,
-            c.dead_lettered,
-        ).where(c.job_id == job_id)
+        q = select(*(getattr(c, f) for f in ExecutionRecord.__slots__))
         if cursor:
             ms, ev, att = decode_cursor(cursor, (int, int, int))
-            try:
-                after = from_ms(ms)
-            except (OverflowError, ValueError):
-                raise InvalidInput(
-                    "cursor is not one this API returned", field="cursor", code="invalid_cursor"
-                ) from None
+            if not (MIN_INSTANT_MS <= ms < MAX_INSTANT_MS and 0 <= ev < 2**31 and 0 <= att < 2**31):
+                raise InvalidInput("cursor is not one this API returned", field="cursor", code="invalid_cursor")
             q = q.where(
-                tuple_(c.scheduled_for, c.event_index, c.attempt) < tuple_(literal(after), literal(ev), literal(att))
+                tuple_(c.scheduled_for, c.event_index, c.attempt)
+                < tuple_(literal(from_ms(ms)), literal(ev), literal(att))
             )
         q = q.order_by(c.scheduled_for.desc(), c.event_index.desc(), c.attempt.desc()).limit(limit + 1)
-        with self.engine.connect() as conn:
-            rows = [ExecutionRecord(**r) for r in conn.execute(q).mappings()]
+        with self._connect() as conn:
+            record = _get(conn, job_id, namespace)
+            rows = [ExecutionRecord(**r) for r in conn.execute(q.where(_history_of(record))).mappings()]
         next_cursor = None
         if len(rows) > limit:
             rows = rows[:limit]

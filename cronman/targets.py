@@ -1,5 +1,6 @@
 """A job's callback target where jobs are written (the API, the command queue): header values are
-write-only, and the URL must pass the SSRF guard (:mod:`cronman.netguard`) when the job is written.
+write-only, the URL must pass the SSRF guard (:mod:`cronman.netguard`), an SQS queue the queue guard
+(:mod:`cronman.queues`), and a ``once`` job must not be written to fire in the past.
 
 The node checks again, on the addresses it connects to; the check here exists to give a clear 400
 at once. A host name that does not resolve (yet) is accepted: its DNS may not be set up, and the
@@ -13,12 +14,14 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
-from urllib.parse import urlsplit
 
 from cronman.errors import InvalidInput
 from cronman.netguard import CallbackPolicy, explain, parse_address
+from cronman.queues import queue_refusal
 from cronman.settings import Settings
-from cronman.spec import HttpTarget, JobSpec, parse_job
+from cronman.spec import HttpTarget, JobSpec, OnceSchedule, SqsTarget, parse_job
+from cronman.timeutil import iso, parse_iso, to_ms
+from cronman.urls import wire_url
 
 REDACTED = "<redacted>"
 RESOLVE_TIMEOUT_SECONDS = 2.0
@@ -82,7 +85,7 @@ def check_callback(spec: JobSpec, settings: Settings, resolved: dict[str, list[s
         return
     policy = CallbackPolicy(settings.dev_mode, settings.allowlist)
     url = spec.target.url
-    host = urlsplit(url).hostname or ""
+    host = wire_url(url).host  # the name looked up and connected to: punycode for an IDN
     addresses: list[str] = []
     if parse_address(host) is None and not policy.allowlist.allows_host(host) and policy.host_refusal(host) is None:
         if resolved is None:
@@ -98,19 +101,61 @@ def check_callback(spec: JobSpec, settings: Settings, resolved: dict[str, list[s
         )
 
 
+def check_queues(spec: JobSpec, settings: Settings, namespace: str) -> None:
+    """Refuse (400 ``forbidden_queue``) an SQS queue the queue guard does not allow to ``namespace``."""
+    queues = [("dead_letter_queue_url", spec.dead_letter_queue_url)]
+    if isinstance(spec.target, SqsTarget):
+        queues.insert(0, ("target.queue_url", spec.target.queue_url))
+    for field, url in queues:
+        reason = None if url is None else queue_refusal(url, namespace, settings)
+        if reason:
+            raise InvalidInput(f"{field}: {reason}", field=field, code="forbidden_queue")
+
+
+def _at_ms(schedule: dict[str, Any] | None) -> int | None:
+    try:
+        return parse_iso(schedule["at"]) if schedule and schedule.get("type") == "once" else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def check_not_past(spec: JobSpec, now_ms: int, stored_schedule: dict[str, Any] | None) -> None:
+    """Refuse a ``once`` job whose ``at`` is before ``now_ms``, unless the write leaves the stored
+    job's ``at`` as it was (a completed job can still be renamed, paused, ...)."""
+    schedule = spec.schedule
+    if not isinstance(schedule, OnceSchedule):
+        return
+    at = to_ms(schedule.at)
+    if at < now_ms and at != _at_ms(stored_schedule):
+        raise InvalidInput(
+            f"schedule.at: {iso(at)} is in the past (it is {iso(now_ms)}); a once job would never fire. "
+            "To fire a job now, use POST /v1/jobs/{{id}}/trigger",
+            field="schedule.at",
+            code="invalid_value",
+        )
+
+
 def spec_from_document(
     doc: dict[str, Any],
     settings: Settings,
     stored_target: dict[str, Any] | None,
     raw: bytes | None = None,
     resolved: dict[str, list[str]] | None = None,
+    *,
+    namespace: str,
+    now_ms: int,
+    stored_schedule: dict[str, Any] | None = None,
 ) -> JobSpec:
-    """Validate a job document as written by a user (after restoring redacted header values from
-    ``stored_target``) and check its callback. ``raw`` is the document's JSON when the caller has it."""
+    """Validate a job document as written by a user in ``namespace`` at ``now_ms`` (after restoring
+    redacted header values from ``stored_target``), and check its callback, its queues and, for a
+    ``once`` job, that it is not in the past (``stored_schedule``: the job it replaces, if any).
+    ``raw`` is the document's JSON when the caller has it."""
     if has_placeholder(doc):
         body: str | bytes = json.dumps(restore_secrets(doc, stored_target))
     else:
         body = raw if raw is not None else json.dumps(doc)
     spec = parse_job(body)
+    check_not_past(spec, now_ms, stored_schedule)
+    check_queues(spec, settings, namespace)
     check_callback(spec, settings, resolved)
     return spec

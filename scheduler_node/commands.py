@@ -1,11 +1,15 @@
 """The command queue consumer: job commands arriving on SQS (CRONMAN_COMMAND_QUEUE_URL), applied by
 the scheduler nodes (see :mod:`cronman.commands` for the format and the rules).
 
-Each pass long-polls for up to ten messages, applies each in its own transaction (recorded in the
-``commands`` table, so a message delivered twice is applied once), sends the ones that must be
-rejected to the dead-letter queue (CRONMAN_COMMAND_DLQ_URL) with the reason in the
-``Cronman-Error`` attribute, and deletes what it has dealt with. A message that meets a fault that
-may pass (the database is down) is left on the queue, to come back after its visibility timeout.
+Each pass long-polls for up to ten messages, authenticates each (its ``Cronman-Command-Key`` and
+``Cronman-Command-Signature`` attributes: signed with the command token of a live API key, derived
+from CRONMAN_COMMAND_SECRET; the command acts in that key's namespace), applies it in its own
+transaction (recorded in the ``commands`` table, so a message delivered twice is applied once),
+sends the ones that must be rejected to the dead-letter queue (CRONMAN_COMMAND_DLQ_URL) with the
+reason in the ``Cronman-Error`` attribute, and deletes what it has dealt with. Without
+CRONMAN_COMMAND_SECRET the queue is not read at all: its messages wait there until it is set. A
+message that meets a fault that may pass (the database is down) is left on the queue, to come back
+after its visibility timeout.
 boto3 and the database are blocking: every call runs in the node's thread pool.
 """
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -56,6 +61,12 @@ class CommandConsumer:
 
     async def run(self) -> None:
         """Poll until cancelled; faults are logged and retried with a growing pause."""
+        if not self.settings.command_secret:
+            log.error(
+                "CRONMAN_COMMAND_QUEUE_URL is set but CRONMAN_COMMAND_SECRET is not: no command can be "
+                "authenticated, so the command queue is not read (its messages wait there)"
+            )
+            return
         failures = 0
         while True:
             try:
@@ -85,7 +96,10 @@ class CommandConsumer:
     # -- in the thread pool ------------------------------------------------------------------
     def _receive(self) -> list[dict[str, Any]]:
         resp = self.client.receive_message(
-            QueueUrl=self.queue_url, MaxNumberOfMessages=MAX_MESSAGES, WaitTimeSeconds=WAIT_SECONDS
+            QueueUrl=self.queue_url,
+            MaxNumberOfMessages=MAX_MESSAGES,
+            WaitTimeSeconds=WAIT_SECONDS,
+            MessageAttributeNames=["All"],
         )
         return list(resp.get("Messages", []))
 
@@ -94,7 +108,8 @@ class CommandConsumer:
         done: list[dict[str, str]] = []
         for m in messages:
             try:
-                outcome = run_command(self.engine, self.settings, m.get("Body", ""))
+                now_ms = int(time.time() * 1000)
+                outcome = run_command(self.engine, self.settings, m.get("Body", ""), _attributes(m), now_ms)
                 if outcome.dead_letter:
                     self._dead_letter(m, outcome)
             except Exception as exc:  # noqa: BLE001 - left on the queue; it comes back
@@ -134,3 +149,12 @@ class CommandConsumer:
             log.warning("queued command rejected: %s", outcome.error, extra=fields)
         else:
             log.info("queued command %s", outcome.status, extra=fields)
+
+
+def _attributes(m: dict[str, Any]) -> dict[str, str]:
+    """A message's string attributes (the signature travels in them)."""
+    return {
+        name: str(value["StringValue"])
+        for name, value in (m.get("MessageAttributes") or {}).items()
+        if isinstance(value, dict) and isinstance(value.get("StringValue"), str)
+    }

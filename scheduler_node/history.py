@@ -1,42 +1,34 @@
 """History written in batches off the timer: rows go to a buffer, one writer flushes it every
-~100 ms with a multi-row INSERT. While PostgreSQL is down the buffer is held (bounded) and the
-write retried with backoff, so history recorded during an outage is kept, not lost."""
+~100 ms with a multi-row INSERT (run in a thread).
+
+No row can stop the others: text is cleaned of what PostgreSQL cannot store before a row is
+buffered, numbers are clamped to the columns' range, and a batch that fails for any reason but the
+database being unavailable is split until the rows that fail alone are found; those are set aside
+(quarantined, logged once) and retried now and then, so a fault that was not theirs after all
+(a schema being migrated) loses nothing. While PostgreSQL is unavailable the whole buffer is held
+(bounded; what overflows is logged by job and execution) and retried with backoff.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from psycopg2 import errors as pg_errors
-from psycopg2.extras import execute_values
-from sqlalchemy import Engine
-
-from cronman.partitions import day_of_ms, ensure_partitions
+from cronman.errors import TransientError
 
 log = logging.getLogger("cronman.node.history")
 
-_TS = "(timestamptz 'epoch' + %s * interval '1 millisecond')"
-_COLUMNS = (
-    "INSERT INTO scheduled_jobs (job_id, scheduled_for, event_index, attempt, execution_id, trigger, status, node, "
-    "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered) VALUES %s "
-)
-# A second row for one attempt from a different delivery counts a duplicate; the same row written
-# again (a retried write, or a survivor recovering a dead node's rows) does not, nor does a
-# "skipped" row for an occurrence that turns out to have been delivered (the delivery stands).
-_INSERT = (
-    _COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt) DO UPDATE SET duplicates = "
-    "scheduled_jobs.duplicates "
-    "+ CASE WHEN EXCLUDED.status = 'skipped' OR (scheduled_jobs.node IS NOT DISTINCT FROM EXCLUDED.node "
-    "AND scheduled_jobs.fired_at IS NOT DISTINCT FROM EXCLUDED.fired_at) THEN 0 ELSE 1 END "
-    "RETURNING duplicates"
-)
-_TEMPLATE = f"(%s, {_TS}, %s, %s, %s::uuid, %s, %s, %s, {_TS}, {_TS}, %s, %s, %s, %s, %s)"
-_MAX_ERROR = 1000
+MAX_ERROR = 1000  # characters of an error kept in history
+_INT64 = (1 << 63) - 1
+_INT32 = (1 << 31) - 1
+_QUARANTINE_MAX = 10_000
+_QUARANTINE_RETRY_SECONDS = 60.0
 
 
 class HistoryRow(NamedTuple):
@@ -55,42 +47,110 @@ class HistoryRow(NamedTuple):
     error: str | None
     throttle_wait_ms: int | None = None
     dead_lettered: bool | None = None
+    incarnation: int | None = None
+    namespace: str | None = None
+
+    @property
+    def key(self) -> tuple[str, int, int, int]:
+        return (self.job_id, self.scheduled_ms, self.event_index, self.attempt)
+
+
+def clean_text(text: str | None, limit: int = MAX_ERROR) -> str | None:
+    """Text PostgreSQL will store: no NUL, no lone surrogates, at most ``limit`` characters."""
+    if text is None:
+        return None
+    text = text[: limit * 2]
+    if "\x00" in text:
+        text = text.replace("\x00", "\\0")
+    text = text[:limit]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def _clamp(value: int | None, bound: int) -> int | None:
+    if value is None:
+        return None
+    return max(-bound, min(bound, int(value)))
+
+
+def clean_row(row: HistoryRow) -> HistoryRow:
+    """The row as it will be stored: every value within what its column holds."""
+    return row._replace(
+        error=clean_text(row.error),
+        node=clean_text(row.node, 200) or "",
+        lag_ms=_clamp(row.lag_ms, _INT64),
+        throttle_wait_ms=_clamp(row.throttle_wait_ms, _INT64),
+        http_status=_clamp(row.http_status, _INT32),
+        attempt=_clamp(row.attempt, _INT32) or 1,
+        event_index=_clamp(row.event_index, _INT32) or 0,
+    )
 
 
 class HistoryWriter:
+    """Buffers rows and writes them with ``write`` (a blocking function run in ``executor`` that
+    returns how many rows turned out to be second deliveries, and raises
+    :class:`~cronman.errors.TransientError` when the database is unavailable)."""
+
     def __init__(
         self,
-        engine: Engine,
-        executor: Executor,
+        write: Callable[[list[HistoryRow]], int],
+        executor: Executor | None,
         *,
         flush_seconds: float,
         max_rows: int,
         on_batch: Callable[[list[HistoryRow], int], None] = lambda rows, dups: None,
         on_failure: Callable[[], None] = lambda: None,
         on_dropped: Callable[[int], None] = lambda n: None,
+        on_poison: Callable[[int], None] = lambda n: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.engine = engine
+        self.write = write
         self.executor = executor
         self.flush_seconds = flush_seconds
         self.max_rows = max_rows
         self._buffer: deque[HistoryRow] = deque()
-        self._days: set = set()
+        self._quarantine: deque[HistoryRow] = deque()
+        self._quarantine_retry_at = 0.0
         self._on_batch, self._on_failure, self._on_dropped = on_batch, on_failure, on_dropped
+        self._on_poison = on_poison
+        self._clock = clock
         self._backoff = 0.0
+        self._dropped = 0
         self.last_error: str | None = None
 
     def __len__(self) -> int:
         return len(self._buffer)
 
+    @property
+    def quarantined(self) -> int:
+        return len(self._quarantine)
+
     def add(self, row: HistoryRow) -> HistoryRow:
         """Buffer a row for the next write; returns it as it will be written."""
-        if row.error and len(row.error) > _MAX_ERROR:
-            row = row._replace(error=row.error[:_MAX_ERROR])
+        row = clean_row(row)
         self._buffer.append(row)
         if len(self._buffer) > self.max_rows:
-            self._buffer.popleft()
-            self._on_dropped(1)
+            self._drop(self._buffer.popleft())
         return row
+
+    def _drop(self, row: HistoryRow) -> None:
+        self._dropped += 1
+        self._on_dropped(1)
+        if self._dropped == 1 or self._dropped % 1000 == 0:
+            log.error(
+                "history buffer full: dropped the oldest rows",
+                extra={
+                    "job_id": row.job_id,
+                    "execution_id": row.execution_id,
+                    "attempt": row.attempt,
+                    "status": row.status,
+                    "dropped_total": self._dropped,
+                    "max_rows": self.max_rows,
+                },
+            )
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -102,82 +162,73 @@ class HistoryWriter:
             await self.flush()
 
     async def flush(self, limit: int = 20_000) -> bool:
-        """Write what is buffered (in chunks); keep it on failure. True when the buffer is empty."""
-        loop = asyncio.get_running_loop()
+        """Write what is buffered (in chunks); keep it while the database is unavailable. True
+        when the buffer is empty."""
+        if self._quarantine and self._clock() >= self._quarantine_retry_at:
+            self._quarantine_retry_at = self._clock() + _QUARANTINE_RETRY_SECONDS
+            self._buffer.extend(self._quarantine)
+            self._quarantine.clear()
         while self._buffer:
             batch = [self._buffer.popleft() for _ in range(min(limit, len(self._buffer)))]
             try:
-                dups = await loop.run_in_executor(self.executor, self._write, batch)
+                await self._write_isolating(batch)
             except asyncio.CancelledError:
                 # Keep the rows: writing them again later is harmless (the same row is no duplicate).
                 self._buffer.extendleft(reversed(batch))
                 raise
-            except Exception as exc:  # noqa: BLE001 - database down or failing: keep the rows, retry later
+            except TransientError as exc:
                 self._buffer.extendleft(reversed(batch))
                 self._backoff = min(max(self._backoff * 2, 0.2), 5.0)
-                self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                self.last_error = str(exc)[:300]
                 self._on_failure()
                 log.warning("history write failed, %d rows held: %s", len(self._buffer), self.last_error)
                 return False
             self._backoff = 0.0
             self.last_error = None
-            self._on_batch(batch, dups)
         return True
 
-    async def write_now(self, rows: list[HistoryRow]) -> None:
-        """Write rows at once (recovering a dead node's history); raises on failure."""
-        if rows:
-            await asyncio.get_running_loop().run_in_executor(self.executor, self._write, rows)
-
-    def rows_pending(self) -> set[tuple[str, int, int, int]]:
-        return {r[:4] for r in self._buffer}
-
-    def _write(self, batch: list[HistoryRow]) -> int:
-        days = {day_of_ms(r.scheduled_ms) for r in batch}
-        raw = self.engine.raw_connection()
+    async def _write_isolating(self, batch: list[HistoryRow]) -> None:
+        """Write ``batch``; a failure that is not the database's unavailability splits it, down to
+        the rows that fail alone (quarantined)."""
+        loop = asyncio.get_running_loop()
         try:
-            for attempt in (1, 2):
-                try:
-                    if not days <= self._days:
-                        self._ensure_days(days)
-                    cur = raw.cursor()
-                    try:
-                        returned = execute_values(
-                            cur, _INSERT, _dedupe(batch), template=_TEMPLATE, page_size=len(batch), fetch=True
-                        )
-                    finally:
-                        cur.close()
-                    raw.commit()
-                    return sum(1 for (d,) in returned if d)
-                except pg_errors.CheckViolation:
-                    # "no partition of relation found for row": a day nobody created yet
-                    raw.rollback()
-                    self._days -= days
-                    if attempt == 2:
-                        raise
-            raise AssertionError("unreachable")
-        finally:
-            raw.close()
+            dups = await loop.run_in_executor(self.executor, self.write, batch)
+        except TransientError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a row the database refuses: find it, set it aside
+            if len(batch) == 1:
+                self._set_aside(batch[0], exc)
+                return
+            half = len(batch) // 2
+            await self._write_isolating(batch[:half])
+            await self._write_isolating(batch[half:])
+            return
+        self._on_batch(batch, dups)
 
-    def _ensure_days(self, days: set) -> None:
-        with self.engine.begin() as conn:
-            created = ensure_partitions(conn, days)
-        if created:
-            log.info("created history partitions %s", ", ".join(created))
-        self._days |= days
+    def _set_aside(self, row: HistoryRow, exc: Exception) -> None:
+        self._on_poison(1)
+        log.error(
+            "a history row was refused by the database; set aside and retried later: %s",
+            f"{type(exc).__name__}: {exc}"[:300],
+            extra={"job_id": row.job_id, "execution_id": row.execution_id, "attempt": row.attempt},
+        )
+        self._quarantine.append(row)
+        if len(self._quarantine) > _QUARANTINE_MAX:
+            self._drop(self._quarantine.popleft())
+        if not self._quarantine_retry_at:
+            self._quarantine_retry_at = self._clock() + _QUARANTINE_RETRY_SECONDS
 
-
-def _dedupe(batch: list[HistoryRow]) -> list[HistoryRow]:
-    seen: dict[tuple[str, int, int, int], HistoryRow] = {}
-    for r in batch:
-        seen[(r.job_id, r.scheduled_ms, r.event_index, r.attempt)] = r
-    return list(seen.values())
+    async def write_now(self, rows: list[HistoryRow]) -> None:
+        """Write rows at once, bypassing the buffer (raises TransientError on failure)."""
+        if rows:
+            await self._write_isolating([clean_row(r) for r in rows])
 
 
 def row_to_text(row: HistoryRow) -> str:
-    """A history row as kept in Redis until it is written (see the done script)."""
+    """A history row as kept in the claim store until it is written (see the done script)."""
     return json.dumps(list(row), separators=(",", ":"))
 
 
 def row_from_text(text: str | bytes) -> HistoryRow:
-    return HistoryRow(*json.loads(text))
+    values: list[Any] = json.loads(text)
+    return HistoryRow(*values[: len(HistoryRow._fields)])

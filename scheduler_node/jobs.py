@@ -11,23 +11,7 @@ from typing import Any
 
 from cronman.misfire import MisfirePolicy
 from cronman.schedule import Timing, timing_maker
-
-
-@dataclass(frozen=True, slots=True)
-class HttpCall:
-    method: str
-    url: str
-    headers: tuple[tuple[str, str], ...]
-    timeout: float
-
-
-@dataclass(frozen=True, slots=True)
-class SqsSend:
-    queue_url: str
-    group_id: str | None
-
-
-Target = HttpCall | SqsSend
+from scheduler_node.parts import Target
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +41,7 @@ class OwnedJob:
         "id",
         "slot",
         "version",
+        "incarnation",
         "namespace",
         "timing",
         "target",
@@ -72,6 +57,7 @@ class OwnedJob:
         id: str,
         slot: int,
         version: int,
+        incarnation: int,
         namespace: str,
         timing: Timing,
         target: Target,
@@ -83,6 +69,7 @@ class OwnedJob:
         self.id = id
         self.slot = slot
         self.version = version
+        self.incarnation = incarnation
         self.namespace = namespace
         self.timing = timing
         self.target = target
@@ -92,11 +79,17 @@ class OwnedJob:
         self.paused = paused
         self.gen = 0
 
+    @classmethod
+    def gone(cls, job_id: str, slot: int, incarnation: int) -> OwnedJob:
+        """A job that no longer exists (deleted, or an earlier incarnation of its id): what is
+        left of it is cancelled."""
+        return cls(job_id, slot, 0, incarnation, "", _NEVER, _Gone(), b"", _NO_RETRY, Options(), False)
 
-# Columns the node reads, in order (see scheduler_node.feed).
+
+# Columns the node reads, in order (see scheduler_node.store).
 JOB_COLUMNS = (
     "id, slot, version, schedule::text, target::text, payload, retry::text, paused, "
-    "floor(extract(epoch from updated_at) * 1000)::bigint, namespace, options::text"
+    "floor(extract(epoch from updated_at) * 1000)::bigint, namespace, options::text, incarnation"
 )
 
 
@@ -113,13 +106,16 @@ class JobRow:
     updated_ms: int
     namespace: str
     options_text: str
+    incarnation: int
     deleted: bool = False
 
 
 class Decoder:
-    """Builds OwnedJobs, sharing equal targets, retry policies and options between jobs."""
+    """Builds OwnedJobs, sharing equal targets, retry policies and options between jobs.
+    ``decode_target`` turns a stored target document into a sender's target (by its kind)."""
 
-    def __init__(self) -> None:
+    def __init__(self, decode_target: Callable[[dict[str, Any]], Target]) -> None:
+        self._decode_target = decode_target
         self._targets: dict[str, Target] = {}
         self._retries: dict[str, Retry] = {}
         self._options: dict[str, Options] = {}
@@ -129,7 +125,7 @@ class Decoder:
     def target(self, text: str) -> Target:
         t = self._targets.get(text)
         if t is None:
-            t = _target_from(json.loads(text))
+            t = self._decode_target(json.loads(text))
             if len(self._targets) > 100_000:
                 self._targets.clear()
             self._targets[text] = t
@@ -199,6 +195,7 @@ class Decoder:
             row.paused,
             row.namespace,
             row.options_text,
+            row.incarnation,
         )
 
     def job_from(
@@ -213,11 +210,13 @@ class Decoder:
         paused: bool,
         namespace: str,
         options_text: str,
+        incarnation: int = 0,
     ) -> OwnedJob:
         return OwnedJob(
             id,
             slot,
             version,
+            incarnation,
             sys.intern(namespace),
             self.timing(schedule_text, id),
             self.target(target_text),
@@ -228,10 +227,16 @@ class Decoder:
         )
 
 
-def _target_from(d: dict[str, Any]) -> Target:
-    if d["type"] == "http":
-        headers = tuple(sorted((str(k), str(v)) for k, v in (d.get("headers") or {}).items()))
-        return HttpCall(d.get("method", "POST"), d["url"], headers, float(d.get("timeout_seconds", 10.0)))
-    if d["type"] == "sqs":
-        return SqsSend(d["queue_url"], d.get("message_group_id"))
-    raise ValueError(f"unknown target type {d['type']!r}")
+class _Never:
+    def next_after(self, after_ms: int) -> int | None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Gone:
+    kind: str = "gone"
+    timeout: float = 0.0
+
+
+_NEVER = _Never()
+_NO_RETRY = Retry(1, 0.0, 0.0, False)

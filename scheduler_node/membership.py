@@ -1,41 +1,45 @@
-"""Heartbeats with a TTL, and the live set of nodes read from them."""
+"""Heartbeats with a TTL, in Redis time, and the live set of nodes read from them: one hash
+(tagged ``{m}``) holds every node's heartbeat with its expiry, so one script reads the cluster."""
 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
-import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
-from cronman.cluster import NodeInfo, parse_members
+from cronman.cluster import parse_members
+from cronman.errors import TransientError
 from cronman.keys import Keys, lua
+from scheduler_node.parts import Member, Membership
 
 
-class Membership:
-    def __init__(self, client: aioredis.Redis, keys: Keys, node_id: str, ttl_seconds: float) -> None:
+class RedisMembership(Membership):
+    def __init__(self, client: Any, keys: Keys, node_id: str, ttl_seconds: float) -> None:
         self.client = client
         self.keys = keys
         self.node_id = node_id
         self.ttl_ms = int(ttl_seconds * 1000)
+        self._beat = client.register_script(lua("beat"))
         self._members = client.register_script(lua("members"))
-        self.last_beat: float | None = None
 
     async def beat(self, info: dict[str, Any]) -> None:
-        now = time.time()
-        value = json.dumps({**info, "ts": now})
-        pipe = self.client.pipeline(transaction=False)
-        pipe.set(self.keys.heartbeat(self.node_id), value, px=self.ttl_ms)
-        pipe.sadd(self.keys.members, self.node_id)
-        await pipe.execute()
-        self.last_beat = now
+        try:
+            await self._beat(keys=[self.keys.members], args=[self.node_id, self.ttl_ms, json.dumps(info)])
+        except (RedisError, OSError) as exc:
+            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
 
-    async def live(self) -> list[NodeInfo]:
-        flat = await self._members(keys=[self.keys.members], args=[self.keys.heartbeat_prefix])
-        return parse_members(list(flat), time.time())
+    async def live(self) -> list[Member]:
+        try:
+            flat = await self._members(keys=[self.keys.members])
+        except (RedisError, OSError) as exc:
+            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+        return [
+            Member(n.node_id, n.heartbeat_age_seconds, bool(n.info.get("ready")), n.info) for n in parse_members(flat)
+        ]
 
     async def leave(self) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.delete(self.keys.heartbeat(self.node_id))
-        pipe.srem(self.keys.members, self.node_id)
-        await pipe.execute()
+        try:
+            await self.client.hdel(self.keys.members, self.node_id)
+        except (RedisError, OSError) as exc:
+            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc

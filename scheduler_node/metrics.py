@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
@@ -53,5 +55,25 @@ class NodeMetrics:
         self.info.labels(node=node_id).set(1)
         # The labelled children used on the firing path, looked up once.
         self.claim = {k: self.claims.labels(k) for k in ("won", "lost", "taken_over", "superseded")}
-        self.status = {k: self.executions.labels(k) for k in ("succeeded", "failed", "permanently_failed", "skipped")}
-        self.latency = {k: self.callback_latency.labels(k) for k in ("http", "sqs")}
+        self.history_poison = Counter(
+            "cronman_history_rows_refused", "History rows the database refused, set aside and retried", registry=r
+        )
+        self._status: dict[str, Any] = {}
+        self._latency: dict[str, Any] = {}
+        for k in ("succeeded", "failed", "permanently_failed", "skipped", "cancelled"):
+            self.status_of(k)
+        for k in ("http", "sqs"):
+            self.latency_of(k)
+
+    def status_of(self, status: str) -> Any:
+        child = self._status.get(status)
+        if child is None:
+            child = self._status[status] = self.executions.labels(status)
+        return child
+
+    def latency_of(self, kind: str) -> Any:
+        """Callback latency of a target kind (the sender's name is the label)."""
+        child = self._latency.get(kind)
+        if child is None:
+            child = self._latency[kind] = self.callback_latency.labels(kind)
+        return child

@@ -11,10 +11,12 @@ are leases (renewed while the delivery is in flight), so a node that dies frees 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
+from cronman.errors import TransientError
 from cronman.keys import Keys, lua
 
 if TYPE_CHECKING:
@@ -26,7 +28,7 @@ _AHEAD_MS = 50  # a rate-limited permit may start this much before its slot (abo
 
 
 class ThrottleGate:
-    def __init__(self, client: aioredis.Redis, keys: Keys, lease_ms: int) -> None:
+    def __init__(self, client: Any, keys: Keys, lease_ms: int) -> None:
         self.client = client
         self.keys = keys
         self.lease_ms = lease_ms
@@ -52,14 +54,14 @@ class ThrottleGate:
         return sum(len(q) for q in self.waiting.values())
 
     def _holders(self, p: PolicyKey) -> str:
-        return f"{self.keys.prefix}throttle:{p[0]}:{p[1]}"
+        return self.keys.throttle(p[0], p[1])
 
     async def grant(self, now_ms: int) -> list[Execution]:
         """Free released permits, then hand out what is available; returns the executions granted."""
         await self._flush_releases()
         granted: list[Execution] = []
         for p, queue in list(self.waiting.items()):
-            while queue and queue[0].lost:
+            while queue and not queue[0].active:
                 queue.popleft()
             if not queue:
                 del self.waiting[p]
@@ -70,26 +72,42 @@ class ThrottleGate:
                 del self.waiting[p]
                 continue
             interval = 1000.0 / per_second if per_second else 0
-            members = [queue[i].key for i in range(min(len(queue), _MAX_ASK))]
-            n = int(
-                await self._script(
-                    keys=[self._holders(p), f"{self._holders(p)}:tat"],
-                    args=[now_ms, self.lease_ms, max_in_flight, interval, _AHEAD_MS, *members],
+            members = [queue[i].ticket.name for i in range(min(len(queue), _MAX_ASK))]
+            try:
+                n = int(
+                    await self._script(
+                        keys=[self._holders(p), self.keys.throttle_tat(*p)],
+                        args=[now_ms, self.lease_ms, max_in_flight, interval, _AHEAD_MS, *members],
+                    )
                 )
-            )
+            except (RedisError, OSError) as exc:
+                raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
             for _ in range(n):
                 e = queue.popleft()
-                self.held[e.key] = p
+                self.held[e.ticket.name] = p
                 granted.append(e)
         return granted
 
     def release(self, e: Execution) -> bool:
         """Give back the execution's permit, if it holds one (freed in Redis on the next pass)."""
-        p = self.held.pop(e.key, None)
+        p = self.held.pop(e.ticket.name, None)
         if p is None:
             return False
-        self._released.append((p, e.key))
+        self._released.append((p, e.ticket.name))
         return True
+
+    def forget(self, keep: Callable[[Execution], bool]) -> list[Execution]:
+        """Take waiting executions out (a handover), keeping those ``keep`` says to keep."""
+        out: list[Execution] = []
+        for p in list(self.waiting):
+            queue = self.waiting[p]
+            out.extend(e for e in queue if not keep(e))
+            rest = deque(e for e in queue if keep(e))
+            if rest:
+                self.waiting[p] = rest
+            else:
+                del self.waiting[p]
+        return out
 
     async def _flush_releases(self) -> None:
         if not self._released:
@@ -100,9 +118,9 @@ class ThrottleGate:
             pipe.zrem(self._holders(p), member)
         try:
             await pipe.execute()
-        except Exception:
+        except (RedisError, OSError) as exc:
             self._released[:0] = batch
-            raise
+            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
 
     async def renew(self, now_ms: int) -> None:
         """Extend the leases of permits held by deliveries still in flight."""
@@ -111,4 +129,7 @@ class ThrottleGate:
         pipe = self.client.pipeline(transaction=False)
         for member, p in self.held.items():
             pipe.zadd(self._holders(p), {member: now_ms + self.lease_ms}, xx=True)
-        await pipe.execute()
+        try:
+            await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc

@@ -7,11 +7,16 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from cronman.errors import ConfigError
+
 if TYPE_CHECKING:
     from scheduler_node.node import Node
 
 
-async def start_web(node: Node, host: str, port: int) -> web.AppRunner:
+async def start_web(node: Node, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve the node's port (0: any free one); returns the runner and the port bound. A port that
+    is taken is one clear error, not a traceback."""
+
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "node": node.node_id})
 
@@ -23,12 +28,13 @@ async def start_web(node: Node, host: str, port: int) -> web.AppRunner:
             "jobs": len(node.jobs),
             "slots": len(node.owned),
             "nodes": node.live_ids,
-            "history_buffered": len(node.history),
+            "history_buffered": len(node.history) if node.history is not None else 0,
         }
         return web.json_response(body, status=200 if ready else 503)
 
     async def metrics(_: web.Request) -> web.Response:
-        node.metrics.history_buffered.set(len(node.history))
+        if node.history is not None:
+            node.metrics.history_buffered.set(len(node.history))
         return web.Response(body=generate_latest(node.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
@@ -37,5 +43,17 @@ async def start_web(node: Node, host: str, port: int) -> web.AppRunner:
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return runner
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(
+            f"cannot serve the node's health and metrics port {host}:{port}: {exc.strerror or exc}; "
+            "choose another with --port or CRONMAN_NODE_PORT (0: any free port, -1: none)"
+        ) from None
+    bound = port
+    server = getattr(site, "_server", None)
+    if server is not None and server.sockets:
+        bound = server.sockets[0].getsockname()[1]
+    return runner, bound

@@ -128,6 +128,9 @@ FAST: dict[str, Any] = {
     "change_poll_seconds": 0.3,
     "history_flush_seconds": 0.05,
     "load_grace_seconds": 2.0,
+    "history_recover_after_seconds": 3.0,
+    "progress_seconds": 0.5,
+    "outage_after_seconds": 5.0,
     "node_port": 0,
     "dev_mode": True,
 }

@@ -253,3 +253,194 @@ def test_health_and_readiness(client: FlaskClient) -> None:
     assert client.get("/healthz").json == {"status": "ok"}
     assert client.get("/readyz").json["status"] == "ready"
     assert client.get("/v1/cluster").json == {"replication_factor": 2, "slots": 4096, "nodes": []}
+
+
+# -- instants at the edges of what can be computed --------------------------------------------------
+
+EDGE_INSTANTS = [
+    (
+        "cron start_at in year 1",
+        {"type": "cron", "expression": "0 7 * * *", "start_at": "0001-01-01T00:00:00Z"},
+        "schedule.start_at",
+    ),
+    (
+        "end_at in year 9999",
+        {"type": "interval", "every_seconds": 60, "end_at": "9999-12-31T23:59:59Z"},
+        "schedule.end_at",
+    ),
+    (
+        "start_at before 1970",
+        {"type": "interval", "every_seconds": 60, "start_at": "1969-12-31T23:59:59Z"},
+        "schedule.start_at",
+    ),
+    (
+        "once at 9999-12-31 with jitter",
+        {"type": "once", "at": "9999-12-31T00:00:00Z", "jitter_seconds": 3600},
+        "schedule.at",
+    ),
+    (
+        "once whose jitter crosses the limit",
+        {"type": "once", "at": "8999-12-31T23:59:00Z", "jitter_seconds": 3600},
+        "schedule.at",
+    ),
+    ("once in year 1 with an offset", {"type": "once", "at": "0001-01-01T00:00:00+01:00"}, "schedule.at"),
+]
+
+
+@pytest.mark.parametrize(("case", "schedule", "field"), EDGE_INSTANTS, ids=[c[0] for c in EDGE_INSTANTS])
+def test_an_instant_outside_what_can_be_computed_is_a_400(
+    client: FlaskClient,
+    db,
+    case: str,
+    schedule: dict[str, Any],
+    field: str,  # type: ignore[no-untyped-def]
+) -> None:
+    doc = {**JOB, "id": "edge", "schedule": schedule}
+    for method, path in (("post", "/v1/jobs"), ("put", "/v1/jobs/edge")):
+        r = post(client, doc, path, method)
+        assert r.status_code == 400, (case, r.json)
+        assert r.json["error"]["field"] == field and "9000-01-01T00:00:00Z" in r.json["error"]["message"], r.json
+    assert count(db, "SELECT count(*) FROM jobs") == 0
+    assert post(client, JOB).status_code == 201
+    r = post(client, {"schedule": schedule}, "/v1/jobs/invoice-reminder-42", "patch")
+    assert (r.status_code, r.json["error"]["field"]) == (400, field)
+    assert client.get("/v1/jobs").status_code == 200
+
+
+def test_the_latest_instant_accepted_still_computes(client: FlaskClient) -> None:
+    doc = {**JOB, "id": "late", "schedule": {"type": "once", "at": "8999-12-31T22:00:00Z", "jitter_seconds": 3600}}
+    r = post(client, doc)
+    assert r.status_code == 201, r.json
+    assert r.json["next_fire_at"].startswith("8999-12-31T2")
+    assert client.get("/v1/jobs").status_code == 200
+    cron = {
+        **JOB,
+        "id": "late-cron",
+        "schedule": {"type": "cron", "expression": "0 0 29 2 *", "start_at": "8999-06-01T00:00:00Z"},
+    }
+    r = post(client, cron)
+    assert r.status_code == 201 and r.json["next_fire_at"] == "9004-02-29T00:00:00Z", r.json
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        "9999-12-31T23:59:30Z",
+        "0001-01-01T00:00:00+01:00",
+        "1969-12-31T23:59:59Z",
+        "9000-01-01T00:00:00Z",
+        "+999999-01-01T00:00:00Z",
+    ],
+)
+def test_next_after_an_instant_outside_the_range_is_a_400(client: FlaskClient, after: str) -> None:
+    post(client, JOB)
+    r = client.get("/v1/jobs/invoice-reminder-42/next", query_string={"after": after, "count": 100})
+    assert r.status_code == 400 and r.json["error"]["field"] == "after", r.json
+    r = client.get("/v1/jobs/invoice-reminder-42/next", query_string={"after": "8999-12-31T23:59:59Z", "count": 100})
+    assert r.status_code == 200 and len(r.json["next"]) == 100 and r.json["next"][-1].startswith("9000-04-")
+
+
+@pytest.mark.parametrize(
+    "parts", [[-1, 0, 1], [2**62, 0, 1], [0, -1, 1], [0, 0, 2**40], [253402300800000, 0, 1]], ids=str
+)
+def test_a_history_cursor_outside_the_range_is_a_400(client: FlaskClient, parts: list[int]) -> None:
+    from cronman.store import encode_cursor
+
+    post(client, JOB)
+    r = client.get("/v1/jobs/invoice-reminder-42/executions", query_string={"cursor": encode_cursor(parts)})
+    assert r.status_code == 400 and r.json["error"]["field"] == "cursor", r.json
+
+
+# Rows no API of today would accept; True: the next time cannot be computed at all.
+HOSTILE_SCHEDULES = [
+    ({"type": "once", "at": "9999-12-31T23:59:59Z", "jitter_seconds": 3600}, False),  # what an older API stored
+    ({"type": "cron", "expression": "0 7 * * *", "start_at": "0001-01-01T00:00:00Z"}, False),
+    ({"type": "interval", "every_seconds": 60, "start_at": "9999-12-31T23:59:00Z"}, False),
+    ({"type": "cron", "expression": "not cron at all"}, True),
+    ({"type": "weekly"}, True),
+    ({"type": "once"}, True),
+]
+
+
+@pytest.mark.parametrize(("schedule", "broken"), HOSTILE_SCHEDULES, ids=lambda s: json.dumps(s))
+def test_no_stored_job_breaks_a_read(
+    client: FlaskClient,
+    db,  # type: ignore[no-untyped-def]
+    schedule: dict[str, Any],
+    broken: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A row written straight into the database: every read still answers, and the job whose next
+    time cannot be computed shows none and is logged once, however often it is read."""
+    from sqlalchemy import text
+
+    for job_id in ("a-before", "z-after"):
+        assert post(client, {**JOB, "id": job_id}).status_code == 201
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO jobs (id, namespace, schedule, target, payload, retry, slot, version, change_xid) "
+                "VALUES ('m-hostile', 'default', CAST(:s AS jsonb), CAST(:t AS jsonb), '{}', '{}', 1, "
+                "nextval('jobs_version_seq'), pg_current_xact_id()::text::bigint)"
+            ),
+            {"s": json.dumps(schedule), "t": json.dumps(JOB["target"])},
+        )
+    caplog.set_level("WARNING", logger="cronman.api.jobs")
+    for _ in range(2):
+        listed = client.get("/v1/jobs")
+        assert listed.status_code == 200, listed.json
+        assert [j["id"] for j in listed.json["jobs"]] == ["a-before", "m-hostile", "z-after"]
+        assert all(j["next_fire_at"] for j in listed.json["jobs"] if j["id"] != "m-hostile")
+    hostile = client.get("/v1/jobs/m-hostile")
+    assert hostile.status_code == 200, hostile.json
+    assert client.get("/v1/jobs", query_string={"limit": 1}).status_code == 200
+    for after in (None, "2026-01-01T00:00:00Z", "8999-12-31T23:59:59Z"):
+        r = client.get("/v1/jobs/m-hostile/next", query_string={"count": 100, **({"after": after} if after else {})})
+        assert r.status_code == 200, r.json
+    r = post(client, {"name": "renamed"}, "/v1/jobs/m-hostile", "patch")
+    assert r.status_code == 400 and r.json["error"]["field"].startswith("schedule"), r.json
+    logged = [rec for rec in caplog.records if getattr(rec, "job_id", None) == "m-hostile"]
+    assert len(logged) <= 1, [r.getMessage() for r in logged]
+    if broken:
+        assert hostile.json["next_fire_at"] is None and len(logged) == 1
+
+
+# -- a once job in the past --------------------------------------------------------------------------
+
+
+def _once(job_id: str, at: str) -> dict[str, Any]:
+    return {**JOB, "id": job_id, "schedule": {"type": "once", "at": at}}
+
+
+def test_a_once_job_in_the_past_is_refused(client: FlaskClient, db) -> None:  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import text
+
+    past = (datetime.now(UTC) - timedelta(seconds=5)).isoformat()
+    for method, path in (("post", "/v1/jobs"), ("put", "/v1/jobs/late")):
+        r = post(client, _once("late", past), path, method)
+        assert r.status_code == 400, r.json
+        assert r.json["error"]["field"] == "schedule.at" and "in the past" in r.json["error"]["message"], r.json
+    assert count(db, "SELECT count(*) FROM jobs") == 0
+
+    soon = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    assert post(client, _once("done", soon)).status_code == 201
+    # time passes: the job has fired and is completed
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE jobs SET schedule = jsonb_set(schedule, '{at}', to_jsonb(CAST(:at AS text))) WHERE id = 'done'"
+            ),
+            {"at": "2026-01-01T00:00:00Z"},
+        )
+    assert client.get("/v1/jobs/done").json["state"] == "completed"
+    r = post(client, {"name": "renamed after it fired", "paused": True}, "/v1/jobs/done", "patch")
+    assert r.status_code == 200 and r.json["name"] == "renamed after it fired", r.json
+    got = client.get("/v1/jobs/done").json
+    replaced = {k: got[k] for k in ("schedule", "target", "payload", "retry")}
+    replaced["target"]["headers"] = JOB["target"]["headers"]
+    assert post(client, {**replaced, "name": "put back"}, "/v1/jobs/done", "put").status_code == 200
+    r = post(client, {"schedule": {"at": "2026-01-01T00:00:01Z"}}, "/v1/jobs/done", "patch")
+    assert r.status_code == 400 and r.json["error"]["field"] == "schedule.at", r.json
+    assert post(client, {"schedule": {"at": soon}}, "/v1/jobs/done", "patch").status_code == 200

@@ -317,7 +317,11 @@ def test_a_failed_execution_can_be_redelivered_under_its_id(
 
 @pytest.mark.parametrize(
     ("policy", "catchup", "fired", "skipped"),
-    [("fire_once", 3600, [-35], [-95, -65]), ("skip", 3600, [], [-95, -65, -35]), ("fire_all", 80, [-65, -35], [-95])],
+    [
+        ("fire_once", 3600, [-5], [-95, -65, -35]),
+        ("skip", 3600, [], [-95, -65, -35, -5]),
+        ("fire_all", 80, [-65, -35, -5], [-95]),
+    ],
 )
 def test_after_a_full_outage_the_misfire_policy_decides(
     client: FlaskClient,
@@ -328,8 +332,9 @@ def test_after_a_full_outage_the_misfire_policy_decides(
     fired: list[int],
     skipped: list[int],  # type: ignore[no-untyped-def]
 ) -> None:
-    """Occurrences at T0-95, -65, -35 s fell inside an outage (no node ran from T0-110 s); T0-5 s is
-    within the window a starting node always looks back over, so it fires late in every case."""
+    """No node ran from T0-110 s (the last progress any node recorded) until this one started:
+    the occurrences at T0-95, -65, -35 and -5 s fell inside that outage, so the first node back
+    records the outage and applies each job's misfire policy to them."""
     t0 = int(time.time())
     with Receiver() as receiver:
         create(
@@ -341,29 +346,33 @@ def test_after_a_full_outage_the_misfire_policy_decides(
             catchup_window_seconds=catchup,
         )
         with db.begin() as conn:
-            conn.execute(text("UPDATE jobs SET updated_at = now() - interval '120 seconds'"))
+            # the job existed before the outage (its history counts from its creation)
+            conn.execute(
+                text("UPDATE jobs SET created_at = now() - interval '120 s', updated_at = now() - interval '120 s'")
+            )
             conn.execute(
                 text(
-                    "INSERT INTO scheduler_state (key, value) VALUES ('fired_through', now() - interval '110 seconds')"
-                )
+                    "INSERT INTO node_progress (node_id, incarnation, fired_through, slots) "
+                    "VALUES ('gone', 'x', now() - interval '110 seconds', :all)"
+                ),
+                {"all": b"\xff" * 512},
             )
         with NodeThread(settings):
-            wait_for(
-                lambda: any(r.headers["Cronman-Scheduled-For"] == at_iso(t0 - 5) for r in receiver.snapshot()),
-                10,
-                "the occurrence inside the look-back window",
-            )
-            time.sleep(1)
             rows = wait_for(
-                lambda: (lambda h: h if len(h) >= 1 + len(fired) + len(skipped) else None)(history(client, "mf")),
-                5,
+                lambda: (lambda h: h if len(h) >= len(fired) + len(skipped) else None)(history(client, "mf")),
+                10,
                 "history",
             )
+            time.sleep(1)
+            rows = history(client, "mf")
         delivered = sorted(r.headers["Cronman-Scheduled-For"] for r in receiver.snapshot())
-    assert delivered == sorted(at_iso(t0 + d) for d in [*fired, -5])
+    assert delivered == sorted(at_iso(t0 + d) for d in fired)
     skipped_rows = sorted(e["scheduled_for"] for e in rows if e["status"] == "skipped")
     assert skipped_rows == sorted(at_iso(t0 + d) for d in skipped)
     assert all(e["error"].startswith("misfire: no scheduler was running") for e in rows if e["status"] == "skipped")
+    with db.connect() as conn:
+        outages = conn.execute(text("SELECT extract(epoch from until - since) FROM cluster_outages")).scalars().all()
+    assert len(outages) == 1 and 105 < float(outages[0]) < 120
 
 
 def at_iso(unix: int) -> str:

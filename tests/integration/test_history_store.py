@@ -1,13 +1,16 @@
 """The schema: migrations match the models, day partitions are created ahead and dropped past
-retention, and a history row for a day with no partition is still recorded."""
+retention, and a history row for a day with no partition is still recorded. No row, whatever it
+holds, stops the others."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import text
 
@@ -15,6 +18,7 @@ from cronman.migrate import check
 from cronman.partitions import existing_partitions, partition_name
 from cronman.timeutil import parse_iso
 from scheduler_node.history import HistoryRow, HistoryWriter
+from scheduler_node.store import PgNodeStore
 from tests.integration.conftest import count
 
 
@@ -70,8 +74,9 @@ def _row(day: str, attempt: int = 1, node: str = "n1", fired: int | None = None)
     )
 
 
-async def _write(db, rows: list[HistoryRow]) -> HistoryWriter:  # type: ignore[no-untyped-def]
-    writer = HistoryWriter(db, ThreadPoolExecutor(1), flush_seconds=0.05, max_rows=1000)
+async def _write(db, rows: list[HistoryRow], **kw: Any) -> HistoryWriter:  # type: ignore[no-untyped-def]
+    executor = ThreadPoolExecutor(1)
+    writer = HistoryWriter(PgNodeStore(db, executor).write_history, executor, flush_seconds=0.05, max_rows=1000, **kw)
     for r in rows:
         writer.add(r)
     assert await writer.flush()
@@ -97,3 +102,63 @@ def test_the_database_key_counts_a_second_delivery(db) -> None:  # type: ignore[
     with db.connect() as conn:
         rows = conn.execute(text("SELECT node, duplicates FROM scheduled_jobs WHERE job_id = 'job-x'")).all()
     assert [tuple(r) for r in rows] == [("n1", 1)]
+
+
+def test_a_row_postgresql_cannot_store_as_given_is_cleaned_not_lost(db) -> None:  # type: ignore[no-untyped-def]
+    """A receiver's error text with NUL bytes and lone surrogates, a lag past int4 (a redelivery of
+    an execution weeks old): each row is stored, and the rows beside it too."""
+    import asyncio
+
+    when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    base = _row(when)
+    bad_text = base._replace(attempt=2, status="failed", error="HTTP 500: \x00\x00oops\ud800 " + "x" * 5000)
+    huge_lag = base._replace(attempt=3, lag_ms=40 * 86_400_000, throttle_wait_ms=3 * 2**31)
+    asyncio.run(_write(db, [base, bad_text, huge_lag]))
+    with db.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT attempt, error, lag_ms, throttle_wait_ms FROM scheduled_jobs WHERE job_id = 'job-x' ORDER BY 2"
+            )
+        ).all()
+    by_attempt = {r[0]: r for r in rows}
+    assert set(by_attempt) == {1, 2, 3}
+    assert "\x00" not in by_attempt[2][1] and by_attempt[2][1].startswith("HTTP 500: \\0\\0oops")
+    assert len(by_attempt[2][1]) <= 1000
+    assert by_attempt[3][2] == 40 * 86_400_000 and by_attempt[3][3] == 3 * 2**31
+
+
+def test_a_row_the_database_refuses_is_set_aside_and_the_others_are_written(db, caplog) -> None:  # type: ignore[no-untyped-def]
+    """One poison row in a batch (here an execution id that is no UUID) neither blocks the rows
+    before and after it nor the batches that follow; it is logged once and kept aside."""
+    import asyncio
+
+    when = parse_iso(datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    good = [_row_at(when + i, attempt=1) for i in range(10)]
+    poison = _row_at(when + 5, attempt=2)._replace(execution_id="not-a-uuid")
+    refused: list[int] = []
+
+    async def run() -> HistoryWriter:
+        writer = await _write(db, [*good[:5], poison, *good[5:]], on_poison=refused.append)
+        writer.add(_row_at(when + 100, attempt=1))  # a later batch still goes through
+        assert await writer.flush()
+        return writer
+
+    writer = asyncio.run(run())
+    assert count(db, "SELECT count(*) FROM scheduled_jobs WHERE job_id = 'job-x'") == 11
+    assert refused == [1] and writer.quarantined == 1
+    assert sum("refused by the database" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_an_overflowing_buffer_logs_what_it_drops(caplog) -> None:  # type: ignore[no-untyped-def]
+    dropped: list[int] = []
+    writer = HistoryWriter(lambda rows: 0, None, flush_seconds=1, max_rows=1000, on_dropped=dropped.append)
+    for i in range(1001):
+        writer.add(_row_at(1_700_000_000_000 + i))
+    assert len(writer) == 1000 and dropped == [1]
+    [record] = [r for r in caplog.records if "history buffer full" in r.getMessage()]
+    assert record.job_id == "job-x" and record.execution_id  # type: ignore[attr-defined]
+
+
+def _row_at(ms: int, attempt: int = 1) -> HistoryRow:
+    eid = str(uuid.uuid4())
+    return HistoryRow("job-x", ms, 0, attempt, eid, "schedule", "succeeded", "n1", ms, ms + 1, 1, 200, None)

@@ -26,7 +26,10 @@ def _refused(r, needle: str) -> None:  # type: ignore[no-untyped-def]
     assert r.status_code == 400, r.json
     err = r.json["error"]
     assert (err["code"], err["field"]) == ("forbidden_address", "target.url"), err
-    assert needle in err["message"] and "CRONMAN_CALLBACK_ALLOWLIST" in err["message"], err["message"]
+    assert needle in err["message"], err["message"]
+    # what an operator may allow is named; a metadata endpoint is never allowed
+    hint = "whatever the allow-list" if "metadata" in needle else "CRONMAN_CALLBACK_ALLOWLIST"
+    assert hint in err["message"], err["message"]
 
 
 @pytest.mark.parametrize(
@@ -74,6 +77,30 @@ def test_an_allow_listed_private_address_is_accepted(app_with: Callable[..., Fla
     assert send(client, "post", "/v1/jobs", job("a", url="http://10.20.30.40/hook")).status_code == 201
     assert send(client, "post", "/v1/jobs", job("b", url="http://hooks.internal/hook")).status_code == 201
     _refused(send(client, "post", "/v1/jobs", job("c", url="http://10.21.0.1/hook")), "10.21.0.1 is a private")
+
+
+METADATA_URLS = [
+    "http://169.254.169.254/latest/meta-data/",
+    "http://[fd00:ec2::254]/",
+    "http://100.100.100.200/latest/meta-data/",  # Alibaba Cloud
+    "http://192.0.0.192/opc/v2/instance/",  # Oracle Cloud
+    "http://168.63.129.16/",  # Azure wireserver
+    "http://[::ffff:100.100.100.200]/",
+    "http://metadata.google.internal/computeMetadata/v1/",
+    "http://ＭＥＴＡＤＡＴＡ.google.internal/",  # full-width letters: the same name once mapped (UTS #46)
+    "http://metadata.google.internal./",
+]
+
+
+@pytest.mark.parametrize("url", METADATA_URLS)
+def test_metadata_endpoints_are_refused_whatever_the_allow_list(app_with: Callable[..., Flask], url: str) -> None:
+    allow = "100.64.0.0/10, 169.254.0.0/16, 192.0.0.0/24, 168.63.0.0/16, fd00::/8, metadata.google.internal"
+    for dev_mode in (False, True):
+        client = keyed(app_with(dev_mode=dev_mode, callback_allowlist=allow), ADMIN_KEY)
+        _refused(send(client, "post", "/v1/jobs", job("meta", url=url)), "cloud metadata")
+    # what the list is for still works: another address of the same CIDR
+    client = keyed(app_with(dev_mode=False, callback_allowlist=allow), ADMIN_KEY)
+    assert send(client, "post", "/v1/jobs", job("cgnat", url="http://100.100.100.201/")).status_code == 201
 
 
 def test_an_unresolvable_host_is_accepted_and_left_to_the_node(strict: FlaskClient) -> None:

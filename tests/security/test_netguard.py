@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from cronman.netguard import CallbackPolicy, classify, parse_address, parse_allowlist
-from scheduler_node.http import Origin, Pool, Refused
+from scheduler_node.senders.http import Origin, Pool, Refused
 
 STRICT = CallbackPolicy(dev_mode=False)
 DEV = CallbackPolicy(dev_mode=True)
@@ -92,17 +92,17 @@ def test_the_allow_list_admits_cidrs_and_host_names() -> None:
     policy = CallbackPolicy(dev_mode=False, allowlist=allow)
     assert policy.refusal("http://10.20.3.4/") is None
     assert policy.refusal("http://10.21.3.4/") is not None
-    assert policy.refusal("http://169.254.169.254/") is None  # explicitly allowed, even metadata
+    assert "cloud metadata" in str(policy.refusal("http://169.254.169.254/"))  # listed, and still refused
     assert policy.refusal("http://169.254.169.253/") is not None
     assert policy.refusal("http://[fd00::5]/") is None
     assert policy.refusal("http://Hooks.Internal/x", ["127.0.0.1"]) is None  # by name: any address
     assert policy.refusal("http://other.internal/x", ["127.0.0.1"]) is not None
-    assert (
-        CallbackPolicy(allowlist=parse_allowlist("metadata.google.internal")).refusal(
-            "http://metadata.google.internal/"
-        )
-        is None
-    )
+    # a listed name may resolve to anything but a metadata address; a metadata name cannot be listed
+    assert "cloud metadata" in str(policy.refusal("http://hooks.internal/", ["169.254.169.254"]))
+    listed = CallbackPolicy(allowlist=parse_allowlist("metadata.google.internal, 100.64.0.0/10"))
+    assert "cloud metadata host" in str(listed.refusal("http://metadata.google.internal/"))
+    assert "cloud metadata" in str(listed.refusal("http://100.100.100.200/"))
+    assert listed.refusal("http://100.100.100.201/") is None
 
 
 @pytest.mark.parametrize("bad", ["10.0.0.0/33", "not a host!", "127.1", "a..b"])

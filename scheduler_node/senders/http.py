@@ -1,11 +1,12 @@
-"""A lean HTTP/1.1 client for callbacks: keep-alive connections pooled per origin, responses parsed
-by httptools, no task or coroutine per request. Measured against aiohttp on the firing path it
-needs a fraction of the CPU per request (docs/performance.md), which is what bounds a node.
+"""HTTP callbacks: a lean HTTP/1.1 client with keep-alive connections pooled per origin, responses
+parsed by httptools, no task or coroutine per request. Measured against aiohttp on the firing path
+it needs a fraction of the CPU per request (docs/performance.md), which is what bounds a node.
 
 Only what a callback needs: one request per connection at a time, a body of known length, the
 status code and the start of the body for the error message. Connections go only to addresses the
 callback guard (:mod:`cronman.netguard`) allows: the host is resolved here, and the address checked
-is the address connected to.
+is the address connected to. A request's timeout bounds the whole attempt: waiting for a
+connection, DNS, connecting, TLS, sending and the response.
 """
 
 from __future__ import annotations
@@ -17,27 +18,19 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from typing import Any
 
 import httptools
 
 from cronman import __version__
-from cronman.netguard import CallbackPolicy, explain, parse_address
+from cronman.netguard import CallbackPolicy, explain, parse_address, parse_allowlist
+from cronman.urls import wire_url
+from scheduler_node.parts import Delivery, Outcome, Sender
 
 _SNIPPET = 200
 _MAX_BODY = 1 << 20  # read at most this much of a response; beyond it, drop the connection
 _DNS_TTL = 60.0
 _IDLE_SECONDS = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How one delivery attempt went: a 2xx is success; anything else, a timeout or a connection
-    error is a failure, described by ``error``."""
-
-    ok: bool
-    http_status: int | None = None
-    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,23 +49,50 @@ class Prepared:
 
 
 def prepare(method: str, url: str, headers: tuple[tuple[str, str], ...]) -> Prepared:
-    parts = urlsplit(url)
-    scheme = parts.scheme
-    host = parts.hostname or ""
-    port = parts.port or (443 if scheme == "https" else 80)
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    default_port = (scheme == "https" and port == 443) or (scheme == "http" and port == 80)
+    """The fixed part of a target's requests. Raises ValueError when the URL or a header cannot be
+    put on the wire (an IDN host is sent as punycode, a non-ASCII path percent-encoded; a header
+    value HTTP cannot carry is refused by the API, but an older stored job may still have one)."""
+    wire = wire_url(url)
+    host, port = wire.host, wire.port
+    default_port = (wire.scheme == "https" and port == 443) or (wire.scheme == "http" and port == 80)
     host_header = (f"[{host}]" if ":" in host else host) + ("" if default_port else f":{port}")
     lines = [
-        f"{method} {path} HTTP/1.1",
+        f"{method} {wire.request_target} HTTP/1.1",
         f"Host: {host_header}",
         f"User-Agent: cronman/{__version__}",
         "Content-Type: application/json",
     ]
     lines += [f"{k}: {v}" for k, v in headers]
-    return Prepared(Origin(scheme, host, port), ("\r\n".join(lines) + "\r\n").encode("latin-1"))
+    text = "\r\n".join(lines) + "\r\n"
+    try:
+        head = text.encode("ascii")
+    except UnicodeEncodeError:
+        bad = next(k for k, v in headers if not (k + v).isascii())
+        raise ValueError(f"header {bad!r} has characters HTTP cannot carry (only printable ASCII)") from None
+    return Prepared(Origin(wire.scheme, host, port), head)
+
+
+class _Request:
+    """One request: its bytes, its future, the timer bounding the whole attempt, and the
+    connection it is on once sent."""
+
+    __slots__ = ("data", "future", "timeout", "timer", "conn")
+
+    def __init__(self, data: bytes, future: asyncio.Future[Outcome], timeout: float) -> None:
+        self.data = data
+        self.future = future
+        self.timeout = timeout
+        self.timer: asyncio.TimerHandle | None = None
+        self.conn: _Connection | None = None
+
+    def expire(self) -> None:
+        self.timer = None
+        if self.future.done():
+            return
+        if self.conn is not None:
+            self.conn.timed_out(self.timeout)
+        else:
+            self.future.set_result(Outcome(False, None, f"timed out after {self.timeout:g}s (connecting)"))
 
 
 class _Connection(asyncio.Protocol):
@@ -83,7 +103,7 @@ class _Connection(asyncio.Protocol):
         "transport",
         "parser",
         "future",
-        "timer",
+        "request",
         "snippet",
         "body_bytes",
         "done",
@@ -97,7 +117,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.future: asyncio.Future[Outcome] | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.request: _Request | None = None
         self.snippet = b""
         self.body_bytes = 0
         self.done = False
@@ -143,14 +163,15 @@ class _Connection(asyncio.Protocol):
         self._finish(self._result(), reusable=self.parser.should_keep_alive())
 
     # -- requests
-    def send(self, data: bytes, future: asyncio.Future[Outcome], timeout: float) -> None:
+    def send(self, request: _Request) -> None:
         assert self.transport is not None
-        self.future = future
+        request.conn = self
+        self.request = request
+        self.future = request.future
         self.done = False
         self.snippet = b""
         self.body_bytes = 0
-        self.timer = self.pool.loop.call_later(timeout, self._timed_out, timeout)
-        self.transport.write(data)
+        self.transport.write(request.data)
 
     def _result(self) -> Outcome:
         status = self.parser.get_status_code()
@@ -159,16 +180,17 @@ class _Connection(asyncio.Protocol):
         text = self.snippet.decode("utf-8", "replace").strip()
         return Outcome(False, status, f"HTTP {status}" + (f": {text}" if text else ""))
 
-    def _timed_out(self, timeout: float) -> None:
+    def timed_out(self, timeout: float) -> None:
         self._finish(Outcome(False, None, f"timed out after {timeout:g}s"), reusable=False)
 
     def _finish(self, result: Outcome, reusable: bool) -> None:
         if self.done:
             return
         self.done = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        request, self.request = self.request, None
+        if request is not None and request.timer is not None:
+            request.timer.cancel()
+            request.timer = None
         future, self.future = self.future, None
         if reusable and not self.closed:
             self.parser = httptools.HttpResponseParser(self)
@@ -193,7 +215,7 @@ class _OriginPool:
         self.idle: list[_Connection] = []
         self.busy = 0
         self.connecting = 0
-        self.waiting: deque[tuple[bytes, asyncio.Future[Outcome], float]] = deque()
+        self.waiting: deque[_Request] = deque()
 
 
 class Pool:
@@ -220,6 +242,8 @@ class Pool:
         """Send ``prepared.head + extra_head`` (per-request headers, CRLF-terminated) and the body."""
         future: asyncio.Future[Outcome] = self.loop.create_future()
         data = b"".join((prepared.head, extra_head, b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body))
+        request = _Request(data, future, timeout)
+        request.timer = self.loop.call_later(timeout, request.expire)
         origin = prepared.origin
         op = self._origins.get(origin)
         if op is None:
@@ -229,36 +253,42 @@ class Pool:
             if not conn.closed:
                 conn.busy = True
                 op.busy += 1
-                conn.send(data, future, timeout)
+                conn.send(request)
                 return future
-        op.waiting.append((data, future, timeout))
+        op.waiting.append(request)
         self._refill(origin, op)
         return future
 
-    async def _connect(self, origin: Origin, op: _OriginPool) -> None:
+    async def _connect(self, origin: Origin, op: _OriginPool, timeout: float) -> None:
         conn: _Connection | None = None
         error: str | None = None
         try:
-            address = await self.address(origin)
-            conn = _Connection(self)
-            await self.loop.create_connection(
-                lambda: conn,  # type: ignore[arg-type,return-value]
-                address[1],
-                origin.port,
-                family=address[0],
-                ssl=self._tls if origin.scheme == "https" else None,
-                server_hostname=origin.host if origin.scheme == "https" else None,
-            )
-        except (TimeoutError, OSError, ssl.SSLError, ValueError) as exc:
+            async with asyncio.timeout(timeout):  # DNS, connect and TLS together
+                address = await self.address(origin)
+                conn = _Connection(self)
+                await self.loop.create_connection(
+                    lambda: conn,  # type: ignore[arg-type,return-value]
+                    address[1],
+                    origin.port,
+                    family=address[0],
+                    ssl=self._tls if origin.scheme == "https" else None,
+                    server_hostname=origin.host if origin.scheme == "https" else None,
+                )
+        except TimeoutError:
+            error = f"timed out after {timeout:g}s (connecting)"
+        except (OSError, ssl.SSLError, ValueError, UnicodeError) as exc:
             error = str(exc) if isinstance(exc, Refused) else f"{type(exc).__name__}: {exc}"
         finally:
             op.connecting -= 1
         if error is not None or conn is None:
+            if conn is not None:
+                conn.close()
             # Fail one waiting request per failed connection; the rest try connections of their own.
-            if op.waiting:
-                _data, future, _timeout = op.waiting.popleft()
-                if not future.done():
-                    future.set_result(Outcome(False, None, error or "connection failed"))
+            while op.waiting:
+                request = op.waiting.popleft()
+                if not request.future.done():
+                    _settle(request, Outcome(False, None, error or "connection failed"))
+                    break
             self._refill(origin, op)
             return
         self._owner[conn] = origin
@@ -267,12 +297,12 @@ class Pool:
     def _hand(self, conn: _Connection, op: _OriginPool) -> None:
         """Give a free connection the next waiting request, or park it."""
         while op.waiting:
-            data, future, timeout = op.waiting.popleft()
-            if not future.done():
+            request = op.waiting.popleft()
+            if not request.future.done():
                 if not conn.busy:
                     conn.busy = True
                     op.busy += 1
-                conn.send(data, future, timeout)
+                conn.send(request)
                 return
         if conn.busy:
             conn.busy = False
@@ -282,9 +312,12 @@ class Pool:
 
     def _refill(self, origin: Origin, op: _OriginPool) -> None:
         """Open connections for waiting requests, up to the origin's limit."""
-        while op.connecting < len(op.waiting) and op.busy + op.connecting < self.per_origin:
+        waiting = op.waiting
+        while waiting and waiting[0].future.done():  # expired while waiting
+            waiting.popleft()
+        while op.connecting < len(waiting) and op.busy + op.connecting < self.per_origin:
             op.connecting += 1
-            self.loop.create_task(self._connect(origin, op))
+            self.loop.create_task(self._connect(origin, op, waiting[0].timeout))
 
     def release(self, conn: _Connection) -> None:
         origin = self._owner.get(conn)
@@ -356,8 +389,64 @@ class Pool:
         self._origins.clear()
 
 
+def _settle(request: _Request, outcome: Outcome) -> None:
+    if request.timer is not None:
+        request.timer.cancel()
+        request.timer = None
+    request.future.set_result(outcome)
+
+
 class Refused(OSError):
     """A callback address the guard refuses."""
 
     def __init__(self, reason: str, dev_mode: bool) -> None:
         super().__init__("callback refused: " + explain(reason, dev_mode))
+
+
+@dataclass(frozen=True, slots=True)
+class HttpCall:
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...]
+    timeout: float
+    kind: str = "http"
+
+
+class HttpSender(Sender):
+    """Callbacks reach only the addresses :mod:`cronman.netguard` allows (``dev_mode``,
+    ``allowlist``: the node's CRONMAN_DEV_MODE and CRONMAN_CALLBACK_ALLOWLIST); a refused address
+    is a failed attempt with the reason as its error. The fixed part of each target's request is
+    prepared once."""
+
+    kind = "http"
+
+    def __init__(self, max_connections: int, *, dev_mode: bool = False, allowlist: str = "") -> None:
+        self._per_origin = max(1, min(max_connections, 1024))
+        self._policy = CallbackPolicy(dev_mode, parse_allowlist(allowlist))
+        self._pool: Pool | None = None
+        self._prepared: dict[HttpCall, Prepared] = {}
+
+    async def start(self) -> None:
+        self._pool = Pool(self._policy, per_origin=self._per_origin)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
+    def maintain(self) -> None:
+        if self._pool is not None:
+            self._pool.prune()
+
+    def decode(self, doc: dict[str, Any]) -> HttpCall:
+        headers = tuple(sorted((str(k), str(v)) for k, v in (doc.get("headers") or {}).items()))
+        return HttpCall(doc.get("method", "POST"), doc["url"], headers, float(doc.get("timeout_seconds", 10.0)))
+
+    def submit(self, target: HttpCall, delivery: Delivery) -> asyncio.Future[Outcome]:
+        assert self._pool is not None
+        prepared = self._prepared.get(target)
+        if prepared is None:
+            if len(self._prepared) > 100_000:
+                self._prepared.clear()
+            prepared = self._prepared[target] = prepare(target.method, target.url, target.headers)
+        head = "".join(f"{k}: {v}\r\n" for k, v in delivery.metadata().items()).encode("ascii")
+        return self._pool.request(prepared, head, delivery.body, target.timeout)

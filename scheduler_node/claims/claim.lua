@@ -1,0 +1,45 @@
+-- Claim due executions (their first attempt): SET NX with a lease, for a whole batch at once.
+-- Times are Redis's own (TIME), never the callers' clocks.
+-- KEYS, three per execution: its claim key, its slot's index of open claims, its overlap guard
+--   (the claim key again when the job has none).
+-- ARGV[1]: holder ("<node>/<incarnation>"). ARGV[2]: lease (ms). ARGV[3]: how long a finished
+--   mark is kept (ms). Then two per execution: its index member, '1' if it has a guard.
+-- A guard holds "<claim key>|<deadline>" of the job event's latest execution that was not
+-- skipped; while that deadline lies ahead (in flight, or parked waiting to retry), a new
+-- execution is skipped: marked finished as "skipped".
+-- Returns per execution: 0 lost, 1 won, 2 won but skipped.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local holder, lease, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local mine = 'c|' .. holder .. '|'
+local deadline = now + lease
+local out = {}
+for i = 1, #KEYS / 3 do
+  local key, open, guard = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local member, guarded = ARGV[2 + 2 * i], ARGV[3 + 2 * i] == '1'
+  if redis.call('SET', key, mine .. '1|' .. deadline, 'NX', 'PX', keep + lease) then
+    local busy = false
+    if guarded then
+      local g = redis.call('GET', guard)
+      if g then
+        local other, until_ms = string.match(g, '^(.*)|(%d+)$')
+        busy = other ~= key and tonumber(until_ms or '0') >= now
+      end
+    end
+    if busy then
+      redis.call('SET', key, 'd|' .. holder .. '|skipped|1', 'PX', keep)
+      out[i] = 2
+    else
+      redis.call('ZADD', open, deadline, member)
+      if guarded then
+        redis.call('SET', guard, key .. '|' .. deadline, 'PX', keep + lease)
+      end
+      out[i] = 1
+    end
+  else
+    local v = redis.call('GET', key)
+    -- our own claim, made by a call whose answer we never got: still ours
+    if v and string.sub(v, 1, #mine) == mine then out[i] = 1 else out[i] = 0 end
+  end
+end
+return out

@@ -1,0 +1,37 @@
+-- Mark executions finished ("d|<holder>|<status>|<attempt>") if this node still holds them, take
+-- them out of the slot's index of open claims, and keep their history rows in the slot's
+-- "unrecorded" set (scored by Redis time) until the writer says they are in PostgreSQL, so that
+-- an owner of the slot can write them if this node dies first.
+-- KEYS, four per execution: claim key, the slot's index, overlap guard (the claim key if none),
+--   the slot's unrecorded set.
+-- ARGV[1]: holder. ARGV[2]: how long a finished mark is kept (ms). Then four per execution:
+--   index member, finished value, history row ('' for none), '1' if it has a guard.
+-- Returns per execution: 1 marked, 0 superseded (another node had taken it over: a duplicate).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local holder, keep = ARGV[1], tonumber(ARGV[2])
+local mine = 'c|' .. holder .. '|'
+local out = {}
+for i = 1, #KEYS / 4 do
+  local key, open, guard, unrec = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local base = 2 + 4 * (i - 1)
+  local member, value, row, guarded = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4] == '1'
+  local v = redis.call('GET', key)
+  if v == false or string.sub(v, 1, #mine) == mine then
+    redis.call('SET', key, value, 'PX', keep)
+    redis.call('ZREM', open, member)
+    if guarded then
+      local g = redis.call('GET', guard)
+      if g and string.sub(g, 1, #key + 1) == key .. '|' then
+        redis.call('SET', guard, key .. '|0', 'PX', keep)
+      end
+    end
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+  if row ~= '' then
+    redis.call('ZADD', unrec, now, row)
+  end
+end
+return out

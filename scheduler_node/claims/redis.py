@@ -1,0 +1,200 @@
+"""The claim protocol in Redis: the Lua scripts beside this file, loaded once, called for a whole
+batch at a time. Keys are hash-tagged by the job's slot, so that in a Redis Cluster each call
+goes to one shard: calls are grouped by tag there (one non-transactional pipeline per batch),
+while a standalone Redis or a Sentinel-managed primary takes a whole batch in one call.
+Redis errors become :class:`cronman.errors.TransientError`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar
+
+from redis.exceptions import NoScriptError, RedisError
+
+from cronman.errors import TransientError
+from cronman.keys import Keys
+from scheduler_node.parts import (
+    ClaimResult,
+    Claims,
+    Finish,
+    Hold,
+    RenewResult,
+    Swept,
+    TakeState,
+    Ticket,
+    Took,
+)
+
+CHUNK = 1000  # executions per script call, so that one call never blocks Redis for long
+T = TypeVar("T")
+
+
+@cache
+def script(name: str) -> str:
+    return (Path(__file__).parent / f"{name}.lua").read_text()
+
+
+class RedisClaims(Claims):
+    def __init__(self, client: Any, keys: Keys, holder: str, keep_ms: int, *, sharded: bool = False) -> None:
+        self.client = client
+        self.keys = keys
+        self.holder = holder
+        self.keep_ms = keep_ms
+        self.sharded = sharded  # a Redis Cluster: one call per slot tag
+        self._scripts = {n: client.register_script(script(n)) for n in ("claim", "renew", "done", "take", "sweep")}
+
+    # -- batching
+    def _groups(self, items: Sequence[T], slot_of: Callable[[T], int]) -> list[list[int]]:
+        """Indexes of ``items`` per call: one group per slot tag when sharded, else chunks."""
+        if not self.sharded:
+            return [list(range(i, min(i + CHUNK, len(items)))) for i in range(0, len(items), CHUNK)]
+        by_slot: dict[int, list[int]] = defaultdict(list)
+        for i, item in enumerate(items):
+            by_slot[slot_of(item)].append(i)
+        return [g[i : i + CHUNK] for g in by_slot.values() for i in range(0, len(g), CHUNK)]
+
+    async def _run(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run one script for several argument sets: one round trip (a pipeline when several)."""
+        s = self._scripts[name]
+        try:
+            if len(calls) == 1:
+                return [await s(keys=calls[0][0], args=calls[0][1])]
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                await s(keys=keys, args=args, client=pipe)
+            try:
+                return list(await pipe.execute())
+            except NoScriptError:  # a promoted replica or restarted shard without the script
+                return [await s(keys=k, args=a) for k, a in calls]
+        except (RedisError, OSError) as exc:
+            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+
+    def _guard(self, t: Ticket) -> tuple[str, str]:
+        if t.guard is None:
+            return self.keys.claim(t.slot, t.name), "0"
+        return self.keys.guard(t.slot, t.guard), "1"
+
+    def _triple(self, t: Ticket) -> tuple[list[str], str]:
+        claim = self.keys.claim(t.slot, t.name)
+        guard, flag = self._guard(t)
+        return [claim, self.keys.open(t.slot), guard], flag
+
+    # -- the protocol
+    async def claim(self, tickets: Sequence[Ticket], lease_ms: int) -> list[ClaimResult]:
+        if not tickets:
+            return []
+        calls = []
+        groups = self._groups(tickets, lambda t: t.slot)
+        for group in groups:
+            keys: list[str] = []
+            args: list[Any] = [self.holder, lease_ms, self.keep_ms]
+            for i in group:
+                triple, flag = self._triple(tickets[i])
+                keys += triple
+                args += [tickets[i].member, flag]
+            calls.append((keys, args))
+        out: list[ClaimResult] = [ClaimResult.LOST] * len(tickets)
+        for group, res in zip(groups, await self._run("claim", calls), strict=True):
+            for i, r in zip(group, res, strict=True):
+                out[i] = ClaimResult(int(r))
+        return out
+
+    async def renew(self, holds: Sequence[Hold]) -> list[RenewResult]:
+        if not holds:
+            return []
+        calls = []
+        groups = self._groups(holds, lambda h: h.ticket.slot)
+        for group in groups:
+            keys: list[str] = []
+            args: list[Any] = [self.holder, self.keep_ms]
+            for i in group:
+                h = holds[i]
+                triple, flag = self._triple(h.ticket)
+                keys += triple
+                args += [h.ticket.member, h.attempt, max(0, h.duration_ms), flag]
+            calls.append((keys, args))
+        out: list[RenewResult] = [RenewResult.LOST] * len(holds)
+        for group, res in zip(groups, await self._run("renew", calls), strict=True):
+            for i, r in zip(group, res, strict=True):
+                out[i] = RenewResult(int(r))
+        return out
+
+    async def done(self, finishes: Sequence[Finish]) -> list[bool]:
+        if not finishes:
+            return []
+        calls = []
+        groups = self._groups(finishes, lambda f: f.ticket.slot)
+        for group in groups:
+            keys: list[str] = []
+            args: list[Any] = [self.holder, self.keep_ms]
+            for i in group:
+                f = finishes[i]
+                triple, flag = self._triple(f.ticket)
+                keys += [*triple, self.keys.unrecorded(f.ticket.slot)]
+                args += [f.ticket.member, f"d|{self.holder}|{f.status}|{f.attempt}", f.row, flag]
+            calls.append((keys, args))
+        out = [False] * len(finishes)
+        for group, res in zip(groups, await self._run("done", calls), strict=True):
+            for i, r in zip(group, res, strict=True):
+                out[i] = bool(int(r))
+        return out
+
+    async def take(self, tickets: Sequence[Ticket], lease_ms: int) -> list[Took]:
+        if not tickets:
+            return []
+        calls = []
+        groups = self._groups(tickets, lambda t: t.slot)
+        for group in groups:
+            keys: list[str] = []
+            args: list[Any] = [self.holder, lease_ms, self.keep_ms]
+            for i in group:
+                triple, flag = self._triple(tickets[i])
+                keys += triple
+                args += [tickets[i].member, flag]
+            calls.append((keys, args))
+        out: list[Took] = [Took(TakeState.GONE, 0)] * len(tickets)
+        for group, flat in zip(groups, await self._run("take", calls), strict=True):
+            for k, i in enumerate(group):
+                out[i] = Took(TakeState(int(flat[2 * k])), int(flat[2 * k + 1]))
+        return out
+
+    async def sweep(self, slots: Sequence[int], limit: int, unrecorded_age_ms: int) -> Swept:
+        if not slots:
+            return Swept()
+        calls = []
+        groups = self._groups(slots, lambda s: s)
+        for group in groups:
+            keys: list[str] = []
+            for i in group:
+                keys += [self.keys.open(slots[i]), self.keys.unrecorded(slots[i])]
+            calls.append((keys, [limit, unrecorded_age_ms]))
+        swept = Swept()
+        for group, res in zip(groups, await self._run("sweep", calls), strict=True):
+            for k, i in enumerate(group):
+                due, old = res[2 * k], res[2 * k + 1]
+                if due:
+                    swept.due[slots[i]] = [_text(m) for m in due]
+                swept.unrecorded.extend((slots[i], _text(r)) for r in old)
+        return swept
+
+    async def recorded(self, rows: Sequence[tuple[int, str]]) -> None:
+        if not rows:
+            return
+        by_slot: dict[int, list[str]] = defaultdict(list)
+        for slot, row in rows:
+            by_slot[slot].append(row)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for slot, members in by_slot.items():
+                pipe.zrem(self.keys.unrecorded(slot), *members)
+            await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,37 @@
+-- Renew claims this node holds, or park them until later (a retry waiting for its backoff, or
+-- work handed over when the node stops): the claim's deadline moves to now + duration, and so
+-- does its score in the slot's index of open claims, where any owner of the slot finds it.
+-- KEYS, three per execution: claim key, the slot's index, overlap guard (the claim key if none).
+-- ARGV[1]: holder. ARGV[2]: how long a finished mark is kept (ms). Then four per execution:
+--   index member, attempt, duration (ms), '1' if it has a guard.
+-- Returns per execution: 1 renewed, 2 re-claimed (the claim had vanished), 0 lost to another node.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local holder, keep = ARGV[1], tonumber(ARGV[2])
+local mine = 'c|' .. holder .. '|'
+local out = {}
+for i = 1, #KEYS / 3 do
+  local key, open, guard = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local base = 2 + 4 * (i - 1)
+  local member, attempt, duration, guarded = ARGV[base + 1], ARGV[base + 2], tonumber(ARGV[base + 3]), ARGV[base + 4] == '1'
+  local v = redis.call('GET', key)
+  local result = 0
+  if v == false then
+    result = 2
+  elseif string.sub(v, 1, #mine) == mine then
+    result = 1
+  end
+  if result > 0 then
+    local deadline = now + duration
+    redis.call('SET', key, mine .. attempt .. '|' .. deadline, 'PX', keep + duration)
+    redis.call('ZADD', open, deadline, member)
+    if guarded then
+      local g = redis.call('GET', guard)
+      if g == false or string.sub(g, 1, #key + 1) == key .. '|' then
+        redis.call('SET', guard, key .. '|' .. deadline, 'PX', keep + duration)
+      end
+    end
+  end
+  out[i] = result
+end
+return out

@@ -1,0 +1,1001 @@
+"""The firing core: the timer over the jobs a node owns, and each execution's way through claim,
+send, record, retry and done. It talks to the outside only through its parts (a clock, the claim
+store, the senders, the history writer, the node store), so the same code runs in production and
+in the deterministic simulation.
+
+Life of an execution:
+1. due (an occurrence, a manual trigger, a redelivery, a catch-up): claimed in one batch per timer
+   pass; the loser forgets it, because the claim itself is the durable record: it sits in the
+   slot's index of open claims, where any owner of the slot finds it if its holder dies;
+2. won: wait for a throttle permit and for the node's (and the namespace's) delivery capacity,
+   renewing the lease meanwhile; then send, and record the outcome in history;
+3. a failed attempt with attempts left parks the claim until its retry is due: the holder takes
+   it back then, or, if the holder is gone, whoever owns the slot does;
+4. a final outcome marks the claim done (coalesced into one round trip), keeping the history row
+   in the claim store until it is known to be written.
+
+Whatever one execution holds, no exception from it leaves it: it becomes that execution's
+failed attempt, with the error recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import random
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from cronman import signing
+from cronman.errors import TransientError
+from cronman.execution import Status, Trigger, backoff_ms, execution_id
+from cronman.hashing import slot_of
+from cronman.timeutil import iso
+from scheduler_node.execution import Descriptor, Execution, Stage
+from scheduler_node.gates import InFlight
+from scheduler_node.history import HistoryRow, HistoryWriter, clean_text, row_from_text, row_to_text
+from scheduler_node.jobs import OwnedJob
+from scheduler_node.metrics import NodeMetrics
+from scheduler_node.parts import (
+    ClaimResult,
+    Claims,
+    Delivery,
+    Finish,
+    Hold,
+    Outcome,
+    RenewResult,
+    TakeState,
+)
+from scheduler_node.senders import Senders
+from scheduler_node.store import Attempts, NodeStore
+from scheduler_node.throttle import ThrottleGate
+
+log = logging.getLogger("cronman.node")
+
+MAX_BATCH = 5000  # due executions handled per timer pass
+FINAL = frozenset(
+    {Status.SUCCEEDED.value, Status.PERMANENTLY_FAILED.value, Status.SKIPPED.value, Status.CANCELLED.value}
+)
+_OVERLAP = "overlap: the previous execution of this job was still in flight"
+_SWEEP_LIMIT = 500  # open claims looked at per slot per sweep
+
+
+@dataclass(frozen=True, slots=True)
+class FirerConfig:
+    node_id: str
+    lease_ms: int
+    max_in_flight: int = 1000
+    namespace_share: float = 0.5
+    tick_seconds: float = 0.02  # timer passes are at least this far apart under load
+    sweep_seconds: float = 1.0
+    unrecorded_after_ms: int = 30_000  # a delivered row not written by then: an owner writes it
+    faults: frozenset[str] = frozenset()
+    slots: int = 4096  # how many slots job ids hash to (cronman.hashing.SLOTS)
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> None:
+    """Wait for ``event`` at most ``timeout`` seconds. (asyncio.wait_for on Python 3.11 can swallow
+    a cancellation that races with the event; asyncio.timeout does not.)"""
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        pass
+
+
+class Firer:
+    def __init__(
+        self,
+        cfg: FirerConfig,
+        *,
+        clock: Callable[[], int],
+        claims: Claims,
+        senders: Senders,
+        history: HistoryWriter,
+        store: NodeStore,
+        metrics: NodeMetrics,
+        throttle: ThrottleGate | None = None,
+        secrets: Callable[[str], tuple[str, ...] | None] = lambda namespace: None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.claims = claims
+        self.senders = senders
+        self.history = history
+        self.store = store
+        self.metrics = metrics
+        self.throttle = throttle
+        self.secrets = secrets
+        self.rng = rng or random.Random()
+        self.lease_s = cfg.lease_ms / 1000
+        # What happens to executions, step by step, for whoever watches (the simulation's --trace).
+        self.trace: Callable[[str, Execution, str], None] | None = None
+        # what the node owns
+        self.jobs: dict[str, OwnedJob] = {}
+        self.slots: frozenset[int] = frozenset()
+        # timers: (due ms, job id, gen) for occurrences; (due ms, seq, execution) for retries
+        self.fires: list[tuple[int, str, int]] = []
+        self.retries: list[tuple[int, int, Execution]] = []
+        self.due: list[Execution] = []  # to claim at the next pass (triggers, catch-up)
+        self.to_verify: list[Execution] = []  # won, but check history before sending
+        # executions held: claimed and not over, by claim name
+        self.held: dict[str, Execution] = {}
+        self.parked: dict[str, Execution] = {}  # by index member
+        self.gate: InFlight[Execution] = InFlight(cfg.max_in_flight, cfg.namespace_share)
+        self.sending: dict[asyncio.Future[Outcome], tuple[Execution, int]] = {}
+        self._reverify: list[Execution] = []
+        self._done_pending: list[tuple[Execution, str, str]] = []
+        self._seq = itertools.count()
+        self._gens = itertools.count(1)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._wake = asyncio.Event()
+        self._done_wake = asyncio.Event()
+        self.stopping = False
+        self.progress_ms: int | None = None  # every occurrence due up to here has been claimed
+        self._fired_recent: list[int] = []  # fired-at times of the last second (fires per second)
+        self._lags: list[int] = []  # recent first-attempt lags (ms)
+
+    # ------------------------------------------------------------------ jobs
+    def install(self, job: OwnedJob, after_ms: int) -> bool:
+        """Install a job (or a newer version of it); its next occurrence is the first after
+        ``after_ms``. Executions already held keep going, with the new definition."""
+        old = self.jobs.get(job.id)
+        if old is not None:
+            if job.version <= old.version:
+                return False
+            if old.incarnation != job.incarnation:
+                self._cancel_job(job.id, "the job was deleted and created again")
+            elif job.paused and not old.paused:
+                self._cancel_job(job.id, "the job was paused")
+            if old.timing == job.timing and old.paused == job.paused:
+                job.gen = old.gen  # same timing: the pending timer entry stays valid
+                self.jobs[job.id] = job
+                return True
+        # A generation never used before: timer entries of any earlier object are stale.
+        job.gen = next(self._gens)
+        self.jobs[job.id] = job
+        if not job.paused:
+            nxt = _next(job, after_ms)
+            if nxt is not None:
+                heapq.heappush(self.fires, (nxt, job.id, job.gen))
+        self._wake.set()
+        return True
+
+    def remove(self, job_id: str, reason: str) -> None:
+        job = self.jobs.pop(job_id, None)
+        if job is not None:
+            job.gen = -1
+        self._cancel_job(job_id, reason)
+
+    def set_slots(self, slots: frozenset[int]) -> None:
+        """The slots this node owns now; jobs of slots it no longer owns are dropped, and their
+        executions not yet sent are handed over (parked for the slot's new owners)."""
+        dropped = self.slots - slots
+        self.slots = slots
+        if not dropped:
+            return
+        for job_id in [j.id for j in self.jobs.values() if j.slot in dropped]:
+            self.jobs.pop(job_id).gen = -1
+        self.due = [e for e in self.due if e.job.slot not in dropped]
+        for member in [m for m, e in self.parked.items() if e.job.slot in dropped]:
+            self.parked.pop(member).stage = Stage.OVER  # stays parked in the claim store
+        self._hand_over(lambda e: e.job.slot in dropped)
+
+    def enqueue(self, executions: Iterable[Execution]) -> None:
+        """Executions to claim at the next timer pass (triggers, redeliveries, catch-up)."""
+        self.due.extend(executions)
+        self._wake.set()
+
+    def occurrence(self, job: OwnedJob, when: int, trigger: str = Trigger.SCHEDULE) -> list[Execution]:
+        return [Execution.of(job, when, i, trigger) for i in range(job.opts.events)]
+
+    # ------------------------------------------------------------------ the timer
+    async def run_timer(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.stopping:
+            started = loop.time()
+            now = self.clock()
+            due, self.due = self.due, []
+            fires, jobs = self.fires, self.jobs
+            while fires and fires[0][0] <= now and len(due) < MAX_BATCH:
+                when, job_id, gen = heapq.heappop(fires)
+                job = jobs.get(job_id)
+                if job is None or job.gen != gen:
+                    continue
+                due.extend(self.occurrence(job, when))
+                nxt = _next(job, when)
+                if nxt is not None:
+                    heapq.heappush(fires, (nxt, job_id, gen))
+            retries = self._pop_retries(now)
+            ok = await self._pass(due, retries)
+            if ok:
+                head = fires[0][0] if fires else now + 1
+                pending = min((e.scheduled_ms for e in self.due), default=now + 1)
+                self.progress_ms = min(now, head - 1, pending - 1)
+            await self._sleep(started + self.cfg.tick_seconds - loop.time())
+
+    async def _pass(self, due: list[Execution], retries: list[Execution]) -> bool:
+        """One timer pass; False when the claim store could not be reached for the due work (it
+        is tried again at the next pass)."""
+        ok = True
+        try:
+            if self._reverify:
+                await self._confirm_late()
+            if due:
+                await self._claim(due)
+            if retries:
+                await self._take(retries)
+            if self.throttle is not None and self.throttle.waiting:
+                for e in await self.throttle.grant(self.clock()):
+                    self._granted(e)
+        except TransientError as exc:
+            ok = False
+            log.warning("timer pass could not reach the claim store, retrying: %s", exc)
+            self.due[:0] = [e for e in due if e.stage is Stage.NEW]
+            for e in retries:
+                if e.stage is Stage.PARKED:
+                    self._later(self.clock() + 500, e)
+            await asyncio.sleep(0.2)
+        except Exception:  # noqa: BLE001 - a bug must not stop the timer; the work is retried
+            ok = False
+            log.exception("timer pass failed")
+            self.due[:0] = [e for e in due if e.stage is Stage.NEW]
+            await asyncio.sleep(0.2)
+        return ok
+
+    def _pop_retries(self, now: int) -> list[Execution]:
+        out: list[Execution] = []
+        heap = self.retries
+        while heap and heap[0][0] <= now and len(out) < MAX_BATCH:
+            e = heapq.heappop(heap)[2]
+            if e.stage is Stage.PARKED and self.parked.get(e.ticket.member) is e:
+                out.append(e)
+        return out
+
+    async def _sleep(self, rest_of_tick: float) -> None:
+        if self.due or self._reverify:
+            await asyncio.sleep(max(0.0, rest_of_tick))
+            return
+        heads = [h[0][0] for h in (self.fires, self.retries) if h]
+        cap = 0.05 if self.throttle is not None and self.throttle.waiting else 0.1
+        delay = cap if not heads else max(0.0, min(cap, (min(heads) - self.clock()) / 1000))
+        delay = max(delay, rest_of_tick)
+        if delay <= 0:
+            await asyncio.sleep(0)
+            return
+        self._wake.clear()
+        await wait_event(self._wake, delay)
+
+    def _later(self, when: int, e: Execution) -> None:
+        e.due_ms = when
+        heapq.heappush(self.retries, (when, next(self._seq), e))
+
+    # ------------------------------------------------------------------ claims
+    async def _claim(self, due: list[Execution]) -> None:
+        # One claim per execution, however many times it was asked for; none for one this node
+        # already works on (a catch-up of an occurrence it took over, say).
+        held, parked = self.held, self.parked
+        unique: dict[str, Execution] = {}
+        for e in due:
+            if e.ticket.name not in held and e.ticket.member not in parked:
+                unique.setdefault(e.ticket.name, e)
+        if len(unique) < len(due):
+            for e in due:
+                if unique.get(e.ticket.name) is not e:
+                    e.stage = Stage.OVER
+            due[:] = unique.values()
+        if not due:
+            return
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        results = await self.claims.claim([e.ticket for e in due], self.cfg.lease_ms)
+        m = self.metrics
+        for e, r in zip(due, results, strict=True):
+            if self.trace:
+                self.trace("claim", e, r.name)
+            if e.ticket.name in held or e.ticket.member in parked:  # taken meanwhile by this node
+                e.stage = Stage.OVER
+                continue
+            if r is ClaimResult.WON:
+                m.claim["won"].inc()
+                self._hold(e, asked)
+                self._won(e)
+            elif r is ClaimResult.SKIPPED:
+                m.claim["won"].inc()
+                e.stage = Stage.OVER
+                self._record_skip(e.job, e.scheduled_ms, e.event_index, _OVERLAP, e.id, e.trigger)
+            else:
+                m.claim["lost"].inc()
+                e.stage = Stage.OVER
+        m.in_flight.set(len(self.held))
+
+    def _hold(self, e: Execution, asked: float) -> None:
+        e.lease_until = asked + self.lease_s
+        e.stage = Stage.WAITING
+        self.held[e.ticket.name] = e
+
+    async def _take(self, items: list[Execution]) -> None:
+        """Take executions whose time came back from the claim store: our own parked retries,
+        and open claims of our slots whose holder is gone (found by the sweep)."""
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        results = await self.claims.take([e.ticket for e in items], self.cfg.lease_ms)
+        lost: list[Execution] = []
+        for e, took in zip(items, results, strict=True):
+            ours = self.parked.get(e.ticket.member) is e
+            if self.trace:
+                self.trace("take", e, f"{took.state.name} attempt {took.attempt} ours={ours}")
+            if ours:
+                del self.parked[e.ticket.member]
+            if took.state in (TakeState.TAKEN, TakeState.TAKEN_UNKNOWN):
+                if not ours:
+                    self.metrics.claim["taken_over"].inc()
+                    log.info(
+                        "took over an execution",
+                        extra={"job_id": e.d.job_id, "execution_id": e.id, "attempt": took.attempt},
+                    )
+                e.attempt = max(e.attempt, took.attempt)
+                e.verify = took.state is TakeState.TAKEN_UNKNOWN
+                self._hold(e, asked)
+                self._won(e)
+            elif took.state is TakeState.UNKNOWN and ours:
+                lost.append(e)  # Redis lost our parked retry: it is still ours to make
+            else:
+                e.stage = Stage.OVER
+        if lost:
+            self._repark_all()  # Redis lost keys: it lost the other parked retries too
+            results2 = await self.claims.renew([Hold(e.ticket, e.attempt, self.cfg.lease_ms) for e in lost])
+            for e, r in zip(lost, results2, strict=True):
+                if r is RenewResult.LOST:
+                    e.stage = Stage.OVER
+                    continue
+                e.verify = True
+                self._hold(e, asked)
+                self._won(e)
+
+    def _won(self, e: Execution) -> None:
+        """A claim is ours: check it is still wanted, then queue it for delivery."""
+        current = self.jobs.get(e.d.job_id)
+        if e.job.slot not in self.slots:
+            # The slot moved to other nodes while this one was claiming: theirs to do.
+            self.held.pop(e.ticket.name, None)
+            e.stage = Stage.OVER
+            self._spawn(self._release([e]))
+            return
+        if current is None or current.incarnation != e.d.incarnation:
+            self._cancel(e, "the job was deleted")
+            return
+        if current.paused and e.trigger == Trigger.SCHEDULE and not e.d.suffix:
+            self._cancel(e, "the job was paused")
+            return
+        e.job = current  # a newer definition applies to what has not been sent yet
+        plan = e.misfire
+        if plan is not None:
+            for t in plan.skip:
+                if t != e.scheduled_ms:
+                    self._record_skip(e.job, t, 0, plan.reason)
+            if e.scheduled_ms in plan.skip:  # nothing of the missed window is fired
+                self._finish_with(e, Status.SKIPPED, plan.reason)
+                return
+        if e.verify:
+            self.to_verify.append(e)
+            if len(self.to_verify) == 1:
+                self._spawn(self._verify())
+            return
+        self._dispatch(e)
+
+    async def _verify(self) -> None:
+        """Executions whose claim record was lost (or catch-up older than the finished marks): ask
+        history whether they already ran, and from which attempt to go on."""
+        await asyncio.sleep(0)
+        items, self.to_verify = self.to_verify, []
+        try:
+            found = await self.store.attempts([e.ident for e in items])
+        except TransientError as exc:
+            log.warning("could not check history before a takeover, delivering: %s", exc)
+            found = {}
+        except Exception:  # noqa: BLE001 - cannot verify: deliver (at least once)
+            log.exception("could not check history before a takeover")
+            found = {}
+        for e in items:
+            e.verify = False
+            if e.stage is not Stage.WAITING:
+                continue
+            seen: Attempts | None = found.get(e.ident)
+            if seen is not None and not e.d.suffix:
+                if seen.final:
+                    self._close(e, "done", "")
+                    continue
+                e.attempt = max(e.attempt, seen.last_attempt + 1)
+            elif seen is not None and seen.final and seen.last_attempt >= e.attempt:
+                self._close(e, "done", "")  # a redelivery that already ran
+                continue
+            self._dispatch(e)
+
+    # ------------------------------------------------------------------ sweeping
+    async def run_sweeper(self, ready: Callable[[], bool]) -> None:
+        """Look at the open claims of the slots this node owns: take over those whose holder's
+        lease ran out or whose parking time came; write history rows whose writer died."""
+        loop = asyncio.get_running_loop()
+        rows_every = self.cfg.unrecorded_after_ms / 4000
+        rows_at = loop.time() + rows_every
+        while not self.stopping:
+            await asyncio.sleep(self.cfg.sweep_seconds * (0.75 + 0.5 * self.rng.random()))
+            if not ready() or not self.slots:
+                continue
+            rows = loop.time() >= rows_at
+            if rows:
+                rows_at = loop.time() + rows_every
+            try:
+                await self.sweep(rows=rows)
+            except TransientError as exc:
+                log.warning("sweep failed: %s", exc)
+            except Exception:  # noqa: BLE001 - the next sweep tries again
+                log.exception("sweep failed")
+
+    async def sweep(self, rows: bool = True) -> None:
+        age = self.cfg.unrecorded_after_ms if rows else -1
+        swept = await self.claims.sweep(sorted(self.slots), _SWEEP_LIMIT, age)
+        found: list[Execution] = []
+        unknown: dict[str, list[tuple[int, Descriptor]]] = {}
+        for slot, members in swept.due.items():
+            for member in members:
+                mine = self.parked.get(member)
+                if mine is not None:
+                    found.append(mine)
+                    continue
+                try:
+                    d = Descriptor.parse(member)
+                except ValueError:
+                    log.error("unreadable entry among open claims", extra={"member": member[:200]})
+                    continue
+                job = self.jobs.get(d.job_id)
+                if job is None or job.incarnation != d.incarnation:
+                    unknown.setdefault(d.job_id, []).append((slot, d))
+                    continue
+                guarded = job.opts.overlap_skip and d.trigger == Trigger.SCHEDULE and not d.suffix
+                e = Execution(job, d, guarded=guarded)
+                if e.ticket.name not in self.held:
+                    found.append(e)
+        if unknown:
+            found.extend(await self._orphans(unknown))
+        if found:
+            await self._take(found)
+        if swept.unrecorded:
+            self._recover_rows(swept.unrecorded)
+
+    async def _orphans(self, unknown: dict[str, list[tuple[int, Descriptor]]]) -> list[Execution]:
+        """Open claims of jobs this node does not know: of a deleted job (or an earlier
+        incarnation of it) they are taken over to be cancelled; of a job this node has not
+        loaded yet, they are left for the next sweep."""
+        live = await self.store.live_incarnations(sorted(unknown))
+        out: list[Execution] = []
+        for job_id, ds in unknown.items():
+            for slot, d in ds:
+                if live.get(job_id) == d.incarnation:
+                    continue  # a job this node will learn of shortly
+                out.append(Execution(OwnedJob.gone(job_id, slot, d.incarnation), d))
+        return out
+
+    def _recover_rows(self, rows: list[tuple[int, str]]) -> None:
+        """History rows delivered long ago and still not known to be written: write them (the same
+        row written twice counts once), then the writer's callback forgets them."""
+        for _, text in rows:
+            try:
+                row = row_from_text(text)
+            except (ValueError, TypeError):
+                log.error("unreadable history row kept in the claim store", extra={"row": text[:200]})
+                continue
+            self.history.add(row)
+
+    def recorded(self, rows: list[HistoryRow]) -> None:
+        """The history writer wrote these rows: drop their copies from the claim store."""
+        slots = self.cfg.slots
+        kept = [(slot_of(r.job_id, slots), row_to_text(r)) for r in rows if r.status in FINAL]
+        if kept:
+            self._spawn(self._forget_rows(kept))
+
+    async def _forget_rows(self, rows: list[tuple[int, str]]) -> None:
+        try:
+            await self.claims.recorded(rows)
+        except TransientError as exc:  # they are found and written again later: harmless
+            log.debug("could not forget recorded rows: %s", exc)
+
+    # ------------------------------------------------------------------ leases
+    async def run_renewer(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                await self._renew([e for e in self.held.values() if e.stage in (Stage.WAITING, Stage.SENDING)])
+                if self.throttle is not None:
+                    await self.throttle.renew(self.clock())
+                self.senders.maintain()
+            except TransientError as exc:
+                log.warning("lease renewal failed: %s", exc)
+
+    async def _renew(self, items: list[Execution]) -> None:
+        if not items:
+            return
+        asked = asyncio.get_running_loop().time()
+        results = await self.claims.renew([Hold(e.ticket, e.attempt, self.cfg.lease_ms) for e in items])
+        reclaimed = False
+        for e, r in zip(items, results, strict=True):
+            if r is RenewResult.LOST:
+                self._lose(e)
+            elif e.stage in (Stage.WAITING, Stage.SENDING):
+                e.lease_until = asked + self.lease_s
+            reclaimed = reclaimed or r is RenewResult.RECLAIMED
+        if reclaimed:
+            self._repark_all()  # Redis lost keys: put back the parked retries it lost too
+
+    def _lose(self, e: Execution) -> None:
+        """Another node took the execution over (our lease ran out: a pause, a stall)."""
+        if self.trace:
+            self.trace("lost", e, e.stage.name)
+        if e.stage is Stage.OVER:
+            return
+        self._superseded(e, "lost the claim on an execution")
+        if e.stage is Stage.WAITING:
+            self._unwait(e)
+        self.held.pop(e.ticket.name, None)
+        if e.stage is not Stage.SENDING:
+            e.stage = Stage.OVER
+        else:
+            e.superseded = True  # the attempt in flight finishes; nothing follows it here
+
+    def _superseded(self, e: Execution, message: str) -> None:
+        """Count an execution another node took over, once, however this node learned of it."""
+        if not e.superseded:
+            e.superseded = True
+            self.metrics.claim["superseded"].inc()
+            log.warning(message, extra={"job_id": e.d.job_id, "execution_id": e.id})
+
+    async def _confirm_late(self) -> None:
+        """Renew, in one round trip, the claims of executions whose lease ran out before they
+        were sent; send those still held, drop those another node took over."""
+        items, self._reverify = self._reverify, []
+        try:
+            await self._renew(items)
+        except TransientError:
+            self._reverify[:0] = items
+            raise
+        for e in items:
+            if e.stage is Stage.WAITING and not e.superseded:
+                self._start(e)
+            elif e.stage is Stage.WAITING:
+                self._unwait(e)
+
+    # ------------------------------------------------------------------ delivery
+    def _dispatch(self, e: Execution) -> None:
+        """Deliver now, or wait for a throttle permit, or for delivery capacity."""
+        e.stage = Stage.WAITING
+        policy = self.throttle.policy_of(e) if self.throttle is not None else None
+        if policy is None:
+            self._start(e)
+        else:
+            assert self.throttle is not None
+            self.throttle.wait(policy, e, self.clock())
+            self._wake.set()
+
+    def _granted(self, e: Execution) -> None:
+        if e.waiting_since_ms is not None:
+            e.throttle_wait_ms += self.clock() - e.waiting_since_ms
+            e.waiting_since_ms = None
+        if e.stage is not Stage.WAITING:
+            if self.throttle is not None:
+                self.throttle.release(e)
+            return
+        self._start(e)
+
+    def _start(self, e: Execution) -> None:
+        if self.gate.admit(e.job.namespace, e) and not self._send(e):
+            self._pump(e.job.namespace)
+
+    def _pump(self, namespace: str) -> None:
+        """A delivery slot of ``namespace`` is free: start whoever waits for one."""
+        ready = self.gate.release(namespace)
+        while ready:
+            e = ready.pop()
+            if not self._send(e):
+                ready.extend(self.gate.release(e.job.namespace))
+
+    def _unwait(self, e: Execution) -> None:
+        if self.throttle is not None:
+            self.throttle.release(e)
+
+    def _send(self, e: Execution) -> bool:
+        """Send an execution that holds a delivery slot; False when it was not sent (the caller
+        gives the slot back)."""
+        if e.stage is not Stage.WAITING or e.superseded:
+            return False
+        loop = asyncio.get_running_loop()
+        if loop.time() > e.lease_until - self.lease_s / 5:
+            # The lease may have run out (the process was paused or starved): the next timer
+            # pass confirms it, for every such execution at once, before anything is sent.
+            self._reverify.append(e)
+            self._wake.set()
+            return False
+        if "exit_after_claim" in self.cfg.faults:
+            import os
+
+            os._exit(137)  # test fault: die holding a claim, before sending
+        now = self.clock()
+        e.stage = Stage.SENDING
+        if self.trace:
+            self.trace("send", e, f"attempt {e.attempt}")
+        try:
+            future = self.senders.submit(e.job.target, self._delivery(e, now))
+        except Exception as exc:  # noqa: BLE001 - e.g. signing a payload; becomes this attempt's failure
+            future = loop.create_future()
+            future.set_result(Outcome(False, None, f"cannot send: {type(exc).__name__}: {exc}"))
+        self.sending[future] = (e, now)
+        future.add_done_callback(self._delivered)
+        return True
+
+    def _delivered(self, future: asyncio.Future[Outcome]) -> None:
+        e, fired = self.sending.pop(future)
+        finished = self.clock()
+        try:
+            outcome = future.result()
+        except Exception as exc:  # noqa: BLE001 - a sender broke its contract: still this attempt's failure
+            outcome = Outcome(False, None, f"{type(exc).__name__}: {exc}")
+        if self.throttle is not None and self.throttle.release(e) and self.throttle.waiting:
+            self._wake.set()  # a permit is free: hand it out now, not at the next pass
+        try:
+            self._finish(e, outcome, fired, finished)
+        except Exception as exc:  # noqa: BLE001 - one execution's data never stops the others
+            log.exception("recording an outcome failed", extra={"job_id": e.d.job_id, "execution_id": e.id})
+            self._finish_with(e, Status.FAILED, f"cronman could not record the outcome: {type(exc).__name__}")
+        self._pump(e.job.namespace)
+
+    def _delivery(self, e: Execution, now_ms: int) -> Delivery:
+        job = e.job
+        secrets = self.secrets(job.namespace)
+        signature = signing.sign(secrets, job.payload, now_ms // 1000) if secrets else None
+        return Delivery(
+            job.id, e.id, iso(e.scheduled_ms), e.attempt, job.payload, e.event_index, signature, (), job.namespace
+        )
+
+    # ------------------------------------------------------------------ outcomes
+    def _finish(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
+        job = e.job
+        m = self.metrics
+        if e.attempt == 1:
+            lag = max(0, fired - e.scheduled_ms - e.throttle_wait_ms)
+            m.lag.observe(lag / 1000)
+            self._lags.append(lag)
+            if len(self._lags) > 2000:
+                del self._lags[:1000]
+        self._fired_recent.append(fired)
+        m.latency_of(job.target.kind).observe((finished - fired) / 1000)
+        retry = job.retry
+        error = outcome.error
+        current = self.jobs.get(job.id)
+        gone = current is None or current.incarnation != job.incarnation
+        if outcome.ok:
+            status = Status.SUCCEEDED
+        elif e.attempt >= retry.max_attempts:
+            status = Status.PERMANENTLY_FAILED
+        else:
+            fraction = self.rng.uniform(0.5, 1.0) if retry.jitter else 1.0
+            delay = backoff_ms(e.attempt, retry.backoff_seconds, retry.max_backoff_seconds, fraction)
+            if retry.max_age_ms is not None and finished + delay - e.scheduled_ms > retry.max_age_ms:
+                status = Status.PERMANENTLY_FAILED
+                error = f"{error} (no retry: older than max_event_age_seconds)"
+            else:
+                status = Status.FAILED
+        if status is Status.PERMANENTLY_FAILED and job.opts.dead_letter and not e.superseded:
+            e.stage = Stage.FINISHING
+            self._spawn(self._dead_letter(e, outcome.http_status, error, fired, finished))
+            return
+        row = self._record(e, status, outcome.http_status, error, fired, finished)
+        if e.superseded:  # another node has it now; it records its own attempts
+            e.stage = Stage.OVER
+            self.held.pop(e.ticket.name, None)
+            return
+        if status is Status.FAILED:
+            if gone or (current is not None and current.paused):
+                e.attempt += 1
+                self._finish_with(e, Status.CANCELLED, "no retry: the job was " + ("deleted" if gone else "paused"))
+                return
+            e.attempt += 1
+            self._park(e, finished + delay)
+            return
+        self._close(e, status.value, row_to_text(row))
+
+    def _park(self, e: Execution, due_ms: int) -> None:
+        """Wait to retry: the claim is parked in the claim store until then (so that whoever owns
+        the slot may take it if this node is gone), and this node takes it back at that time."""
+        if self.trace:
+            self.trace("park", e, f"attempt {e.attempt} at {due_ms}")
+        e.stage = Stage.PARKED
+        self.held.pop(e.ticket.name, None)
+        self.parked[e.ticket.member] = e
+        self._later(due_ms, e)
+        self._spawn(self._park_now([e], max(0, due_ms - self.clock())))
+        self._wake.set()
+
+    def _repark_all(self) -> None:
+        if self.parked:
+            self._spawn(self._repark(list(self.parked.values())))
+
+    async def _repark(self, items: list[Execution], patience: float = 3.0) -> None:
+        """Park again what waits to retry here (idempotent): after Redis lost keys, or before this
+        node stops, so that whoever owns the slot finds it. Tried for ``patience`` seconds."""
+        await self._keep_trying(
+            lambda: self.claims.renew([Hold(e.ticket, e.attempt, max(0, e.due_ms - self.clock())) for e in items]),
+            patience,
+            f"could not park {len(items)} executions waiting to retry",
+        )
+
+    async def _keep_trying(self, call: Callable[[], Awaitable[Any]], patience: float, what: str) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience
+        pause = 0.2
+        while True:
+            try:
+                await call()
+                return True
+            except TransientError as exc:
+                if loop.time() + pause > deadline:
+                    log.error("%s: %s", what, exc)
+                    return False
+                log.warning("%s, retrying: %s", what, exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+
+    async def _park_now(self, items: list[Execution], delay_ms: int) -> None:
+        for attempt in range(5):
+            try:
+                results = await self.claims.renew([Hold(e.ticket, e.attempt, delay_ms) for e in items])
+                for e, r in zip(items, results, strict=True):
+                    if r is RenewResult.LOST:
+                        self._superseded(e, "lost the claim on an execution waiting to retry")
+                        self.parked.pop(e.ticket.member, None)
+                        e.stage = Stage.OVER
+                return
+            except TransientError as exc:
+                log.warning("could not park executions waiting to retry: %s", exc)
+                await asyncio.sleep(0.2 * (attempt + 1))
+
+    def _record(
+        self,
+        e: Execution,
+        status: Status,
+        http_status: int | None,
+        error: str | None,
+        fired: int | None,
+        finished: int | None,
+        dead_lettered: bool | None = None,
+    ) -> HistoryRow:
+        self.metrics.status_of(status.value).inc()
+        row = self.history.add(
+            HistoryRow(
+                e.d.job_id,
+                e.scheduled_ms,
+                e.event_index,
+                e.attempt,
+                e.id,
+                e.trigger,
+                status.value,
+                self.cfg.node_id,
+                fired,
+                finished,
+                None if fired is None else fired - e.scheduled_ms,
+                http_status,
+                clean_text(error),
+                e.throttle_wait_ms or None,
+                dead_lettered,
+                e.d.incarnation,
+                e.job.namespace or None,
+            )
+        )
+        self.metrics.history_buffered.set(len(self.history))
+        return row
+
+    def _finish_with(self, e: Execution, status: Status, reason: str) -> None:
+        """A final outcome without an attempt (skipped, cancelled)."""
+        row = self._record(e, status, None, reason, None, None)
+        self._close(e, status.value, row_to_text(row))
+
+    def _cancel(self, e: Execution, reason: str) -> None:
+        self._finish_with(e, Status.CANCELLED, reason)
+
+    def _cancel_job(self, job_id: str, reason: str) -> None:
+        """No further attempt of a deleted or paused job (one in flight finishes)."""
+        for e in [e for e in self.held.values() if e.d.job_id == job_id and e.stage is Stage.WAITING]:
+            self._unwait(e)
+            self._cancel(e, reason)
+        for e in [e for e in self.parked.values() if e.d.job_id == job_id]:
+            del self.parked[e.ticket.member]
+            self._cancel(e, reason)
+        self.due = [e for e in self.due if e.d.job_id != job_id]
+
+    def _close(self, e: Execution, status: str, row: str) -> None:
+        """A final outcome: mark the claim done, and delete a job that has nothing left."""
+        if self.trace:
+            self.trace("close", e, status)
+        e.stage = Stage.FINISHING
+        self.held.pop(e.ticket.name, None)
+        self.parked.pop(e.ticket.member, None)
+        self._done_pending.append((e, status, row))
+        self._done_wake.set()
+        self.metrics.in_flight.set(len(self.held))
+        job = e.job
+        if (
+            status != "done"
+            and job.opts is not None
+            and job.opts.delete_after
+            and e.trigger == Trigger.SCHEDULE
+            and e.event_index == job.opts.events - 1
+            and _next(job, e.scheduled_ms) is None
+        ):
+            self._spawn(self._delete_completed(job))
+
+    async def _delete_completed(self, job: OwnedJob) -> None:
+        try:
+            if await self.store.delete_completed(job.id, job.version):
+                log.info("deleted a completed job", extra={"job_id": job.id})
+        except Exception as exc:  # noqa: BLE001 - the job stays, completed
+            log.warning("could not delete completed job: %s", exc, extra={"job_id": job.id})
+
+    async def _dead_letter(
+        self, e: Execution, http_status: int | None, error: str | None, fired: int, finished: int
+    ) -> None:
+        job = e.job
+        assert job.opts.dead_letter is not None
+        extra: tuple[tuple[str, str], ...] = (("Cronman-Error", (error or "")[:256]),)
+        if http_status is not None:
+            extra += (("Cronman-Http-Status", str(http_status)),)
+        d = Delivery(
+            job.id, e.id, iso(e.scheduled_ms), e.attempt, job.payload, e.event_index, None, extra, job.namespace
+        )
+        dlq = self.senders.by_kind.get("sqs")
+        why: str | None = "no SQS sender"
+        ok = False
+        if dlq is not None:
+            outcome = await self.senders.submit(dlq.decode({"type": "sqs", "queue_url": job.opts.dead_letter}), d)
+            ok, why = outcome.ok, outcome.error
+        if not ok:
+            error = f"{error}; dead-letter queue: {why}"
+            log.warning("could not dead-letter an execution", extra={"job_id": job.id, "execution_id": e.id})
+        row = self._record(e, Status.PERMANENTLY_FAILED, http_status, error, fired, finished, ok)
+        if not e.superseded:
+            self._close(e, Status.PERMANENTLY_FAILED.value, row_to_text(row))
+
+    def _record_skip(
+        self,
+        job: OwnedJob,
+        t: int,
+        event_index: int,
+        reason: str,
+        exec_id: str | None = None,
+        trigger: str = Trigger.SCHEDULE,
+    ) -> None:
+        self.metrics.status_of(Status.SKIPPED.value).inc()
+        self.history.add(
+            HistoryRow(
+                job.id,
+                t,
+                event_index,
+                1,
+                exec_id or execution_id(job.id, t, event_index, trigger),
+                trigger,
+                Status.SKIPPED.value,
+                self.cfg.node_id,
+                None,
+                None,
+                None,
+                None,
+                reason,
+                None,
+                None,
+                job.incarnation,
+                job.namespace,
+            )
+        )
+
+    # ------------------------------------------------------------------ done marks
+    async def run_done(self) -> None:
+        while True:
+            await self._done_wake.wait()
+            # No waiting to gather more: between a delivery and its done mark, a node that dies
+            # leaves the replica to deliver again, so that window stays one round trip.
+            self._done_wake.clear()
+            try:
+                await self.flush_done()
+            except TransientError as exc:
+                log.warning("marking executions done failed, retrying: %s", exc)
+                await asyncio.sleep(0.5)
+                self._done_wake.set()
+
+    async def flush_done(self) -> None:
+        """Coalesced: whatever finished while the previous round trip was out goes in the next."""
+        while self._done_pending:
+            batch, self._done_pending = self._done_pending, []
+            try:
+                ok = await self.claims.done([Finish(e.ticket, st, e.attempt, row) for e, st, row in batch])
+            except BaseException:
+                self._done_pending[:0] = batch
+                raise
+            for (e, _, _), marked in zip(batch, ok, strict=True):
+                e.stage = Stage.OVER
+                if not marked:
+                    self._superseded(e, "another node took over an execution this node delivered")
+            self.metrics.in_flight.set(len(self.held))
+
+    # ------------------------------------------------------------------ handing over
+    def _hand_over(self, which: Callable[[Execution], bool], patience: float = 3.0) -> None:
+        """Executions claimed but not yet sent go back to the claim store at once, for whoever
+        owns their slot (this node included, if it still does)."""
+        waiting = [e for e in self.held.values() if e.stage is Stage.WAITING and which(e)]
+        if not waiting:
+            return
+        self.gate.remove_waiting(lambda e: not which(e))
+        if self.throttle is not None:
+            self.throttle.forget(lambda e: not which(e))
+        self._reverify = [e for e in self._reverify if not which(e)]
+        for e in waiting:
+            if self.trace:
+                self.trace("hand over", e, f"attempt {e.attempt}")
+            self._unwait(e)
+            self.held.pop(e.ticket.name, None)
+            e.stage = Stage.OVER
+        self._spawn(self._release(waiting, patience))
+
+    async def _release(self, items: list[Execution], patience: float = 3.0) -> None:
+        await self._keep_trying(
+            lambda: self.claims.renew([Hold(e.ticket, e.attempt, 0) for e in items]),
+            patience,
+            f"could not hand over {len(items)} executions",
+        )
+
+    async def drain(self, timeout: float, handover_seconds: float = 20.0) -> None:
+        """Stop: let deliveries in flight finish (their retries are parked like any), hand the
+        rest over, and mark what finished done. While the claim store is unreachable, the handover
+        is retried for ``handover_seconds``."""
+        self.stopping = True
+        pending: list[asyncio.Future[Any]] = [*self.sending, *self._tasks]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        waiting = [e for e in self.held.values() if e.stage is Stage.WAITING]
+        if waiting:
+            self._hand_over(lambda e: True, patience=handover_seconds)
+        if self.parked:
+            await self._repark(list(self.parked.values()), patience=handover_seconds)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=handover_seconds + 1)
+        try:
+            await asyncio.wait_for(self.flush_done(), handover_seconds)
+        except (TimeoutError, TransientError) as exc:
+            log.warning("could not mark executions done at shutdown: %s", exc)
+
+    # ------------------------------------------------------------------ figures
+    def figures(self) -> dict[str, Any]:
+        now = self.clock()
+        self._fired_recent = [t for t in self._fired_recent if t > now - 10_000]
+        lags = sorted(self._lags[-1000:])
+        return {
+            "in_flight": len(self.held),
+            "fires_per_s": round(len(self._fired_recent) / 10, 1),
+            "lag_p99_ms": lags[int(len(lags) * 0.99)] if lags else None,
+            "parked": len(self.parked),
+        }
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _next(job: OwnedJob, after_ms: int) -> int | None:
+    """The job's next occurrence; a schedule that cannot compute one has none (logged)."""
+    try:
+        return job.timing.next_after(after_ms)
+    except Exception:  # noqa: BLE001 - one job's schedule never stops the timer
+        log.exception("cannot compute the next occurrence", extra={"job_id": job.id})
+        return None

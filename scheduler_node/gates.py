@@ -1,0 +1,84 @@
+"""The node's share of delivery capacity: at most ``max_in_flight`` attempts out at once, and no
+namespace more than its share of them while another namespace waits, so that one tenant's slow or
+black-holed targets cannot starve the others. Waiting executions are served oldest first within a
+namespace and round-robin across namespaces."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class InFlight(Generic[T]):
+    def __init__(self, max_in_flight: int, namespace_share: float = 0.5) -> None:
+        self.max = max(1, max_in_flight)
+        # A namespace alone may use everything; beside others, at most this many at once.
+        self.cap = max(1, int(self.max * namespace_share))
+        self.out: dict[str, int] = {}
+        self.total = 0
+        self.waiting: OrderedDict[str, deque[T]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self.waiting.values())
+
+    def _fits(self, namespace: str) -> bool:
+        if self.total >= self.max:
+            return False
+        used = self.out.get(namespace, 0)
+        return used < self.cap or not any(ns != namespace for ns in self.waiting) and used < self.max
+
+    def admit(self, namespace: str, item: T) -> bool:
+        """True when the item may start now (and is counted); else it waits its turn."""
+        if namespace not in self.waiting and self._fits(namespace):
+            self._take(namespace)
+            return True
+        self.waiting.setdefault(namespace, deque()).append(item)
+        return False
+
+    def _take(self, namespace: str) -> None:
+        self.out[namespace] = self.out.get(namespace, 0) + 1
+        self.total += 1
+
+    def release(self, namespace: str) -> list[T]:
+        """One attempt finished; returns the waiting items that may start now (counted)."""
+        n = self.out.get(namespace, 0) - 1
+        if n > 0:
+            self.out[namespace] = n
+        else:
+            self.out.pop(namespace, None)
+        self.total -= 1
+        return self.drain()
+
+    def drain(self) -> list[T]:
+        started: list[T] = []
+        progress = True
+        while progress and self.waiting and self.total < self.max:
+            progress = False
+            for ns in list(self.waiting):
+                if self.total >= self.max:
+                    break
+                if self._fits(ns):
+                    queue = self.waiting[ns]
+                    started.append(queue.popleft())
+                    self._take(ns)
+                    progress = True
+                    if not queue:
+                        del self.waiting[ns]
+                    else:
+                        self.waiting.move_to_end(ns)
+        return started
+
+    def remove_waiting(self, keep: object) -> list[T]:
+        """Take every waiting item out (for a handover); ``keep`` is a predicate of items to keep."""
+        out: list[T] = []
+        for ns in list(self.waiting):
+            queue = self.waiting[ns]
+            kept = deque(x for x in queue if keep(x))  # type: ignore[operator]
+            out.extend(x for x in queue if not keep(x))  # type: ignore[operator]
+            if kept:
+                self.waiting[ns] = kept
+            else:
+                del self.waiting[ns]
+        return out

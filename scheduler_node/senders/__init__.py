@@ -1,0 +1,55 @@
+"""Senders by target kind. A kind is a target model (in :mod:`cronman.spec`) plus a sender
+registered here under its name, which is also its metrics label; nothing is sent to a kind that
+has no sender, and no sender's failure, whatever the job holds, escapes the attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from scheduler_node.parts import Delivery, Outcome, Sender, Target
+
+log = logging.getLogger("cronman.node.send")
+
+
+class Senders:
+    def __init__(self, senders: Iterable[Sender]) -> None:
+        self.by_kind: dict[str, Sender] = {s.kind: s for s in senders}
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self.by_kind)
+
+    def decode(self, doc: dict[str, Any]) -> Target:
+        kind = doc.get("type")
+        sender = self.by_kind.get(kind)  # type: ignore[arg-type]
+        if sender is None:
+            raise ValueError(f"no sender for target type {kind!r}")
+        return sender.decode(doc)
+
+    def submit(self, target: Target, delivery: Delivery) -> asyncio.Future[Outcome]:
+        """Start a delivery; the future's result is its outcome, never an exception."""
+        sender = self.by_kind.get(target.kind)
+        try:
+            if sender is None:
+                raise ValueError(f"no sender for target type {target.kind!r}")
+            return sender.submit(target, delivery)
+        except Exception as exc:  # noqa: BLE001 - one job's data never reaches beyond its attempt
+            log.warning("delivery could not start: %s", exc, extra={"job_id": delivery.job_id})
+            future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+            future.set_result(Outcome(False, None, f"cannot send: {type(exc).__name__}: {exc}"[:500]))
+            return future
+
+    async def start(self) -> None:
+        for s in self.by_kind.values():
+            await s.start()
+
+    async def close(self) -> None:
+        for s in self.by_kind.values():
+            await s.close()
+
+    def maintain(self) -> None:
+        for s in self.by_kind.values():
+            s.maintain()

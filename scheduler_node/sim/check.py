@@ -1,0 +1,307 @@
+"""What must hold at the end of every simulated run (the guarantee, as docs/architecture.md
+states it):
+
+1. every occurrence due while any node was alive is delivered at least once, late or not;
+2. every extra delivery of one attempt is attributable to a named fault (a process killed after
+   delivering, a process paused past its lease, Redis losing its keys or being unreachable);
+3. retries, manual triggers and redeliveries survive every handover (Redis losing its data loses
+   the retries parked there whose holder has stopped since: that is the one named exception);
+4. occurrences due while no node ran at all get their job's misfire policy, in every slot;
+5. a deleted or paused job gets no further attempt once the change has reached the nodes;
+6. every execution delivered ends with a final row in history (unless Redis lost it in between);
+7. no exception escapes: nothing is logged with a traceback, no task dies unobserved.
+
+Boundaries (a job created, paused, deleted; the cluster stopped) are fuzzy by the time a change
+takes to reach the nodes and by the nodes' clock skew: occurrences that close to one are not
+judged.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from cronman.execution import Trigger, execution_id
+from cronman.schedule import timing_from_dict
+from scheduler_node.sim.parts import Arrival
+from scheduler_node.sim.world import EPOCH, JobPlan, Sim
+
+FUZZ = 3.0  # seconds around a boundary that are not judged (change propagation, clock skew)
+
+
+@dataclass
+class Report:
+    seed: int
+    occurrences: int = 0
+    deliveries: int = 0
+    duplicates: int = 0
+    duplicates_attributed: dict[str, int] = field(default_factory=dict)
+    takeovers: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _windows(plan: JobPlan, end: float) -> list[tuple[float, float]]:
+    """When the job existed and was not paused."""
+    out: list[tuple[float, float]] = []
+    for created in plan.created:
+        gone = next((d for d in plan.deleted if d > created), end)
+        cuts = sorted(p for p in plan.paused if created <= p[0] < gone)
+        t = created
+        for p0, p1 in cuts:
+            out.append((t, p0))
+            t = max(t, p1)
+        out.append((t, gone))
+    return [(a, b) for a, b in out if b > a]
+
+
+def _near(t: float, spans: list[tuple[float, float]]) -> bool:
+    return any(a <= t <= b for a, b in spans)
+
+
+def _edges(sim: Sim, points: list[float]) -> list[tuple[float, float]]:
+    """Around each change of a job, the time it may take to reach the nodes: longer while the
+    database is down (a node learns of changes from it)."""
+    down = sorted((f.start, f.end) for f in sim.faults if f.kind == "db_down")
+    out = []
+    for p in points:
+        reached = p
+        for a, b in down:
+            if a <= reached + 1.0 and b >= reached:  # down before the next poll saw the change
+                reached = max(reached, b)
+        out.append((p - FUZZ, reached + FUZZ))
+    return out
+
+
+def check(sim: Sim) -> Report:
+    cfg = sim.cfg
+    report = Report(cfg.seed)
+    for f in sim.faults:
+        report.faults[f.kind] = report.faults.get(f.kind, 0) + 1
+    arrivals: dict[str, list[Arrival]] = defaultdict(list)
+    for a in sim.receivers.arrivals:
+        arrivals[a.execution_id].append(a)
+    report.deliveries = len(sim.receivers.arrivals)
+    end = sim.end
+    lo, hi = EPOCH + cfg.warmup, EPOCH + cfg.duration
+    stops = sim.stopped_all
+    outages = [(a / 1000, b / 1000) for a, b in sim.db.outages]
+
+    def in_outage(t: float) -> bool:
+        return any(a - FUZZ <= t <= b + FUZZ for a, b in outages) or any(s - FUZZ <= t <= r + FUZZ for s, r in stops)
+
+    # 1, 5: scheduled occurrences
+    for plan in sim.jobs.values():
+        timing = timing_from_dict(plan.doc["schedule"], plan.id)
+        events = int(plan.doc["options"].get("events_per_trigger", 1))
+        overlap = plan.doc["options"].get("overlap_policy") == "skip"
+        windows = _windows(plan, end)
+        edges = _edges(sim, [*plan.created, *plan.deleted, *(p for pair in plan.paused for p in pair)])
+        t_ms = timing.next_after(int(lo * 1000) - 1)
+        while t_ms is not None and t_ms <= hi * 1000:
+            t = t_ms / 1000
+            active = any(a <= t < b for a, b in windows)
+            if active and not _near(t, edges) and not in_outage(t):
+                for ev in range(events):
+                    report.occurrences += 1
+                    eid = execution_id(plan.id, t_ms, ev, Trigger.SCHEDULE)
+                    if not arrivals.get(eid) and not (overlap and _skipped(sim, plan.id, t_ms, ev)):
+                        report.violations.append(f"missed: {plan.id} at {_at(t)} event {ev} (execution {eid})")
+            elif not active and not _near(t, edges):
+                for ev in range(events):
+                    late = [
+                        a
+                        for a in arrivals.get(execution_id(plan.id, t_ms, ev, Trigger.SCHEDULE), [])
+                        if _knew(sim, a.holder, _last_change(plan, t), a.at)
+                    ]
+                    if late:
+                        report.violations.append(
+                            f"delivered while deleted or paused: {plan.id} at {_at(t)} (attempt {late[0].attempt} "
+                            f"by {late[0].holder} at {_at(late[0].at)})"
+                        )
+            t_ms = timing.next_after(t_ms)
+        # 5: no attempt of a deleted job's executions after the delete reached the nodes
+        for deleted in plan.deleted:
+            back = next((c for c in plan.created if c > deleted), None)
+            for eid, got in arrivals.items():
+                for a in got:
+                    if (
+                        a.job_id == plan.id
+                        and (back is None or a.at < back)
+                        and a.scheduled_ms / 1000 < deleted
+                        and _knew(sim, a.holder, deleted, a.at)
+                    ):
+                        report.violations.append(
+                            f"attempt after delete: {plan.id} execution {eid} attempt {a.attempt} at {_at(a.at)} "
+                            f"(deleted {_at(deleted)})"
+                        )
+        # 3: manual triggers
+        for asked, requested_ms in plan.triggers:
+            gone = [d for d in plan.deleted if asked - FUZZ < d]
+            if gone and min(gone) < asked + 10:
+                continue
+            if asked > hi:
+                continue
+            for ev in range(events):
+                eid = execution_id(plan.id, requested_ms, ev, Trigger.MANUAL)
+                if not arrivals.get(eid):
+                    report.violations.append(f"trigger lost: {plan.id} asked at {_at(asked)} (execution {eid})")
+        # 3: retries of a receiver that fails every first attempt
+        if sim.receivers.behaviour.get(plan.receiver) == "fail_first":
+            for eid, got in arrivals.items():
+                if got[0].job_id != plan.id or any(a.ok for a in got):
+                    continue
+                first = min(a.at for a in got)
+                if first > hi or _near(first, edges) or any(first - 1 <= b and a <= first + 15 for a, b in edges):
+                    continue
+                if any(first <= x for x in sim.redis.losses):
+                    continue  # Redis lost the parked retry (a named fault: its holder may be gone)
+                report.violations.append(f"retry lost: {plan.id} execution {eid} never succeeded")
+
+    # 2: duplicates
+    _duplicates(sim, arrivals, report)
+    # 4: misfire policies
+    _misfires(sim, arrivals, report)
+    # 6: history
+    finals = {"succeeded", "permanently_failed", "cancelled", "skipped"}
+    final_ids = {r.execution_id for r in sim.db.history.values() if r.status in finals}
+    losses = sim.redis.losses
+    for eid, got in arrivals.items():
+        first = min(a.at for a in got)
+        if first <= hi and eid not in final_ids and not any(x >= first - 1 for x in losses):
+            report.violations.append(f"no final history row: execution {eid} of {got[0].job_id}")
+    # 7: exceptions
+    for text in sim.logged_errors[:5]:
+        report.violations.append(f"exception logged: {text}")
+    for err in sim.world.errors[:5]:
+        report.violations.append(f"unhandled in {err.get('loop')}: {err.get('message')} {err.get('exception')!r}")
+    return report
+
+
+def _knew(sim: Sim, holder: str, change: float, at: float) -> bool:
+    """Whether ``holder`` had read the change feed after ``change`` and before ``at``: a process
+    acts on what it knows (a paused one, or one cut off from the database, knows less)."""
+    polls = sim.db.polls.get(holder, [])
+    i = bisect.bisect_left(polls, change)
+    return i < len(polls) and polls[i] + 0.01 < at
+
+
+def _last_change(plan: JobPlan, t: float) -> float:
+    """The last change that made the job inactive at ``t`` (a delete or a pause)."""
+    return max([d for d in plan.deleted if d <= t] + [p for p, _ in plan.paused if p <= t], default=t)
+
+
+def _skipped(sim: Sim, job_id: str, t_ms: int, ev: int) -> bool:
+    return any(
+        r.status == "skipped" and (r.job_id, r.scheduled_ms, r.event_index) == (job_id, t_ms, ev)
+        for r in sim.db.history.values()
+    )
+
+
+def _duplicates(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) -> None:
+    lease = sim.cfg.lease_seconds
+    for eid, got in arrivals.items():
+        by_attempt: dict[int, list[Arrival]] = defaultdict(list)
+        for a in got:
+            by_attempt[a.attempt].append(a)
+        for attempt, same in by_attempt.items():
+            if len(same) < 2:
+                continue
+            same.sort(key=lambda a: a.at)
+            for second in same[1:]:
+                report.duplicates += 1
+                cause = _cause(sim, same[0], second, lease)
+                if cause is None:
+                    report.violations.append(
+                        f"duplicate without a named fault: execution {eid} ({same[0].job_id}) attempt {attempt}, "
+                        f"by {same[0].holder} at {_at(same[0].at)} and {second.holder} at {_at(second.at)}"
+                    )
+                else:
+                    report.duplicates_attributed[cause] = report.duplicates_attributed.get(cause, 0) + 1
+
+
+def _cause(sim: Sim, first: Arrival, second: Arrival, lease: float) -> str | None:
+    for f in sim.faults:
+        if f.kind == "kill" and f.holder == first.holder and first.at - lease <= f.start <= second.at:
+            return "killed after delivering"
+        if (
+            f.kind == "pause"
+            and f.holder in (first.holder, second.holder)
+            and f.start <= second.at
+            and (f.end >= first.at - lease)
+        ):
+            return "paused past its lease"
+        if f.kind == "redis_loss" and first.at - 60 <= f.start <= second.at:
+            return "redis lost its keys"
+        if f.kind == "redis_down" and f.start <= second.at and f.end >= first.at - lease:
+            return "redis unreachable"
+        if f.kind == "cluster_stop" and first.at - lease <= f.start <= second.at:
+            return "killed after delivering"
+    return None
+
+
+def _misfires(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) -> None:
+    """For each stop of the whole cluster that was recorded as an outage, each job that existed
+    throughout got its policy: skip fires nothing of the outage, fire_once its latest occurrence,
+    fire_all every occurrence within its catch-up window."""
+    for stop, restart in sim.stopped_all:
+        recorded = [(a / 1000, b / 1000) for a, b in sim.db.outages if b / 1000 > stop]
+        if not recorded and restart - stop > sim.settings.outage_after_seconds + FUZZ:
+            report.violations.append(f"the whole cluster stopped at {_at(stop)} but no outage was recorded")
+        if not recorded:
+            continue
+        back = min(b for _, b in recorded)
+        for plan in sim.jobs.values():
+            if not any(a <= stop - 10 and b >= back + 10 for a, b in _windows(plan, sim.end)):
+                continue
+            opts = plan.doc["options"]
+            policy = opts.get("misfire_policy", "fire_once")
+            timing = timing_from_dict(plan.doc["schedule"], plan.id)
+            missed: list[int] = []
+            t = timing.next_after(int((stop + FUZZ) * 1000))
+            while t is not None and t <= (back - FUZZ) * 1000:
+                missed.append(t)
+                t = timing.next_after(t)
+            if not missed:
+                continue
+
+            def first_attempt_after(t_ms: int, job_id: str = plan.id, back: float = back) -> bool:
+                eid = execution_id(job_id, t_ms, 0, Trigger.SCHEDULE)
+                return any(a.attempt == 1 and a.at >= back - FUZZ for a in arrivals.get(eid, []))
+
+            def delivered(t_ms: int, job_id: str = plan.id) -> bool:
+                return bool(arrivals.get(execution_id(job_id, t_ms, 0, Trigger.SCHEDULE)))
+
+            if policy == "skip":
+                fired = [t for t in missed if first_attempt_after(t)]
+                if fired:
+                    report.violations.append(f"misfire skip fired {plan.id} at {_at(fired[0] / 1000)}")
+            elif policy == "fire_all":
+                window = int(opts.get("catchup_window_seconds", 3600))
+                want = [t for t in missed if t / 1000 > back + FUZZ - window]
+                lost = [t for t in want if not delivered(t)]
+                if lost:
+                    report.violations.append(f"misfire fire_all did not fire {plan.id} at {_at(lost[0] / 1000)}")
+            else:
+                fired = [t for t in missed if first_attempt_after(t)]
+                if len(fired) > 1:
+                    report.violations.append(
+                        f"misfire fire_once fired {len(fired)} of {plan.id}'s outage occurrences: "
+                        + ", ".join(_at(t / 1000) for t in fired[:5])
+                    )
+                near = [t for t in missed if delivered(t)]
+                t = timing.next_after(int((back - FUZZ) * 1000))
+                while t is not None and t <= (back + FUZZ) * 1000:
+                    near += [t] if delivered(t) else []
+                    t = timing.next_after(t)
+                if not near:
+                    report.violations.append(f"misfire fire_once fired nothing of {plan.id}'s outage")
+
+
+def _at(t: float) -> str:
+    return f"t+{t - EPOCH:.3f}s"

@@ -1,0 +1,457 @@
+"""The simulated outside world of a node: Redis (claims and membership), PostgreSQL (jobs, the
+feed, triggers, history, progress, outages) and the receivers, each with latency and the faults
+the nemesis injects. The node code above them is the production code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cronman.errors import TransientError
+from cronman.hashing import slot_of
+from scheduler_node.claims.memory import ClaimSpace, MemoryClaims
+from scheduler_node.history import HistoryRow
+from scheduler_node.jobs import Decoder, JobRow, OwnedJob
+from scheduler_node.parts import (
+    ClaimResult,
+    Claims,
+    Delivery,
+    Finish,
+    Hold,
+    Member,
+    Membership,
+    Outcome,
+    RenewResult,
+    Sender,
+    Swept,
+    Ticket,
+    Took,
+)
+from scheduler_node.sim.loop import World
+from scheduler_node.store import Attempts, ClusterConfig, Ident, NodeStore, TriggerRow, bitmap_slots
+
+LATENCY = 0.001  # a round trip to Redis or PostgreSQL
+
+
+# --------------------------------------------------------------------------- Redis
+@dataclass
+class SimRedis:
+    """One Redis server: claims and membership, down (unreachable) until a time, or emptied."""
+
+    world: World
+    space: ClaimSpace = field(init=False)
+    members: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # id -> (expires, beat, info)
+    down_until: float = 0.0
+    losses: list[float] = field(default_factory=list)  # when it lost everything
+
+    def __post_init__(self) -> None:
+        self.space = ClaimSpace(now=self.now_ms)
+
+    def now_ms(self) -> int:
+        return int(self.world.now * 1000)
+
+    def lose_everything(self) -> None:
+        self.space.lose_everything()
+        self.members.clear()
+        self.losses.append(self.world.now)
+
+    async def call(self) -> None:
+        """The request's way there; raises while Redis is unreachable (after a timeout)."""
+        if self.world.now < self.down_until:
+            await asyncio.sleep(0.5)
+            raise TransientError("redis: connection refused")
+        await asyncio.sleep(LATENCY / 2)
+        if self.world.now < self.down_until:
+            raise TransientError("redis: connection reset")
+
+
+class SimClaims(Claims):
+    """:class:`MemoryClaims` on a :class:`SimRedis`: each call reaches Redis after half a round
+    trip, is applied there at once, and its answer comes back after the other half (so a process
+    paused or killed meanwhile leaves the change made and the answer unread)."""
+
+    def __init__(self, redis: SimRedis, holder: str, keep_ms: int) -> None:
+        self.redis = redis
+        self.holder = holder
+        self.inner = MemoryClaims(redis.space, holder, keep_ms)
+
+    async def _after(self) -> None:
+        await asyncio.sleep(LATENCY / 2)
+
+    async def claim(self, tickets: Sequence[Ticket], lease_ms: int) -> list[ClaimResult]:
+        await self.redis.call()
+        out = await self.inner.claim(tickets, lease_ms)
+        await self._after()
+        return out
+
+    async def renew(self, holds: Sequence[Hold]) -> list[RenewResult]:
+        await self.redis.call()
+        out = await self.inner.renew(holds)
+        await self._after()
+        return out
+
+    async def done(self, finishes: Sequence[Finish]) -> list[bool]:
+        await self.redis.call()
+        out = await self.inner.done(finishes)
+        await self._after()
+        return out
+
+    async def take(self, tickets: Sequence[Ticket], lease_ms: int) -> list[Took]:
+        await self.redis.call()
+        out = await self.inner.take(tickets, lease_ms)
+        await self._after()
+        return out
+
+    async def sweep(self, slots: Sequence[int], limit: int, unrecorded_age_ms: int) -> Swept:
+        await self.redis.call()
+        out = await self.inner.sweep(slots, limit, unrecorded_age_ms)
+        await self._after()
+        return out
+
+    async def recorded(self, rows: Sequence[tuple[int, str]]) -> None:
+        await self.redis.call()
+        await self.inner.recorded(rows)
+        await self._after()
+
+
+class SimMembership(Membership):
+    def __init__(self, redis: SimRedis, node_id: str, ttl_ms: int) -> None:
+        self.redis = redis
+        self.node_id = node_id
+        self.ttl_ms = ttl_ms
+
+    async def beat(self, info: dict[str, Any]) -> None:
+        await self.redis.call()
+        now = self.redis.now_ms()
+        self.redis.members[self.node_id] = (now + self.ttl_ms, now, json.dumps(info))
+        await asyncio.sleep(LATENCY / 2)
+
+    async def live(self) -> list[Member]:
+        await self.redis.call()
+        now = self.redis.now_ms()
+        out = []
+        for node_id in sorted(self.redis.members):
+            expires, beat, info_text = self.redis.members[node_id]
+            if expires < now:
+                del self.redis.members[node_id]
+                continue
+            info = json.loads(info_text)
+            out.append(Member(node_id, (now - beat) / 1000, bool(info.get("ready")), info))
+        await asyncio.sleep(LATENCY / 2)
+        return out
+
+    async def leave(self) -> None:
+        await self.redis.call()
+        self.redis.members.pop(self.node_id, None)
+        await asyncio.sleep(LATENCY / 2)
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+@dataclass
+class SimJob:
+    id: str
+    slot: int
+    version: int
+    incarnation: int
+    namespace: str
+    schedule: dict[str, Any]
+    target: dict[str, Any]
+    payload: str
+    retry: dict[str, Any]
+    options: dict[str, Any]
+    paused: bool = False
+    deleted: bool = False
+    updated_ms: int = 0
+    change: int = 0
+
+    def row(self) -> JobRow:
+        return JobRow(
+            self.id,
+            self.slot,
+            self.version,
+            json.dumps(self.schedule),
+            json.dumps(self.target),
+            self.payload,
+            json.dumps(self.retry),
+            self.paused,
+            self.updated_ms,
+            self.namespace,
+            json.dumps(self.options),
+            self.incarnation,
+            self.deleted,
+        )
+
+
+@dataclass
+class SimDb:
+    """The database: what the API would have written, what nodes write; down until a time."""
+
+    world: World
+    slots: int
+    jobs: dict[str, SimJob] = field(default_factory=dict)
+    triggers: list[tuple[int, TriggerRow, int]] = field(default_factory=list)  # (change, row, slot)
+    history: dict[tuple[str, int, int, int], HistoryRow] = field(default_factory=dict)
+    duplicates: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
+    progress: dict[tuple[str, str], tuple[int, bytes]] = field(default_factory=dict)
+    outages: list[tuple[int, int]] = field(default_factory=list)
+    down_until: float = 0.0
+    polls: dict[str, list[float]] = field(default_factory=dict)  # holder -> when its feed reads succeeded
+    change: int = 1
+    version: int = 1
+    incarnations: int = 1
+    trigger_ids: int = 1
+
+    def now_ms(self) -> int:
+        return int(self.world.now * 1000)
+
+    # -- what the API does
+    def put_job(self, job_id: str, **doc: Any) -> SimJob:
+        old = self.jobs.get(job_id)
+        self.version += 1
+        self.change += 1
+        if old is None or old.deleted:
+            self.incarnations += 1
+            incarnation = self.incarnations
+        else:
+            incarnation = old.incarnation
+        job = SimJob(
+            job_id,
+            slot_of(job_id, self.slots),
+            self.version,
+            incarnation,
+            doc.get("namespace", "default"),
+            doc["schedule"],
+            doc["target"],
+            json.dumps(doc.get("payload", {})),
+            doc.get("retry", {"max_attempts": 3, "backoff_seconds": 0.5, "max_backoff_seconds": 4}),
+            doc.get("options", {}),
+            doc.get("paused", False),
+            False,
+            self.now_ms(),
+            self.change,
+        )
+        self.jobs[job_id] = job
+        return job
+
+    def change_job(self, job_id: str, **changes: Any) -> SimJob:
+        job = self.jobs[job_id]
+        self.version += 1
+        self.change += 1
+        for k, v in changes.items():
+            setattr(job, k, v)
+        job.version, job.change, job.updated_ms = self.version, self.change, self.now_ms()
+        return job
+
+    def trigger(self, job_id: str) -> TriggerRow:
+        job = self.jobs[job_id]
+        self.change += 1
+        self.trigger_ids += 1
+        row = TriggerRow(self.trigger_ids, job_id, self.now_ms(), incarnation=job.incarnation)
+        self.triggers.append((self.change, row, job.slot))
+        return row
+
+    # -- what nodes do
+    async def call(self) -> None:
+        if self.world.now < self.down_until:
+            await asyncio.sleep(1.0)
+            raise TransientError("database: connection refused")
+        await asyncio.sleep(LATENCY)
+        if self.world.now < self.down_until:
+            raise TransientError("database: server closed the connection unexpectedly")
+
+    def write(self, rows: list[HistoryRow]) -> int:
+        if self.world.now < self.down_until:
+            raise TransientError("database: connection refused")
+        dups = 0
+        for r in rows:
+            old = self.history.get(r.key)
+            if old is None:
+                self.history[r.key] = r
+            elif r.status not in ("skipped", "cancelled") and (old.node, old.fired_ms) != (r.node, r.fired_ms):
+                self.duplicates[r.key] = self.duplicates.get(r.key, 0) + 1
+                dups += 1
+        return dups
+
+
+class SimStore(NodeStore):
+    def __init__(self, db: SimDb, holder: str = "") -> None:
+        self.db = db
+        self.holder = holder
+
+    async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, list[tuple[OwnedJob, int]]]:
+        await self.db.call()
+        wanted = set(slots)
+        out = []
+        for job in sorted(self.db.jobs.values(), key=lambda j: j.id):
+            if job.slot in wanted and not job.deleted:
+                out.append((decoder.job(job.row()), job.updated_ms))
+        return self.db.change + 1, out
+
+    async def poll_changes(self, cursor: int) -> tuple[int, list[JobRow], list[TriggerRow]]:
+        await self.db.call()
+        self.db.polls.setdefault(self.holder, []).append(self.db.world.now)
+        rows = [j.row() for j in sorted(self.db.jobs.values(), key=lambda j: j.change) if j.change >= cursor]
+        triggers = [t for c, t, _ in self.db.triggers if c >= cursor]
+        return self.db.change + 1, rows, triggers
+
+    async def recent_triggers(self, slots: Sequence[int], since_ms: int) -> list[TriggerRow]:
+        await self.db.call()
+        wanted = set(slots)
+        return [t for _, t, slot in self.db.triggers if slot in wanted and t.requested_ms > since_ms]
+
+    async def attempts(self, idents: Sequence[Ident]) -> dict[Ident, Attempts]:
+        await self.db.call()
+        wanted = set(idents)
+        found: dict[Ident, Attempts] = {}
+        for (job_id, ms, ev, attempt), row in self.db.history.items():
+            ident = (job_id, ms, ev)
+            if ident in wanted:
+                old = found.get(ident, Attempts(0, False))
+                final = row.status in ("succeeded", "permanently_failed", "skipped", "cancelled")
+                found[ident] = Attempts(max(old.last_attempt, attempt), old.final or final)
+        return found
+
+    async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, int]:
+        await self.db.call()
+        return {i: self.db.jobs[i].incarnation for i in job_ids if i in self.db.jobs and not self.db.jobs[i].deleted}
+
+    async def cluster_config(self) -> ClusterConfig:
+        await self.db.call()
+        return ClusterConfig({}, {})
+
+    async def save_progress(self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes) -> None:
+        await self.db.call()
+        old = self.db.progress.get((node_id, incarnation))
+        ms = max(fired_through_ms, old[0]) if old else fired_through_ms
+        self.db.progress[(node_id, incarnation)] = (ms, slots)
+
+    async def slot_marks(self) -> tuple[dict[int, int], int | None]:
+        await self.db.call()
+        marks: dict[int, int] = {}
+        for ms, slots in sorted(self.db.progress.values()):
+            for s in bitmap_slots(slots):
+                marks[s] = ms
+        top = max((ms for ms, _ in self.db.progress.values()), default=None)
+        return marks, top
+
+    async def record_outage(self, since_ms: int, until_ms: int, node_id: str) -> None:
+        await self.db.call()
+        self.db.outages.append((since_ms, until_ms))
+
+    async def outages(self, since_ms: int) -> list[tuple[int, int]]:
+        await self.db.call()
+        return sorted((a, b) for a, b in self.db.outages if b > since_ms)
+
+    async def delete_completed(self, job_id: str, version: int) -> bool:
+        await self.db.call()
+        job = self.db.jobs.get(job_id)
+        if job is None or job.version != version or job.deleted:
+            return False
+        self.db.change_job(job_id, deleted=True)
+        return True
+
+    def write_history(self, rows: list[HistoryRow]) -> int:
+        return self.db.write(rows)
+
+
+# --------------------------------------------------------------------------- receivers
+@dataclass(frozen=True, slots=True)
+class SimTarget:
+    receiver: str
+    timeout: float
+    kind: str = "http"
+
+
+@dataclass
+class Arrival:
+    """A request that reached a receiver."""
+
+    at: float
+    node: str
+    holder: str
+    job_id: str
+    execution_id: str
+    scheduled_ms: int
+    attempt: int
+    ok: bool
+
+
+@dataclass
+class Receivers:
+    """Every receiver's behaviour and everything that reached them. Behaviours: ``ok``;
+    ``fail_first`` (the first attempt of each execution fails); ``flaky`` (fails one time in
+    three, decided by the seed); ``slow`` (answers after 3 s)."""
+
+    world: World
+    rng: Any
+    behaviour: dict[str, str] = field(default_factory=dict)
+    arrivals: list[Arrival] = field(default_factory=list)
+
+    def answer(self, receiver: str, attempt: int) -> tuple[bool, float]:
+        kind = self.behaviour.get(receiver, "ok")
+        if kind == "fail_first":
+            return attempt > 1, 0.005
+        if kind == "flaky":
+            return self.rng.random() > 0.33, 0.005
+        if kind == "slow":
+            return True, 3.0
+        return True, 0.002
+
+
+class SimSender(Sender):
+    kind = "http"
+
+    def __init__(self, receivers: Receivers, node_id: str, holder: str) -> None:
+        self.receivers = receivers
+        self.node_id = node_id
+        self.holder = holder
+
+    def decode(self, doc: dict[str, Any]) -> SimTarget:
+        return SimTarget(doc["url"], float(doc.get("timeout_seconds", 2.0)))
+
+    def submit(self, target: SimTarget, delivery: Delivery) -> asyncio.Future[Outcome]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outcome] = loop.create_future()
+        world = self.receivers.world
+        timer = loop.call_later(target.timeout, _settle, future, Outcome(False, None, "timed out"))
+
+        def arrive() -> None:
+            ok, took = self.receivers.answer(target.receiver, delivery.attempt)
+            self.receivers.arrivals.append(
+                Arrival(
+                    world.now,
+                    self.node_id,
+                    self.holder,
+                    delivery.job_id,
+                    delivery.execution_id,
+                    _ms(delivery.scheduled_for),
+                    delivery.attempt,
+                    ok,
+                )
+            )
+            outcome = Outcome(True, 200, None) if ok else Outcome(False, 500, "HTTP 500: \x00receiver\ud800 error")
+
+            def reply() -> None:
+                if loop in world.loops:
+                    loop.call_soon(_settle, future, outcome, timer)
+
+            world.at(world.now + took + LATENCY / 2, reply)
+
+        world.at(world.now + LATENCY / 2, arrive)
+        return future
+
+
+def _settle(future: asyncio.Future[Outcome], outcome: Outcome, timer: asyncio.TimerHandle | None = None) -> None:
+    if timer is not None:
+        timer.cancel()
+    if not future.done():
+        future.set_result(outcome)
+
+
+def _ms(iso_text: str) -> int:
+    from cronman.timeutil import parse_iso
+
+    return parse_iso(iso_text)

@@ -1,0 +1,44 @@
+"""Running seeds: one at a time or across processes, with a one-line summary per failure."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, replace
+
+from scheduler_node.sim.check import Report, check
+from scheduler_node.sim.world import Sim, SimConfig
+
+
+def run_seed(seed: int, base: SimConfig | None = None) -> Report:
+    cfg = replace(base or SimConfig(seed), seed=seed)
+    logging.getLogger("cronman").setLevel(logging.ERROR)
+    logging.getLogger("cronman").propagate = False
+    sim = Sim(cfg)
+    sim.run()
+    return check(sim)
+
+
+def _one(args: tuple[int, SimConfig | None]) -> dict:
+    seed, base = args
+    started = time.perf_counter()
+    try:
+        r = run_seed(seed, base)
+    except Exception as exc:  # noqa: BLE001 - a crashed run is a failed seed, reported like any
+        r = Report(seed, violations=[f"the simulation itself failed: {type(exc).__name__}: {exc}"])
+    d = asdict(r)
+    d["seconds"] = round(time.perf_counter() - started, 3)
+    return d
+
+
+def run_seeds(seeds: Iterable[int], base: SimConfig | None = None, processes: int | None = None) -> list[dict]:
+    items = [(s, base) for s in seeds]
+    processes = processes or min(len(items), os.cpu_count() or 1)
+    if processes <= 1:
+        return [_one(i) for i in items]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(processes) as pool:
+        return pool.map(_one, items, chunksize=max(1, len(items) // (processes * 8)))

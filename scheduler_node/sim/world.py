@@ -1,0 +1,376 @@
+"""One simulated cluster run: a workload of jobs with receivers that answer well or badly, the
+real nodes on simulated Redis and PostgreSQL, and a nemesis that kills, pauses, restarts (one
+after the other), adds and removes nodes, empties or cuts off Redis, stalls PostgreSQL, and stops
+the whole cluster. Everything is drawn from one seed, so a run replays exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from cronman.settings import Settings
+from scheduler_node.node import Node, NodeParts
+from scheduler_node.senders import Senders
+from scheduler_node.sim.loop import InlineExecutor, SimLoop, World
+from scheduler_node.sim.parts import Receivers, SimClaims, SimDb, SimMembership, SimRedis, SimSender, SimStore
+
+EPOCH = 1_893_456_000.0  # 2030-01-01T00:00:00Z: a fixed start, so runs do not depend on today
+
+FAULTS = (
+    "kill",
+    "pause",
+    "restart",
+    "join",
+    "leave",
+    "redis_loss",
+    "redis_down",
+    "db_down",
+    "cluster_stop",
+)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    seed: int
+    duration: float = 45.0  # faults happen in (warmup, duration)
+    settle: float = 25.0  # then every node is up and nothing fails
+    warmup: float = 3.0
+    slots: int = 64
+    faults: frozenset[str] = frozenset(FAULTS)
+    fault_every: float = 5.0  # mean seconds between faults
+    lease_seconds: float = 2.0
+
+
+@dataclass
+class Fault:
+    kind: str
+    start: float
+    end: float
+    node: str = ""
+    holder: str = ""
+
+
+@dataclass
+class JobPlan:
+    """A job of the workload and what happened to it (times are simulated seconds)."""
+
+    id: str
+    doc: dict[str, Any]
+    receiver: str
+    created: list[float] = field(default_factory=list)
+    deleted: list[float] = field(default_factory=list)
+    paused: list[tuple[float, float]] = field(default_factory=list)  # (from, to)
+    triggers: list[tuple[float, int]] = field(default_factory=list)  # (when asked, requested ms)
+
+
+class Process:
+    """One incarnation of a node: its loop, its Node, the event that stops it gracefully."""
+
+    def __init__(self, sim: Sim, node_id: str, n: int) -> None:
+        self.node_id = node_id
+        self.incarnation = f"i{n}"
+        self.holder = f"{node_id}/{self.incarnation}"
+        self.loop: SimLoop = sim.world.new_loop(self.holder)
+        skew = sim.skew.get(node_id, 0.0)
+        settings = sim.settings.model_copy(update={"node_id": node_id})
+        keep = int(settings.done_ttl_seconds * 1000)
+        parts = NodeParts(
+            claims=SimClaims(sim.redis, self.holder, keep),
+            membership=SimMembership(sim.redis, node_id, int(settings.heartbeat_ttl_seconds * 1000)),
+            store=SimStore(sim.db, self.holder),
+            senders=Senders([SimSender(sim.receivers, node_id, self.holder)]),
+            executor=InlineExecutor(),
+        )
+        world = sim.world
+        self.node = Node(
+            settings,
+            clock=lambda: world.now + skew,
+            parts=parts,
+            slots=sim.cfg.slots,
+            incarnation=self.incarnation,
+            rng=random.Random(sim.rng.random()),
+        )
+        self.stop = asyncio.Event()
+        self.task = self.loop.create_task(self._run(sim))
+        self.task.add_done_callback(lambda _: world.kill(self.loop))
+
+    async def _run(self, sim: Sim) -> None:
+        if sim.tracing is not None:
+            self.loop.call_soon(self._watch, sim)
+        await self.node.run(self.stop)
+
+    def _watch(self, sim: Sim) -> None:
+        firer = self.node.firer
+        if firer is None:
+            self.loop.call_soon(self._watch, sim)
+            return
+        world, holder, wanted = sim.world, self.holder, sim.tracing
+
+        def trace(step: str, e: Any, detail: str) -> None:
+            if wanted in ("*", e.id, e.d.job_id):
+                sim.trace.append(f"t+{world.now - EPOCH:8.3f} {holder:14} {step:9} {e.d.job_id} {e.id[:8]} {detail}")
+
+        firer.trace = trace
+
+
+class Sim:
+    def __init__(self, cfg: SimConfig, tracing: str | None = None) -> None:
+        self.cfg = cfg
+        self.tracing = tracing  # a job id, an execution id, or "*": steps recorded in self.trace
+        self.trace: list[str] = []
+        self.rng = random.Random(cfg.seed)
+        self.world = World(EPOCH)
+        self.redis = SimRedis(self.world)
+        self.db = SimDb(self.world, cfg.slots)
+        self.receivers = Receivers(self.world, random.Random(self.rng.random()))
+        self.settings = Settings(
+            node_id="sim",
+            database_url="postgresql://sim/sim",
+            redis_url="redis://sim",
+            heartbeat_interval_seconds=0.5,
+            heartbeat_ttl_seconds=3.0,
+            membership_poll_seconds=0.3,
+            lease_seconds=cfg.lease_seconds,
+            change_poll_seconds=0.5,
+            history_flush_seconds=0.1,
+            load_grace_seconds=2.0,
+            progress_seconds=0.5,
+            outage_after_seconds=5.0,
+            history_recover_after_seconds=3.0,
+            done_ttl_seconds=60.0,
+            node_port=-1,
+            dev_mode=True,
+        )
+        self.processes: dict[str, Process] = {}
+        self.starts = 0
+        self.faults: list[Fault] = []
+        self.jobs: dict[str, JobPlan] = {}
+        self.skew: dict[str, float] = {}
+        self.node_ids: list[str] = []
+        self.stopped_all: list[tuple[float, float]] = []  # (stop, restart) of the whole cluster
+
+    # ------------------------------------------------------------------ processes
+    def start(self, node_id: str) -> None:
+        self.starts += 1
+        self.processes[node_id] = Process(self, node_id, self.starts)
+
+    def alive(self) -> list[str]:
+        return sorted(n for n, p in self.processes.items() if p.loop in self.world.loops)
+
+    def kill(self, node_id: str) -> None:
+        p = self.processes[node_id]
+        self.faults.append(Fault("kill", self.world.now, self.world.now, node_id, p.holder))
+        self.world.kill(p.loop)
+
+    def terminate(self, node_id: str) -> None:
+        p = self.processes[node_id]
+        p.loop.call_soon(p.stop.set)
+
+    def pause(self, node_id: str, seconds: float) -> None:
+        p = self.processes[node_id]
+        self.faults.append(Fault("pause", self.world.now, self.world.now + seconds, node_id, p.holder))
+        self.world.paused.add(p.loop)
+        self.world.at(self.world.now + seconds, lambda: self.world.paused.discard(p.loop))
+
+    # ------------------------------------------------------------------ workload
+    def _workload(self) -> None:
+        rng = self.rng
+        receivers = {"ok": 0.6, "fail_first": 0.2, "flaky": 0.12, "slow": 0.08}
+        for i in range(rng.randint(12, 24)):
+            job_id = f"job-{i}"
+            kind = rng.choices(list(receivers), weights=list(receivers.values()))[0]
+            receiver = f"r-{i}"
+            self.receivers.behaviour[receiver] = kind
+            shape = rng.random()
+            if shape < 0.6:
+                schedule: dict[str, Any] = {"type": "interval", "every_seconds": rng.randint(1, 5)}
+                if rng.random() < 0.5:
+                    schedule["start_at"] = _iso(EPOCH + rng.randint(0, 4))
+            elif shape < 0.85:
+                step = rng.choice([1, 2, 3, 5])
+                schedule = {"type": "cron", "expression": f"*/{step} * * * * *"}
+            else:
+                schedule = {"type": "once", "at": _iso(EPOCH + rng.uniform(self.cfg.warmup, self.cfg.duration))}
+            options: dict[str, Any] = {}
+            if rng.random() < 0.4:
+                options["misfire_policy"] = rng.choice(["fire_once", "skip", "fire_all"])
+                options["catchup_window_seconds"] = rng.choice([5, 15, 3600])
+            if rng.random() < 0.2:
+                options["events_per_trigger"] = 2
+            if rng.random() < 0.1:
+                options["overlap_policy"] = "skip"
+            doc = {
+                "schedule": schedule,
+                "target": {"type": "http", "url": receiver, "timeout_seconds": 2.0},
+                "retry": {
+                    "max_attempts": rng.randint(2, 5),
+                    "backoff_seconds": rng.choice([0.2, 0.5, 1.0]),
+                    "max_backoff_seconds": 3,
+                },
+                "options": options,
+                "namespace": rng.choice(["a", "b"]),
+            }
+            plan = self.jobs[job_id] = JobPlan(job_id, doc, receiver)
+            self.db.put_job(job_id, **doc)
+            plan.created.append(self.world.now)
+
+    def _job_events(self) -> None:
+        """Pauses, resumes, deletes, re-creations and manual triggers during the run."""
+        rng = self.rng
+        t = self.cfg.warmup
+        while True:
+            t += rng.expovariate(1 / 4.0)
+            if t >= self.cfg.duration:
+                return
+            job = rng.choice(sorted(self.jobs))
+            what = rng.choices(["trigger", "pause", "delete"], weights=[0.6, 0.25, 0.15])[0]
+            self.world.at(EPOCH + t, functools.partial(self._job_event, job, what))
+
+    def _job_event(self, job_id: str, what: str) -> None:
+        plan = self.jobs[job_id]
+        row = self.db.jobs[job_id]
+        now = self.world.now
+        if row.deleted:
+            return
+        if what == "trigger":
+            t = self.db.trigger(job_id)
+            plan.triggers.append((now, t.requested_ms))
+        elif what == "pause" and not row.paused:
+            self.db.change_job(job_id, paused=True)
+            back = now + self.rng.uniform(1, 6)
+            plan.paused.append((now, back))
+            self.world.at(back, lambda: None if row.deleted else self.db.change_job(job_id, paused=False))
+        elif what == "delete":
+            self.db.change_job(job_id, deleted=True)
+            plan.deleted.append(now)
+            if self.rng.random() < 0.5:
+                again = now + self.rng.uniform(1, 5)
+                self.world.at(again, lambda: self._recreate(job_id))
+
+    def _recreate(self, job_id: str) -> None:
+        plan = self.jobs[job_id]
+        self.db.put_job(job_id, **plan.doc)
+        plan.created.append(self.world.now)
+
+    # ------------------------------------------------------------------ the nemesis
+    def _nemesis(self) -> None:
+        rng = self.rng
+        t = self.cfg.warmup
+        joined = 0
+        while True:
+            t += rng.expovariate(1 / self.cfg.fault_every)
+            if t >= self.cfg.duration - 2:
+                return
+            kinds = sorted(self.cfg.faults)
+            weights = [0.05 if k == "cluster_stop" else 1.0 for k in kinds]
+            kind = rng.choices(kinds, weights=weights)[0]
+            if kind == "join":
+                joined += 1
+            self.world.at(EPOCH + t, functools.partial(self._fault, kind, joined))
+
+    def _fault(self, kind: str, joined: int) -> None:
+        rng, now = self.rng, self.world.now
+        alive = self.alive()
+        lease = self.cfg.lease_seconds
+        if kind in ("kill", "pause", "restart", "leave") and not alive:
+            return
+        victim = rng.choice(alive) if alive else ""
+        if kind == "kill":
+            self.kill(victim)
+            if rng.random() < 0.8:
+                self.world.at(now + rng.uniform(0.5, 8), lambda: self._revive(victim))
+        elif kind == "pause":
+            self.pause(victim, lease + rng.uniform(-1.0, 6.0))
+        elif kind == "restart":  # one step of a rolling restart: SIGTERM, then start again
+            self.faults.append(Fault("restart", now, now, victim, self.processes[victim].holder))
+            self.terminate(victim)
+            self.world.at(now + rng.uniform(0.3, 2.0), lambda: self._revive(victim))
+        elif kind == "join":
+            node_id = f"node-j{joined}"
+            self.node_ids.append(node_id)
+            self.faults.append(Fault("join", now, now, node_id))
+            self.start(node_id)
+        elif kind == "leave" and len(alive) > 1:
+            self.faults.append(Fault("leave", now, now, victim, self.processes[victim].holder))
+            self.terminate(victim)
+        elif kind == "redis_loss":
+            self.faults.append(Fault("redis_loss", now, now))
+            self.redis.lose_everything()
+        elif kind == "redis_down":
+            d = rng.uniform(1, 4)
+            self.faults.append(Fault("redis_down", now, now + d))
+            self.redis.down_until = now + d
+        elif kind == "db_down":
+            d = rng.uniform(1, 8)
+            self.faults.append(Fault("db_down", now, now + d))
+            self.db.down_until = now + d
+        elif kind == "cluster_stop":
+            d = min(rng.uniform(8, 20), EPOCH + self.cfg.duration - now)  # everything is back by then
+            self.faults.append(Fault("cluster_stop", now, now + d))
+            self.stopped_all.append((now, now + d))
+            for n in alive:
+                if rng.random() < 0.5:
+                    self.kill(n)
+                else:
+                    self.terminate(n)
+            self.world.at(now + d, lambda: self._revive_all(alive))
+
+    def _revive_all(self, node_ids: list[str]) -> None:
+        for n in node_ids:
+            self._revive(n)
+
+    def _revive(self, node_id: str) -> None:
+        if node_id not in self.alive() and node_id in self.node_ids:
+            self.start(node_id)
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> None:
+        cfg, rng = self.cfg, self.rng
+        handler = _Capture()
+        logging.getLogger("cronman").addHandler(handler)
+        try:
+            self._workload()
+            count = rng.randint(3, 5)
+            self.node_ids = [f"node-{i}" for i in range(count)]
+            for n in self.node_ids:
+                self.skew[n] = rng.uniform(-1.5, 1.5)
+            for n in self.node_ids:
+                self.world.at(EPOCH + rng.uniform(0, 1), functools.partial(self.start, n))
+            self._job_events()
+            self._nemesis()
+            self.world.run_until(EPOCH + cfg.duration)
+            # the nemesis rests: everything comes back and nothing fails any more
+            self.redis.down_until = self.db.down_until = 0
+            self.world.paused.clear()
+            for n in self.node_ids:
+                self._revive(n)
+            self.world.run_until(EPOCH + cfg.duration + cfg.settle)
+            self.end = self.world.now
+            for n in self.alive():  # a clean stop, so that everything in flight is recorded
+                self.terminate(n)
+            self.world.run_until(self.world.now + 20)
+        finally:
+            logging.getLogger("cronman").removeHandler(handler)
+        self.logged_errors = handler.errors
+
+
+class _Capture(logging.Handler):
+    """Errors a run logs with a traceback: a bug escaped somewhere."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.errors: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:
+            self.errors.append(f"{record.name}: {record.getMessage()}: {record.exc_info[1]!r}")
+
+
+def _iso(t: float) -> str:
+    from cronman.timeutil import iso
+
+    return iso(int(t * 1000))

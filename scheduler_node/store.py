@@ -1,0 +1,442 @@
+"""What a node reads from and writes to PostgreSQL: the jobs of the slots it owns, the change feed,
+manual triggers and redeliveries, history, throttle policies and signing secrets, and how far the
+cluster has fired (per node, per slot) and when it was down altogether.
+
+Jobs and the feed are read in one REPEATABLE READ snapshot together with that snapshot's xmin.
+Every transaction whose changes the snapshot could not see has an id >= xmin, so polling
+``change_xid >= xmin`` next time cannot skip a transaction that committed late. Rows seen twice
+are told apart by version.
+
+:class:`NodeStore` is the interface the node uses; :class:`PgNodeStore` runs each call's blocking
+SQL in the node's thread pool. The simulation has its own implementation in memory.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import gc
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg2
+import sqlalchemy.exc
+from psycopg2 import errors as pg_errors
+from psycopg2.extras import execute_values
+from sqlalchemy import Engine, text
+
+from cronman.errors import TransientError
+from cronman.partitions import day_of_ms, ensure_partitions
+from scheduler_node.history import HistoryRow
+from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, OwnedJob
+
+log = logging.getLogger("cronman.node.store")
+
+_XMIN = text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+_MS = "floor(extract(epoch from {}) * 1000)::bigint"
+_TS = "(timestamptz 'epoch' + %s * interval '1 millisecond')"
+T = TypeVar("T")
+
+Ident = tuple[str, int, int]  # (job id, scheduled ms, event index)
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerRow:
+    id: int
+    job_id: str
+    requested_ms: int
+    kind: str = "trigger"  # or "redeliver"
+    scheduled_ms: int | None = None
+    event_index: int | None = None
+    attempt: int | None = None
+    execution_id: str | None = None
+    trigger: str | None = None
+    incarnation: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Small tables every node keeps whole: throttle policies and signing secrets."""
+
+    throttles: dict[tuple[str, str], tuple[int, float | None]]
+    secrets: dict[str, tuple[str, ...]]  # newest first; the previous one for a day after a rotation
+
+
+@dataclass(frozen=True, slots=True)
+class Attempts:
+    """What history says of an execution: its highest attempt and whether it ended."""
+
+    last_attempt: int
+    final: bool
+
+
+class NodeStore(abc.ABC):
+    @abc.abstractmethod
+    async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, list[tuple[OwnedJob, int]]]:
+        """Every live job of ``slots`` as (job, updated ms), and the cursor to poll changes from."""
+
+    @abc.abstractmethod
+    async def poll_changes(self, cursor: int) -> tuple[int, list[JobRow], list[TriggerRow]]: ...
+
+    @abc.abstractmethod
+    async def recent_triggers(self, slots: Sequence[int], since_ms: int) -> list[TriggerRow]:
+        """Triggers and redeliveries of jobs in ``slots`` requested since then."""
+
+    @abc.abstractmethod
+    async def attempts(self, idents: Sequence[Ident]) -> dict[Ident, Attempts]: ...
+
+    @abc.abstractmethod
+    async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, int]: ...
+
+    @abc.abstractmethod
+    async def cluster_config(self) -> ClusterConfig: ...
+
+    @abc.abstractmethod
+    async def save_progress(self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def slot_marks(self) -> tuple[dict[int, int], int | None]:
+        """How far each slot was fired (by any node), and how far the cluster fired at all."""
+
+    @abc.abstractmethod
+    async def record_outage(self, since_ms: int, until_ms: int, node_id: str) -> None: ...
+
+    @abc.abstractmethod
+    async def outages(self, since_ms: int) -> list[tuple[int, int]]:
+        """Times when no scheduler ran, ending after ``since_ms``."""
+
+    @abc.abstractmethod
+    async def delete_completed(self, job_id: str, version: int) -> bool: ...
+
+    @abc.abstractmethod
+    def write_history(self, rows: list[HistoryRow]) -> int:
+        """Blocking: insert rows; returns how many were second deliveries. Raises TransientError
+        when the database is unavailable."""
+
+
+def bitmap(slots: Iterable[int], size: int) -> bytes:
+    out = bytearray((size + 7) // 8)
+    for s in slots:
+        out[s >> 3] |= 1 << (s & 7)
+    return bytes(out)
+
+
+def bitmap_slots(data: bytes) -> list[int]:
+    return [i * 8 + b for i, byte in enumerate(data) if byte for b in range(8) if byte >> b & 1]
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+_HISTORY_COLUMNS = (
+    "INSERT INTO scheduled_jobs (job_id, scheduled_for, event_index, attempt, execution_id, trigger, status, node, "
+    "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace) "
+    "VALUES %s "
+)
+# A second row for one attempt from a different delivery counts a duplicate; the same row written
+# again (a retried write, or a survivor recovering a dead node's rows) does not, nor does a
+# "skipped" or "cancelled" row for an occurrence that turns out to have been delivered.
+_INSERT = (
+    _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt) DO UPDATE SET duplicates = "
+    "scheduled_jobs.duplicates "
+    "+ CASE WHEN EXCLUDED.status IN ('skipped', 'cancelled') OR (scheduled_jobs.node IS NOT DISTINCT FROM "
+    "EXCLUDED.node AND scheduled_jobs.fired_at IS NOT DISTINCT FROM EXCLUDED.fired_at) THEN 0 ELSE 1 END "
+    "RETURNING duplicates"
+)
+_TEMPLATE = f"(%s, {_TS}, %s, %s, %s::uuid, %s, %s, %s, {_TS}, {_TS}, %s, %s, %s, %s, %s, %s, %s)"
+_UNAVAILABLE = (
+    psycopg2.OperationalError,
+    psycopg2.InterfaceError,
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,
+)
+
+
+def _dedupe(batch: list[HistoryRow]) -> list[HistoryRow]:
+    seen: dict[tuple[str, int, int, int], HistoryRow] = {}
+    for r in batch:
+        seen[r.key] = r
+    return list(seen.values())
+
+
+class PgNodeStore(NodeStore):
+    def __init__(self, engine: Engine, executor: Executor) -> None:
+        self.engine = engine
+        self.executor = executor
+        self._days: set[Any] = set()
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        except _UNAVAILABLE as exc:
+            raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
+
+    # -- jobs and the feed
+    async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, list[tuple[OwnedJob, int]]]:
+        return await self._call(self._load_slots, list(slots), decoder)
+
+    def _load_slots(
+        self, slots: list[int], decoder: Decoder, batch: int = 20_000
+    ) -> tuple[int, list[tuple[OwnedJob, int]]]:
+        """Rows are decoded as they stream in (a server-side cursor), so a million jobs never sit
+        in memory as rows."""
+        out: list[tuple[OwnedJob, int]] = []
+        with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
+            xmin = int(conn.execute(_XMIN).scalar_one())
+            if not slots:
+                return xmin, out
+            cur: Any = conn.connection.dbapi_connection.cursor(name="cronman_load_slots")  # type: ignore[union-attr]
+            cur.itersize = batch
+            try:
+                cur.execute(
+                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE deleted_at IS NULL AND slot = ANY(%s)", (list(slots),)
+                )
+                job_from = decoder.job_from
+                # Hundreds of thousands of new long-lived objects would set off the cycle collector
+                # over and over, scanning them all each time: it is paused while they are built.
+                collecting = gc.isenabled()
+                gc.disable()
+                for r in cur:
+                    try:
+                        job = job_from(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[9], r[10], r[11])
+                    except (ValueError, KeyError, TypeError) as exc:
+                        log.error("cannot schedule job: %s", exc, extra={"job_id": r[0]})
+                        continue
+                    out.append((job, r[8]))
+            finally:
+                if collecting:
+                    gc.enable()
+                cur.close()
+        return xmin, out
+
+    async def poll_changes(self, cursor: int) -> tuple[int, list[JobRow], list[TriggerRow]]:
+        return await self._call(self._poll_changes, cursor)
+
+    def _poll_changes(self, cursor: int) -> tuple[int, list[JobRow], list[TriggerRow]]:
+        with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
+            xmin = int(conn.execute(_XMIN).scalar_one())
+            jobs = [
+                JobRow(*r)
+                for r in conn.execute(
+                    text(f"SELECT {JOB_COLUMNS}, deleted_at IS NOT NULL FROM jobs WHERE change_xid >= :c"),
+                    {"c": cursor},
+                )
+            ]
+            triggers = [
+                TriggerRow(*r) for r in conn.execute(text(_TRIGGERS + "WHERE t.change_xid >= :c"), {"c": cursor})
+            ]
+        return xmin, jobs, triggers
+
+    async def recent_triggers(self, slots: Sequence[int], since_ms: int) -> list[TriggerRow]:
+        return await self._call(self._recent_triggers, list(slots), since_ms)
+
+    def _recent_triggers(self, slots: list[int], since_ms: int) -> list[TriggerRow]:
+        if not slots:
+            return []
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    _TRIGGERS + "JOIN jobs j ON j.id = t.job_id AND j.slot = ANY(:slots) "
+                    "WHERE t.requested_at > timestamptz 'epoch' + :since * interval '1 millisecond'"
+                ),
+                {"slots": slots, "since": since_ms},
+            )
+            return [TriggerRow(*r) for r in rows]
+
+    async def attempts(self, idents: Sequence[Ident]) -> dict[Ident, Attempts]:
+        return await self._call(self._attempts, list(idents))
+
+    def _attempts(self, items: list[Ident]) -> dict[Ident, Attempts]:
+        if not items:
+            return {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    f"SELECT s.job_id, {_MS.format('s.scheduled_for')}, s.event_index, max(s.attempt), "
+                    "bool_or(s.status IN ('succeeded', 'permanently_failed', 'skipped', 'cancelled')) "
+                    "FROM scheduled_jobs s JOIN unnest(CAST(:j AS text[]), CAST(:t AS bigint[]), CAST(:e AS int[])) "
+                    "AS w(job_id, ms, ev) ON s.job_id = w.job_id "
+                    "AND s.scheduled_for = timestamptz 'epoch' + w.ms * interval '1 millisecond' "
+                    "AND s.event_index = w.ev GROUP BY 1, 2, 3"
+                ),
+                {"j": [i[0] for i in items], "t": [i[1] for i in items], "e": [i[2] for i in items]},
+            )
+            return {(r[0], int(r[1]), int(r[2])): Attempts(int(r[3]), bool(r[4])) for r in rows}
+
+    async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, int]:
+        return await self._call(self._live_incarnations, list(job_ids))
+
+    def _live_incarnations(self, job_ids: list[str]) -> dict[str, int]:
+        if not job_ids:
+            return {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT id, incarnation FROM jobs WHERE id = ANY(:ids) AND deleted_at IS NULL"), {"ids": job_ids}
+            )
+            return {r[0]: int(r[1]) for r in rows}
+
+    async def cluster_config(self) -> ClusterConfig:
+        return await self._call(self._cluster_config)
+
+    def _cluster_config(self) -> ClusterConfig:
+        with self.engine.connect() as conn:
+            throttles = {
+                (r[0], r[1]): (int(r[2]), None if r[3] is None else float(r[3]))
+                for r in conn.execute(
+                    text("SELECT namespace, name, max_in_flight, max_per_second FROM throttle_policies")
+                )
+            }
+            secrets: dict[str, list[str]] = {}
+            rows = conn.execute(
+                text(
+                    "SELECT namespace, secret, created_at > now() - interval '1 day' FROM signing_secrets "
+                    "ORDER BY namespace, created_at DESC, id DESC"
+                )
+            )
+            newest_recent: dict[str, bool] = {}
+            for namespace, secret, recent in rows:
+                have = secrets.setdefault(namespace, [])
+                if not have:
+                    have.append(secret)
+                    newest_recent[namespace] = bool(recent)
+                elif len(have) == 1 and newest_recent[namespace]:
+                    have.append(secret)  # still within a day of the rotation
+        return ClusterConfig(throttles, {k: tuple(v) for k, v in secrets.items()})
+
+    # -- progress and outages
+    async def save_progress(self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes) -> None:
+        await self._call(self._save_progress, node_id, incarnation, fired_through_ms, slots)
+
+    def _save_progress(self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO node_progress (node_id, incarnation, fired_through, slots, updated_at) VALUES "
+                    "(:n, :i, timestamptz 'epoch' + :ms * interval '1 millisecond', :s, now()) "
+                    "ON CONFLICT (node_id, incarnation) DO UPDATE SET slots = EXCLUDED.slots, updated_at = now(), "
+                    "fired_through = GREATEST(node_progress.fired_through, EXCLUDED.fired_through)"
+                ),
+                {"n": node_id, "i": incarnation, "ms": fired_through_ms, "s": slots},
+            )
+
+    async def slot_marks(self) -> tuple[dict[int, int], int | None]:
+        return await self._call(self._slot_marks)
+
+    def _slot_marks(self) -> tuple[dict[int, int], int | None]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    f"SELECT {_MS.format('fired_through')}, slots FROM node_progress "
+                    "WHERE updated_at > now() - interval '7 days' ORDER BY 1"
+                )
+            ).all()
+        marks: dict[int, int] = {}
+        for ms, slots in rows:  # oldest first: later rows overwrite
+            for s in bitmap_slots(bytes(slots)):
+                marks[s] = int(ms)
+        return marks, (int(rows[-1][0]) if rows else None)
+
+    async def record_outage(self, since_ms: int, until_ms: int, node_id: str) -> None:
+        await self._call(self._record_outage, since_ms, until_ms, node_id)
+
+    def _record_outage(self, since_ms: int, until_ms: int, node_id: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO cluster_outages (since, until, recorded_by) VALUES "
+                    "(timestamptz 'epoch' + :a * interval '1 millisecond', "
+                    "timestamptz 'epoch' + :b * interval '1 millisecond', :n)"
+                ),
+                {"a": since_ms, "b": until_ms, "n": node_id},
+            )
+
+    async def outages(self, since_ms: int) -> list[tuple[int, int]]:
+        return await self._call(self._outages, since_ms)
+
+    def _outages(self, since_ms: int) -> list[tuple[int, int]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    f"SELECT {_MS.format('since')}, {_MS.format('until')} FROM cluster_outages "
+                    "WHERE until > timestamptz 'epoch' + :s * interval '1 millisecond' ORDER BY 1"
+                ),
+                {"s": since_ms},
+            )
+            return [(int(a), int(b)) for a, b in rows]
+
+    async def delete_completed(self, job_id: str, version: int) -> bool:
+        return await self._call(self._delete_completed, job_id, version)
+
+    def _delete_completed(self, job_id: str, version: int) -> bool:
+        """Delete a job that has nothing left to fire (delete_after_completion), unless it changed."""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                text(
+                    "UPDATE jobs SET deleted_at = now(), updated_at = now(), version = nextval('jobs_version_seq'), "
+                    "change_xid = pg_current_xact_id()::text::bigint "
+                    "WHERE id = :id AND version = :v AND deleted_at IS NULL RETURNING namespace"
+                ),
+                {"id": job_id, "v": version},
+            ).first()
+            if row is None:
+                return False
+            conn.execute(
+                text(
+                    "INSERT INTO job_events (job_id, namespace, action, actor, detail) "
+                    "VALUES (:id, :ns, 'delete', 'scheduler', '{\"reason\": \"completed\"}'::jsonb)"
+                ),
+                {"id": job_id, "ns": row[0]},
+            )
+        return True
+
+    # -- history
+    def write_history(self, rows: list[HistoryRow]) -> int:
+        try:
+            return self._write(rows)
+        except _UNAVAILABLE as exc:
+            raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
+
+    def _write(self, batch: list[HistoryRow]) -> int:
+        days = {day_of_ms(r.scheduled_ms) for r in batch}
+        raw = self.engine.raw_connection()
+        try:
+            for attempt in (1, 2):
+                try:
+                    if not days <= self._days:
+                        self._ensure_days(days)
+                    cur = raw.cursor()
+                    try:
+                        returned = execute_values(
+                            cur, _INSERT, _dedupe(batch), template=_TEMPLATE, page_size=len(batch), fetch=True
+                        )
+                    finally:
+                        cur.close()
+                    raw.commit()
+                    return sum(1 for (d,) in returned if d)
+                except pg_errors.CheckViolation:
+                    # "no partition of relation found for row": a day nobody created yet
+                    raw.rollback()
+                    self._days -= days
+                    if attempt == 2:
+                        raise
+                except Exception:
+                    raw.rollback()
+                    raise
+            raise AssertionError("unreachable")
+        finally:
+            raw.close()
+
+    def _ensure_days(self, days: set[Any]) -> None:
+        with self.engine.begin() as conn:
+            created = ensure_partitions(conn, days)
+        if created:
+            log.info("created history partitions %s", ", ".join(created))
+        self._days |= days
+
+
+_TRIGGERS = (
+    f"SELECT t.id, t.job_id, {_MS.format('t.requested_at')}, t.kind, {_MS.format('t.scheduled_for')}, "
+    "t.event_index, t.attempt, t.execution_id::text, t.trigger, t.incarnation FROM job_triggers t "
+)
