@@ -163,28 +163,25 @@ class CronExpr:
             return None
         d = date.fromordinal(ordinal)
         year, month, day = d.year, d.month, d.day
+        first = self.hours[0] * 3600 + self.minutes[0] * 60 + self.seconds[0]
         tod = self._time_at_or_after(sod)
         if tod is None:
-            day, tod = day + 1, self._first_time
+            day, tod = day + 1, first
         if month not in self.months:
             year, month = self._next_month(year, month)
-            day, tod = 1, self._first_time
+            day, tod = 1, first
         while year <= MAX_YEAR:
             matching = self._month_days(year, month)
             i = bisect_left(matching, day)
             if i < len(matching):
                 found = matching[i]
-                offset = tod if found == day else self._first_time
+                offset = tod if found == day else first
                 return (date(year, month, found).toordinal() - _EPOCH_ORDINAL) * _DAY + offset
             year, month = self._next_month(year, month)
-            day, tod = 1, self._first_time
+            day, tod = 1, first
         return None
 
     # -- helpers -------------------------------------------------------------------------------
-    @property
-    def _first_time(self) -> int:
-        return self.hours[0] * 3600 + self.minutes[0] * 60 + self.seconds[0]
-
     def _next_month(self, year: int, month: int) -> tuple[int, int]:
         i = bisect_right(self.months, month)
         if i < len(self.months):
@@ -192,11 +189,11 @@ class CronExpr:
         return year + 1, self.months[0]
 
     def _month_days(self, year: int, month: int) -> tuple[int, ...]:
-        first_weekday, ndays = calendar.monthrange(year, month)
-        key = (ndays, first_weekday)
+        ndays = _MONTH_DAYS[month] + (month == 2 and calendar.isleap(year))
+        key = (ndays, date(year, month, 1).weekday())
         found = self._days.get(key)
         if found is None:
-            found = self._days[key] = self.day.days(ndays, first_weekday)
+            found = self._days[key] = self.day.days(*key)
         return found
 
     def _time_at_or_after(self, sod: int) -> int | None:
@@ -221,6 +218,7 @@ class CronExpr:
 
 
 _MAX_ORDINAL = date(MAX_YEAR, 12, 31).toordinal()
+_MONTH_DAYS = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
 # ---------------------------------------------------------------------------------------- parsing

@@ -159,12 +159,10 @@ class CronRule:
         return _seconds(datetime.fromtimestamp(s, self._zone).utcoffset())
 
     def _wall_offsets(self, wall: int) -> tuple[int, int]:
-        """The UTC offsets of a wall time read before (fold=0) and after (fold=1) a transition."""
-        naive = _NAIVE_EPOCH + timedelta(seconds=wall)
-        return (
-            _seconds(naive.replace(tzinfo=self._zone).utcoffset()),
-            _seconds(naive.replace(tzinfo=self._zone, fold=1).utcoffset()),
-        )
+        """The UTC offsets of a wall time read before (fold=0) and after (fold=1) a transition:
+        equal away from transitions, the first larger in a repeated interval, smaller in a gap."""
+        local = (_NAIVE_EPOCH + timedelta(seconds=wall)).replace(tzinfo=self._zone)
+        return _seconds(local.utcoffset()), _seconds(local.replace(fold=1).utcoffset())
 
     def _transition(self, lo: int, hi: int) -> int:
         """The first second in (lo, hi] whose UTC offset differs from lo's."""
@@ -203,9 +201,9 @@ class CronRule:
             if before == after:
                 return (wall - before) * 1000
             a, b = wall - before, wall - after
-            if self._offset_at(a) == before:  # the wall happens twice: its first instant
-                return min(a, b) * 1000
-            # the wall falls in a gap, which the transition (in (b, a]) ends
+            if before > after:  # the clock went back: the wall happens twice, a is the first
+                return a * 1000
+            # the clock went forward: the wall falls in a gap, which the transition (in (b, a]) ends
             if self.gap is GapPolicy.SHIFT:
                 return self._transition(b, a) * 1000
             if skipped is not None and wall - skipped < 2 * 86_400:
