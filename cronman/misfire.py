@@ -36,58 +36,62 @@ class MisfirePlan:
 
 
 def latest_at_or_before(timing: Timing, since_ms: int, until_ms: int) -> int | None:
-    """The last occurrence in (since, until], found by widening a window back from ``until``."""
-    width = 1000
-    while True:
-        lo = max(since_ms, until_ms - width)
-        t = timing.next_after(lo)
-        if t is not None and t <= until_ms:
-            last = t
-            for _ in range(MAX_COUNTED):
-                nxt = timing.next_after(last)
-                if nxt is None or nxt > until_ms:
-                    return last
-                last = nxt
-            return last
-        if lo == since_ms:
-            return None
-        width *= 8
+    """The last occurrence in (since, until]."""
+    last = _latest(timing, since_ms, until_ms, 1)
+    return last[-1] if last else None
 
 
 def plan(timing: Timing, since_ms: int, until_ms: int, policy: MisfirePolicy, catchup_ms: int) -> MisfirePlan:
-    """What to do with the occurrences in (since, until] that were missed."""
+    """What to do with the occurrences in (since, until] that were missed. Bounded: at most
+    MAX_COUNTED occurrences are fired or counted, and the recorded skips are found by a search
+    back from the end of the window that never lists more than a few hundred occurrences."""
     latest = latest_at_or_before(timing, since_ms, until_ms)
     if latest is None:
         return MisfirePlan()
     fire: list[int] = []
+    skip_until = until_ms  # the skipped occurrences are those in (since, skip_until]
     if policy is MisfirePolicy.FIRE_ONCE:
-        fire = [latest]
+        fire, skip_until = [latest], latest - 1
     elif policy is MisfirePolicy.FIRE_ALL:
-        t = timing.next_after(max(since_ms, until_ms - catchup_ms))
-        while t is not None and t <= until_ms and len(fire) < MAX_COUNTED:
-            fire.append(t)
-            t = timing.next_after(t)
+        skip_until = max(since_ms, until_ms - catchup_ms)
+        fire = _forward(timing, skip_until, until_ms, MAX_COUNTED)
     fired = set(fire)
     first = timing.next_after(since_ms)
-    total = 0
-    t = first
-    while t is not None and t <= until_ms and total < MAX_COUNTED:
-        total += t not in fired
-        t = timing.next_after(t)
-    skipped = [t for t in _latest(timing, since_ms, until_ms, MAX_RECORDED + len(fire)) if t not in fired]
-    return MisfirePlan(fire, skipped[-MAX_RECORDED:], total, first, latest)
+    total = sum(t not in fired for t in _forward(timing, since_ms, until_ms, MAX_COUNTED))
+    skipped = [t for t in _latest(timing, since_ms, skip_until, MAX_RECORDED) if t not in fired]
+    return MisfirePlan(fire, skipped, total, first, latest)
+
+
+def _forward(timing: Timing, since_ms: int, until_ms: int, limit: int) -> list[int]:
+    """The first ``limit`` occurrences in (since, until], oldest first."""
+    found: list[int] = []
+    t = timing.next_after(since_ms)
+    while t is not None and t <= until_ms and len(found) < limit:
+        found.append(t)
+        nxt = timing.next_after(t)
+        t = nxt if nxt is None or nxt > t else None  # a timing that does not move on ends the list
+    return found
 
 
 def _latest(timing: Timing, since_ms: int, until_ms: int, n: int) -> list[int]:
-    """Up to the last ``n`` occurrences in (since, until], oldest first."""
-    width = 1000
-    while True:
+    """Up to the last ``n`` occurrences in (since, until], oldest first: a window back from
+    ``until`` widens (x8) until it holds ``n``, and is bisected when it would hold more than can be
+    listed, so each look lists at most ``8n + 64`` occurrences and there are fewer than 100 looks."""
+    if until_ms <= since_ms:
+        return []
+    cap = 8 * n + 64
+    short, big, width = 0, 0, 1000  # `short` holds fewer than n; `big` (when not 0) more than cap
+    found: list[int] = []
+    for _ in range(200):
         lo = max(since_ms, until_ms - width)
-        found: list[int] = []
-        t = timing.next_after(lo)
-        while t is not None and t <= until_ms and len(found) < MAX_COUNTED:
-            found.append(t)
-            t = timing.next_after(t)
-        if len(found) >= n or lo == since_ms:
+        found = _forward(timing, lo, until_ms, cap + 1)
+        if len(found) > cap:
+            big = width
+        elif len(found) >= n or lo == since_ms:
             return found[-n:]
-        width *= 8
+        else:
+            short = width
+        if big and big - short <= 1:
+            break  # cannot happen: one more millisecond adds at most one occurrence
+        width = (short + big) // 2 if big else width * 8
+    return found[-n:]

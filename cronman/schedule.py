@@ -1,9 +1,22 @@
 """Schedule maths: pure functions of their inputs, times in UTC epoch milliseconds.
 
 ``next_after(after_ms)`` gives the first occurrence strictly after ``after_ms``, or ``None`` when the
-schedule has no more occurrences. The clock is never read here.
+schedule has no more occurrences. The clock is never read here. Every timing is total: for any
+``after_ms`` it returns an int or None and never raises; instants from year 9990 on have no
+occurrence, and instants before year 2 are treated as year 2.
 
-Cron expressions are evaluated on the local wall clock of the job's time zone, then mapped to
+Schedule documents (stored as validated by `cronman.spec`; instants are ISO-8601 strings with an
+offset, aware datetimes or epoch milliseconds)::
+
+    {"type": "cron", "expression": "0 7 * * *",            # or "expressions": ["0 7 * * 1-5", "@monthly"]
+     "timezone": "Europe/Berlin", "dst_gap": "shift" | "skip", "dst_fold": "first" | "both",
+     "start_at": ..., "end_at": ..., "jitter_seconds": 1.5}  # the last three optional
+    {"type": "interval", "every_seconds": 60, "start_at": ..., "end_at": ..., "jitter_seconds": ...}
+    {"type": "once", "at": "2026-11-13T04:13:22Z", "jitter_seconds": ...}
+
+A cron schedule holds one ``expression`` or a list of ``expressions`` (syntax in `cronman.cron`);
+with several, an occurrence is the earliest next of any of them, and an instant named by more
+than one fires once. Each is evaluated on the local wall clock of the time zone, then mapped to
 instants with explicit rules for the two kinds of daylight-saving transition:
 
 * a local time that does not exist (spring forward): ``GapPolicy.SHIFT`` fires at the first instant
@@ -12,13 +25,18 @@ instants with explicit rules for the two kinds of daylight-saving transition:
   ``FoldPolicy.BOTH`` fires at each.
 
 Several wall times that map to one instant (every minute of a gap, under SHIFT) fire once.
+
+Cost: one call is a bounded number of wall-clock searches (`CronExpr.next_wall`, microseconds)
+and UTC-offset look-ups. With the first instance of each wall time the wall -> instant map is
+monotonic, so the first matching wall after ``after``'s wall is the answer; the second instances
+of a repeated hour can only come first when ``after`` itself lies in that hour, and are found by
+one more search from the start of the repeated interval.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -26,12 +44,13 @@ from functools import lru_cache
 from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
+from cronman.cron import CronExpr, CronSyntaxError, cron_error, parse_cron
+from cronman.timeutil import to_ms
 
-from cronman.timeutil import from_ms, to_ms
-
-_MAX_DST_SHIFT = timedelta(hours=3)  # larger than any real offset change in one transition
-_MAX_SCAN = 200_000  # bound on wall-clock candidates examined in one call
+_FIRST_S = (datetime(2, 1, 1, tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(seconds=1)
+_LAST_S = (datetime(9990, 1, 1, tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(seconds=1)
+_NAIVE_EPOCH = datetime(1970, 1, 1)
+MAX_GAP_SKIPS = 64  # under dst_gap=skip: searches in a row that land in gaps before giving up (None)
 
 
 class GapPolicy(enum.StrEnum):
@@ -85,30 +104,10 @@ def phase_for(job_id: str, every_ms: int) -> int:
     return int.from_bytes(digest, "big") % every_ms
 
 
-def cron_field_count(expression: str) -> int:
-    return len(expression.split())
-
-
 @lru_cache(maxsize=4096)
 def validate_cron(expression: str) -> str | None:
-    """Return an error message for an unusable expression, or None when it is valid (cached: a
-    batch of jobs usually shares a few expressions, and checking one costs ~0.1 ms)."""
-    fields = expression.split()
-    if expression.startswith("@"):
-        if len(fields) != 1 or not croniter.is_valid(expression):
-            return "unknown cron alias; use @yearly, @monthly, @weekly, @daily, @midnight or @hourly"
-        return None
-    if len(fields) not in (5, 6):
-        return (
-            f"a cron expression has 5 fields (minute hour day-of-month month day-of-week) or 6 with a "
-            f"leading seconds field; got {len(fields)}"
-        )
-    try:
-        if not croniter.is_valid(expression, second_at_beginning=len(fields) == 6):
-            return "invalid cron expression"
-    except (CroniterError, ValueError, KeyError, TypeError) as exc:
-        return f"invalid cron expression: {exc}"
-    return None
+    """Return an error message for an unusable expression (naming the field at fault), or None."""
+    return cron_error(expression)
 
 
 def validate_timezone(name: str) -> str | None:
@@ -126,65 +125,25 @@ def zone(name: str) -> ZoneInfo:
     return ZoneInfo(name)
 
 
+def _seconds(delta: timedelta | None) -> int:
+    assert delta is not None  # a ZoneInfo always has an offset
+    return delta.days * 86_400 + delta.seconds
+
+
 class CronRule:
     """A parsed cron expression in a time zone with DST policies. Shared by every job that uses it."""
 
-    __slots__ = ("expression", "tz", "gap", "fold", "_zone", "_six", "_local", "_cache")
+    __slots__ = ("expression", "tz", "gap", "fold", "_expr", "_zone", "_cache")
 
     def __init__(self, expression: str, tz: str, gap: GapPolicy, fold: FoldPolicy) -> None:
-        error = validate_cron(expression) or validate_timezone(tz)
+        error = validate_timezone(tz)
         if error:
             raise ValueError(error)
         self.expression, self.tz, self.gap, self.fold = expression, tz, gap, fold
+        self._expr: CronExpr = parse_cron(expression, stored=True)  # CronSyntaxError is a ValueError
         self._zone = zone(tz)
-        self._six = cron_field_count(expression) == 6
-        self._local = threading.local()  # croniter iterators are stateful: one per thread
         self._cache: dict[int, int | None] = {}
 
-    # -- wall clock <-> instants ------------------------------------------------------------
-    def _wall(self, ms: int) -> datetime:
-        return from_ms(ms).astimezone(self._zone).replace(tzinfo=None)
-
-    def _instants(self, wall: datetime, both: bool) -> list[int]:
-        """The instants at which the local wall time happens, per the DST policies (sorted)."""
-        z = self._zone
-        first = wall.replace(tzinfo=z, fold=0)
-        second = wall.replace(tzinfo=z, fold=1)
-        if first.utcoffset() == second.utcoffset():
-            return [to_ms(first)]
-        a, b = to_ms(first), to_ms(second)
-        if self._wall(a) == wall:  # happens twice (fold): a is the earlier instant
-            return [a, b] if both else [a]
-        # does not exist (gap): the transition lies between the two interpretations
-        if self.gap is GapPolicy.SKIP:
-            return []
-        return [self._transition(min(a, b), max(a, b))]
-
-    def _transition(self, lo: int, hi: int) -> int:
-        """First instant in (lo, hi] whose UTC offset differs from lo's (second resolution)."""
-        base = from_ms(lo).astimezone(self._zone).utcoffset()
-        lo_s, hi_s = lo // 1000, _ceil_div(hi, 1000)
-        while hi_s - lo_s > 1:
-            mid = (lo_s + hi_s) // 2
-            if datetime.fromtimestamp(mid, UTC).astimezone(self._zone).utcoffset() == base:
-                lo_s = mid
-            else:
-                hi_s = mid
-        return hi_s * 1000
-
-    def _walls_from(self, start: datetime):  # type: ignore[no-untyped-def]
-        it = getattr(self._local, "it", None)
-        if it is None:
-            it = croniter(self.expression, datetime(2000, 1, 1), second_at_beginning=self._six)
-            self._local.it = it
-        it.set_current(start, force=True)
-        for _ in range(_MAX_SCAN):
-            try:
-                yield it.get_next(datetime)
-            except CroniterBadDateError:
-                return
-
-    # -- public ----------------------------------------------------------------------------
     def next_after(self, after_ms: int) -> int | None:
         cached = self._cache.get(after_ms, -1)
         if cached != -1:
@@ -195,50 +154,86 @@ class CronRule:
         self._cache[after_ms] = result
         return result
 
-    def _compute(self, after_ms: int) -> int | None:
-        # Whole seconds: cron has second resolution; start the wall scan at the second of `after`.
-        start_wall = self._wall(after_ms - after_ms % 1000)
-        best = self._scan_first(after_ms, start_wall)
-        if self.fold is FoldPolicy.BOTH:
-            best = self._scan_second_instances(after_ms, start_wall, best)
-        return best
+    # -- instants <-> walls (local seconds) -------------------------------------------------
+    def _offset_at(self, s: int) -> int:
+        return _seconds(datetime.fromtimestamp(s, self._zone).utcoffset())
 
-    def _scan_first(self, after_ms: int, start_wall: datetime) -> int | None:
-        # Taking only the first instance of repeated times, instants are non-decreasing in wall
-        # order, so the first one past `after` is the answer.
-        for wall in self._walls_from(start_wall - timedelta(seconds=1)):
-            for t in self._instants(wall, both=False):
-                if t > after_ms:
-                    return t
+    def _wall_offsets(self, wall: int) -> tuple[int, int]:
+        """The UTC offsets of a wall time read before (fold=0) and after (fold=1) a transition:
+        equal away from transitions, the first larger in a repeated interval, smaller in a gap."""
+        local = (_NAIVE_EPOCH + timedelta(seconds=wall)).replace(tzinfo=self._zone)
+        return _seconds(local.utcoffset()), _seconds(local.replace(fold=1).utcoffset())
+
+    def _transition(self, lo: int, hi: int) -> int:
+        """The first second in (lo, hi] whose UTC offset differs from lo's."""
+        base = self._offset_at(lo)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._offset_at(mid) == base:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    # -- the search ---------------------------------------------------------------------------
+    def _compute(self, after_ms: int) -> int | None:
+        s = after_ms // 1000  # cron has second resolution: the wall search starts at after's second
+        if s >= _LAST_S:
+            return None
+        s = max(s, _FIRST_S)
+        local = datetime.fromtimestamp(s, self._zone)
+        offset = _seconds(local.utcoffset())
+        other = _seconds(local.replace(fold=1 - local.fold).utcoffset())
+        if other == offset:
+            return self._first_from(s + offset)
+        return self._in_fold(s, offset, other, second_pass=local.fold == 1)
+
+    def _first_from(self, start: int) -> int | None:
+        """The instant of the first matching wall after ``start`` (first instances only, gap policy
+        applied): non-decreasing in wall order, so it is the first occurrence after the instant
+        whose wall is ``start``."""
+        skipped: int | None = None  # the last wall skipped in a gap
+        for _ in range(MAX_GAP_SKIPS):
+            wall = self._expr.next_wall(start)
+            if wall is None:
+                return None
+            before, after = self._wall_offsets(wall)
+            if before == after:
+                return (wall - before) * 1000
+            a, b = wall - before, wall - after
+            if before > after:  # the clock went back: the wall happens twice, a is the first
+                return a * 1000
+            # the clock went forward: the wall falls in a gap, which the transition (in (b, a]) ends
+            if self.gap is GapPolicy.SHIFT:
+                return self._transition(b, a) * 1000
+            if skipped is not None and wall - skipped < 2 * 86_400:
+                # a second wall in the same gap (gaps last at most a day and are days apart): jump
+                # to the wall just before the gap's end rather than walk through every one
+                start, skipped = self._transition(b, a) + after - 1, None
+            else:
+                start, skipped = wall, wall
         return None
 
-    def _scan_second_instances(self, after_ms: int, start_wall: datetime, best: int | None) -> int | None:
-        # The second instance of a repeated hour is later than the first instances that follow
-        # it in wall order; look for one before `best` only when a fold lies in between.
-        horizon = best if best is not None else after_ms + 400 * 86_400_000
-        lo = from_ms(after_ms) - _MAX_DST_SHIFT
-        hi = from_ms(horizon) + _MAX_DST_SHIFT
-        if not self._offset_drops_between(lo, hi):
-            return best
-        for wall in self._walls_from(start_wall - _MAX_DST_SHIFT):
-            if best is not None and wall > self._wall(best) + _MAX_DST_SHIFT:
-                break
-            for t in self._instants(wall, both=True):
-                if t > after_ms and (best is None or t < best):
-                    best = t
-        return best
-
-    def _offset_drops_between(self, lo: datetime, hi: datetime) -> bool:
-        step = timedelta(days=7)
-        prev = lo.astimezone(self._zone).utcoffset()
-        t = lo
-        while t < hi:
-            t = min(t + step, hi)
-            cur = t.astimezone(self._zone).utcoffset()
-            if cur is not None and prev is not None and cur < prev:
-                return True
-            prev = cur
-        return False
+    def _in_fold(self, s: int, offset: int, other: int, *, second_pass: bool) -> int | None:
+        """``s`` lies in a repeated interval of walls [f0, f1): the first pass runs at the larger
+        offset, up to the transition, the second at the smaller one after it."""
+        early, late = max(offset, other), min(offset, other)
+        wall = s + offset
+        shift = self._transition(wall - early, s) if second_pass else self._transition(s, wall - late)
+        f0, f1 = shift + late, shift + early
+        if second_pass:
+            if self.fold is FoldPolicy.BOTH:
+                again = self._expr.next_wall(wall)
+                if again is not None and again < f1:
+                    return (again - late) * 1000
+            return self._first_from(f1 - 1)
+        first = self._first_from(wall)
+        if self.fold is FoldPolicy.BOTH and (first is None or first >= shift * 1000):
+            # no first instance before the transition: the earliest second instance may come first
+            again = self._expr.next_wall(f0 - 1)
+            if again is not None and again < f1 and (first is None or (again - late) * 1000 < first):
+                return (again - late) * 1000
+        return first
 
 
 @lru_cache(maxsize=4096)
@@ -249,8 +244,23 @@ def cron_rule(
 
 
 @dataclass(frozen=True, slots=True)
+class EarliestOf:
+    """Several timings as one: the earliest next occurrence of any; equal instants fire once."""
+
+    parts: tuple[Timing, ...]
+
+    def next_after(self, after_ms: int) -> int | None:
+        best: int | None = None
+        for part in self.parts:
+            t = part.next_after(after_ms)
+            if t is not None and (best is None or t < best):
+                best = t
+        return best
+
+
+@dataclass(frozen=True, slots=True)
 class CronTiming:
-    rule: CronRule
+    rule: Timing  # a CronRule, or an EarliestOf several
     start_ms: int | None = None
     end_ms: int | None = None
 
@@ -333,19 +343,27 @@ def timing_maker(schedule: dict) -> Callable[[str], Timing]:
     return base
 
 
+def cron_expressions(schedule: dict) -> list[str]:
+    """The expressions of a cron schedule document: ``expressions``, or the one ``expression``."""
+    expressions = schedule.get("expressions")
+    if expressions is None:
+        return [schedule["expression"]]
+    if not expressions:
+        raise ValueError("a cron schedule needs at least one expression")
+    return list(expressions)
+
+
 def _shared_timing(schedule: dict, start: int | None, end: int | None) -> Timing:
     kind = schedule["type"]
     if kind == "interval":
         assert start is not None
         return IntervalTiming(int(schedule["every_seconds"]) * 1000, start, start, end)
     if kind == "cron":
-        rule = cron_rule(
-            schedule["expression"],
-            schedule.get("timezone") or "UTC",
-            GapPolicy(schedule.get("dst_gap", GapPolicy.SHIFT)),
-            FoldPolicy(schedule.get("dst_fold", FoldPolicy.FIRST)),
-        )
-        return CronTiming(rule, start, end)
+        tz = schedule.get("timezone") or "UTC"
+        gap = GapPolicy(schedule.get("dst_gap", GapPolicy.SHIFT))
+        fold = FoldPolicy(schedule.get("dst_fold", FoldPolicy.FIRST))
+        rules = tuple(dict.fromkeys(cron_rule(e, tz, gap, fold) for e in cron_expressions(schedule)))
+        return CronTiming(rules[0] if len(rules) == 1 else EarliestOf(rules), start, end)
     if kind == "once":
         at = _ms_or_none(schedule["at"])
         assert at is not None
@@ -365,18 +383,21 @@ def next_times(timing: Timing, after_ms: int, count: int) -> list[int]:
 
 __all__ = [
     "CronRule",
+    "CronSyntaxError",
     "CronTiming",
-    "CroniterBadCronError",
+    "EarliestOf",
     "FoldPolicy",
     "GapPolicy",
     "IntervalTiming",
     "JitteredTiming",
     "OnceTiming",
     "Timing",
+    "cron_expressions",
     "cron_rule",
     "next_times",
     "phase_for",
     "timing_from_dict",
+    "timing_maker",
     "validate_cron",
     "validate_timezone",
 ]

@@ -87,8 +87,9 @@ def test_history_is_iterated_newest_first(cron: Client, engine: Engine) -> None:
         for i in range(5):
             conn.execute(
                 text(
-                    "INSERT INTO scheduled_jobs (job_id, scheduled_for, attempt, execution_id, status, node, lag_ms)"
-                    " VALUES ('h', :at, 1, gen_random_uuid(), :status, 'node-a', 12)"
+                    "INSERT INTO scheduled_jobs (job_id, scheduled_for, attempt, execution_id, status, node, lag_ms,"
+                    " incarnation, namespace) SELECT 'h', :at, 1, gen_random_uuid(), :status, 'node-a', 12,"
+                    " incarnation, namespace FROM jobs WHERE id = 'h'"
                 ),
                 {"at": base + timedelta(minutes=i), "status": "failed" if i == 2 else "succeeded"},
             )
