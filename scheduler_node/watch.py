@@ -299,6 +299,8 @@ class Watch:
                             outbox.append(self._outbox_row(key, emit, by_rule[(ns, r["name"])]["target"]))
                 cur.execute("DELETE FROM notification_events WHERE id = ANY(%s)", ([e[0] for e in events],))
             for key, state, emit, target in self._due(cur, now):
+                if key in states:
+                    continue  # an event of this very pass has sent (or counted) it already
                 states[key] = state
                 outbox.append(self._outbox_row(key, emit, target))
             if states:
