@@ -13,9 +13,9 @@ from api.jobs import MAX_SEARCH
 from cronman import __version__
 from cronman.apikeys import NAMESPACE_PATTERN
 from cronman.commands import COMMAND_ID_PATTERN
+from cronman.health import HealthState
 from cronman.labels import MAX_SELECTOR
 from cronman.misfire import MisfirePolicy
-from cronman.health import HealthState
 from cronman.notifications import EventKind, NotificationSpec
 from cronman.spec import (
     JOB_ID_PATTERN,

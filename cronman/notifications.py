@@ -79,21 +79,16 @@ class NotificationSpec(_Model):
             raise PydanticCustomError("invalid_value", "each event kind at most once")
         return v
 
-    @field_validator("selector")
-    @classmethod
-    def _selector(cls, v: str) -> str:
-        try:
-            parse_selector(v)
-        except InvalidInput as exc:
-            raise PydanticCustomError("invalid_selector", "{message}", {"message": exc.message}) from None
-        return v
 
 
 def parse_rule(body: str | bytes) -> NotificationSpec:
+    """Validate a rule; a selector that does not parse is a 400 invalid_selector."""
     try:
-        return NotificationSpec.model_validate_json(body)
+        spec = NotificationSpec.model_validate_json(body)
     except ValidationError as exc:
         raise invalid_input(exc) from None
+    parse_selector(spec.selector)
+    return spec
 
 
 def check_name(name: str) -> str:
@@ -212,7 +207,7 @@ def on_event(
     state: Summary, at_ms: int, detail: dict[str, Any], now_ms: int, interval_ms: int
 ) -> tuple[Summary, Emit | None]:
     """One more event of a (rule, job, kind): sent at once after a quiet interval, counted otherwise."""
-    first = state.pending_first_ms if state.pending else at_ms
+    first = state.pending_first_ms if state.pending and state.pending_first_ms is not None else at_ms
     if state.last_sent_ms is None or now_ms - state.last_sent_ms >= interval_ms:
         return Summary(now_ms), Emit(state.pending + 1, min(first, at_ms), at_ms, detail)
     return Summary(state.last_sent_ms, state.pending + 1, first, {**detail, "at_ms": at_ms}), None

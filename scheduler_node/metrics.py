@@ -62,7 +62,9 @@ class NodeMetrics:
         self.occurrences_late = Counter(
             "cronman_occurrences_late", "Occurrences nobody took up within late_after_seconds", registry=r
         )
-        self.notifications = Counter("cronman_notifications", "Notification attempts, by result", ["result"], registry=r)
+        self.notifications = Counter(
+            "cronman_notifications", "Notification attempts, by result", ["result"], registry=r
+        )
         self._status: dict[str, Any] = {}
         self._latency: dict[str, Any] = {}
         for k in ("succeeded", "failed", "permanently_failed", "skipped", "cancelled"):

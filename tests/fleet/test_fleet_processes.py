@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from cronman import signing
 from cronman.embedded import Child
@@ -185,7 +184,11 @@ def test_all_nodes_down_occurrences_are_late_until_delivered(stack: Stack) -> No
             "PUT",
             "/v1/notifications/late",
             201,
-            json={"events": ["execution.late"], "target": {"type": "http", "url": alerts.url}, "min_interval_seconds": 4},
+            json={
+                "events": ["execution.late"],
+                "target": {"type": "http", "url": alerts.url},
+                "min_interval_seconds": 4,
+            },
         )
         for n in ("node-1", "node-2"):
             stack.start_node(n)

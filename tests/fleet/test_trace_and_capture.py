@@ -137,4 +137,6 @@ def test_trace_ids_come_from_the_execution_id() -> None:
     assert trace_id_of(eid) == "5e2463781eb1548a87ec5f96628821e9" and len(span_id_of(eid, 0)) == 16
     assert span_id_of(eid, 1) != span_id_of(eid, 2)
     # SQS sends the same metadata as message attributes.
-    assert Delivery("job", eid, "2026-01-01T00:00:00Z", 2, b"{}", traceparent=header).metadata()["traceparent"] == header
+    assert (
+        Delivery("job", eid, "2026-01-01T00:00:00Z", 2, b"{}", traceparent=header).metadata()["traceparent"] == header
+    )
