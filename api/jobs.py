@@ -16,7 +16,7 @@ from cronman.audit import JobEvent
 from cronman.commands import patch_job as apply_patch
 from cronman.errors import Conflict, InvalidInput, NotFound
 from cronman.execution import Trigger, execution_id
-from cronman.health import NO_HEALTH, Health, health_json, health_of
+from cronman.health import NO_HEALTH, Health, health_json, health_of, paused_reason_of
 from cronman.labels import parse_selector
 from cronman.schedule import Timing, timing_from_dict
 from cronman.spec import JOB_ID_RE, new_job_id, options_with_defaults
@@ -81,19 +81,6 @@ def _next_fire(r: JobRecord, after_ms: int) -> str | None:
         return None
 
 
-def _paused_reason(r: JobRecord) -> dict[str, Any] | None:
-    """Why and since when the job is paused; a job paused in its definition (PUT, PATCH, apply) has
-    no recorded reason, and its last change is when."""
-    if not r.paused:
-        return None
-    return r.paused_reason or {
-        "reason": "paused",
-        "message": "paused in the job's definition",
-        "by": None,
-        "since": iso_dt(r.updated_at),
-    }
-
-
 def job_json(r: JobRecord, at_ms: int, health: Health = NO_HEALTH) -> dict[str, Any]:
     nxt = None if r.paused else _next_fire(r, at_ms)
     doc: dict[str, Any] = {"id": r.id, "namespace": r.namespace}
@@ -109,7 +96,7 @@ def job_json(r: JobRecord, at_ms: int, health: Health = NO_HEALTH) -> dict[str, 
         **options_with_defaults(r.options),
         state="paused" if r.paused else ("active" if nxt is not None else "completed"),
         health=health_json(health, paused=r.paused, completed=nxt is None),
-        paused_reason=_paused_reason(r),
+        paused_reason=paused_reason_of(r.paused, r.paused_reason, iso_dt(r.updated_at)),
         created_at=iso_dt(r.created_at),
         updated_at=iso_dt(r.updated_at),
         version=r.version,

@@ -84,6 +84,14 @@ def paused_by(actor: str | None, since: str) -> dict[str, Any]:
     return {"reason": "paused", "message": f"paused by {who}", "by": who, "since": since}
 
 
+def paused_reason_of(paused: bool, stored: dict[str, Any] | None, updated_at: str | None) -> dict[str, Any] | None:
+    """Why and since when a job is paused (None when it is not). A job paused in its definition
+    (PUT, PATCH, apply) has no recorded reason: its last change is when."""
+    if not paused:
+        return None
+    return stored or {"reason": "paused", "message": "paused in the job's definition", "by": None, "since": updated_at}
+
+
 def auto_paused(failures: int, since: str) -> dict[str, Any]:
     """``paused_reason`` of a job that paused itself (the SQL in scheduler_node.outcomes builds the same)."""
     return {

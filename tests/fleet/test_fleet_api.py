@@ -217,3 +217,23 @@ def test_a_burst_is_summarised_once_per_interval() -> None:
     assert s.pending == 0 and s.last_sent_ms == 10_000
     s, emit = on_event(s, 25_000, {}, 25_000, 10_000)
     assert emit is not None and emit.count == 1
+
+
+def test_dashboard_shows_health_paused_reason_and_responses(client: FlaskClient, app: Flask) -> None:
+    from tests.ui.conftest import Browser
+
+    job = client.post("/v1/jobs", json=_job("shown", capture_response_bytes=100)).json
+    inc = _incarnation(app.extensions["cronman"].store.engine, "shown")
+    row = _row(job, 1_790_000_000_000, 1, "permanently_failed", inc)._replace(response="<b>sorry</b>")
+    PgNodeStore(app.extensions["cronman"].store.engine, None).write_history([row])  # type: ignore[arg-type]
+    client.post("/v1/jobs/shown/pause")
+    b = Browser(app)
+    b.login(ADMIN_KEY)
+    listing = b.get("/ui/jobs").text
+    assert 'data-health="paused"' in listing
+    page = b.get("/ui/jobs/shown").text
+    assert 'id="paused-reason"' in page and "Paused by admin since" in page
+    assert "health: paused" in page and "1 failed in a row" in page
+    assert "&lt;b&gt;sorry&lt;/b&gt;" in page  # the captured answer, escaped
+    client.post("/v1/jobs/shown/resume")
+    assert 'data-health="failing"' in b.get("/ui/jobs").text
