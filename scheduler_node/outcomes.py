@@ -104,7 +104,8 @@ Event = tuple[str, str, str, int, Any]  # namespace, job id, event kind, at (ms)
 
 def record_outcomes(cur: Any, rows: list[HistoryRow]) -> None:
     """Apply rows written for the first time: health, auto-pause, notification events."""
-    deltas = fold(rows)
+    # In job id order: two nodes writing outcomes of the same jobs lock their rows in one order.
+    deltas = sorted(fold(rows), key=lambda d: d.job_id)
     if not deltas:
         return
     by_job = {d.job_id: d for d in deltas}
@@ -119,6 +120,7 @@ def record_outcomes(cur: Any, rows: list[HistoryRow]) -> None:
         if d.failures and toward_pause > 0:
             pause.append((job_id, incarnation, toward_pause))
     if pause:
+        pause.sort()
         for job_id, namespace, n, reason in execute_values(cur, _PAUSE, pause, fetch=True):
             at = by_job[job_id].last_failure_ms or 0
             detail = {"consecutive_failures": n, "paused_reason": reason}

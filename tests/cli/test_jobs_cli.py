@@ -44,10 +44,10 @@ def test_create_and_list(cli: Any, two_jobs: Path) -> None:
     r = cli("jobs", "list")
     assert r.rc == 0
     lines = r.out.splitlines()
-    assert lines[0].split() == ["ID", "NAMESPACE", "SCHEDULE", "STATE", "NEXT", "FIRE", "LABELS"]
+    assert lines[0].split() == ["ID", "NAMESPACE", "SCHEDULE", "STATE", "HEALTH", "NEXT", "FIRE", "LABELS"]
     assert lines[1].split()[:2] == ["invoice-reminder", "default"]
     assert "cron 0 7 * * 1-5 America/New_York" in lines[1] and lines[1].endswith("env=prod,team=payments")
-    assert lines[2].split()[:5] == ["settle", "default", "every", "15m", "active"]
+    assert lines[2].split()[:6] == ["settle", "default", "every", "15m", "active", "ok"]
     assert len(lines) == 3
     assert [ln.split()[0] for ln in cli("jobs", "list", "-l", "env!=dev").out.splitlines()[1:]] == ["invoice-reminder"]
     assert [ln.split()[0] for ln in cli("jobs", "list", "-q", "REMIND").out.splitlines()[1:]] == ["invoice-reminder"]

@@ -237,3 +237,43 @@ def test_dashboard_shows_health_paused_reason_and_responses(client: FlaskClient,
     assert "&lt;b&gt;sorry&lt;/b&gt;" in page  # the captured answer, escaped
     client.post("/v1/jobs/shown/resume")
     assert 'data-health="failing"' in b.get("/ui/jobs").text
+
+
+def test_cli_lists_notification_rules(settings: Settings, client: FlaskClient, tmp_path: Any) -> None:
+    """The command line against the API served by a real server process."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import start_api_process
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRONMAN_")}
+    for name, value in settings.model_dump().items():
+        if value is not None:
+            value = value.get_secret_value() if hasattr(value, "get_secret_value") else value
+            env[f"CRONMAN_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
+    env["CRONMAN_WATCH_ENABLED"] = "false"
+    api, url = start_api_process(env, tmp_path / "api.log")
+    try:
+        rule = tmp_path / "rule.yaml"
+        rule.write_text(
+            "events: [job.recovered]\nselector: team=a\ntarget: {type: http, url: 'https://example.com/n'}\n"
+        )
+        run = {**env, "CRONMAN_API_URL": url, "CRONMAN_API_KEY": ADMIN_KEY}
+        cli = [sys.executable, "-m", "cronman", "notifications"]
+        put = subprocess.run([*cli, "put", "oncall", "-f", str(rule)], env=run, capture_output=True, text=True)
+        assert put.returncode == 0, put.stderr
+        listed = subprocess.run([*cli, "list"], env=run, capture_output=True, text=True, check=True).stdout
+        assert listed.splitlines()[0].split() == ["NAME", "NAMESPACE", "EVENTS", "SELECTOR", "TARGET", "INTERVAL"]
+        assert listed.splitlines()[1].split() == [
+            "oncall",
+            "default",
+            "job.recovered",
+            "team=a",
+            "https://example.com/n",
+            "60s",
+        ]
+        gone = subprocess.run([*cli, "delete", "oncall"], env=run, capture_output=True, text=True)
+        assert gone.returncode == 0 and client.get("/v1/notifications").json["notifications"] == []
+    finally:
+        api.stop(15)
