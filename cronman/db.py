@@ -128,7 +128,7 @@ scheduled_jobs = Table(
     Column("dead_lettered", Boolean),
     Column("incarnation", BigInteger),
     Column("namespace", Text),
-    PrimaryKeyConstraint("job_id", "scheduled_for", "event_index", "attempt", name="pk_scheduled_jobs"),
+    PrimaryKeyConstraint("job_id", "scheduled_for", "event_index", "attempt", "trigger", name="pk_scheduled_jobs"),
     # Failures across jobs, newest first, and the jobs whose latest execution failed (the dashboard).
     Index(
         "ix_scheduled_jobs_failed",

@@ -80,6 +80,7 @@ class Node:
         slots: int | None = None,
         incarnation: str | None = None,
         rng: random.Random | None = None,
+        tuning: dict[str, Any] | None = None,
     ) -> None:
         from cronman.hashing import SLOTS
 
@@ -91,6 +92,7 @@ class Node:
         self.slot_count = slots or SLOTS
         self.parts = parts
         self.rng = rng or random.Random()
+        self.tuning = tuning or {}  # FirerConfig fields to override (the simulation's coarser timer)
         self.metrics = NodeMetrics(self.node_id)
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.config = ClusterConfig({}, {})
@@ -146,6 +148,7 @@ class Node:
                 unrecorded_after_ms=int(s.history_recover_after_seconds * 1000),
                 faults=s.faults,
                 slots=self.slot_count,
+                **self.tuning,
             ),
             clock=self.now_ms,
             claims=parts.claims,
@@ -342,9 +345,15 @@ class Node:
             self.metrics.slots_moved.labels("dropped").inc(len(removed))
         loaded = 0
         if added:
-            loaded = await self._load(sorted(added))
+            # The firer owns the slots before their jobs are installed: a catch-up occurrence its
+            # timer claims meanwhile must not look like one of a slot that moved away.
+            self.firer.set_slots(self.owned | added)
+            try:
+                loaded = await self._load(sorted(added))
+            except BaseException:
+                self.firer.set_slots(self.owned)
+                raise
             self.owned = self.owned | added
-            self.firer.set_slots(self.owned)
             self.metrics.slots_moved.labels("loaded").inc(len(added))
         self.metrics.slots_owned.set(len(self.owned))
         self.metrics.jobs_owned.set(len(self.jobs))

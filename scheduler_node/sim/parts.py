@@ -193,8 +193,8 @@ class SimDb:
     slots: int
     jobs: dict[str, SimJob] = field(default_factory=dict)
     triggers: list[tuple[int, TriggerRow, int]] = field(default_factory=list)  # (change, row, slot)
-    history: dict[tuple[str, int, int, int], HistoryRow] = field(default_factory=dict)
-    duplicates: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
+    history: dict[tuple[str, int, int, int, str], HistoryRow] = field(default_factory=dict)
+    duplicates: dict[tuple[str, int, int, int, str], int] = field(default_factory=dict)
     progress: dict[tuple[str, str], tuple[int, bytes]] = field(default_factory=dict)
     outages: list[tuple[int, int]] = field(default_factory=list)
     down_until: float = 0.0
@@ -306,8 +306,8 @@ class SimStore(NodeStore):
         await self.db.call()
         wanted = set(idents)
         found: dict[Ident, Attempts] = {}
-        for (job_id, ms, ev, attempt), row in self.db.history.items():
-            ident = (job_id, ms, ev)
+        for (job_id, ms, ev, attempt, trigger), row in self.db.history.items():
+            ident = (job_id, ms, ev, trigger)
             if ident in wanted:
                 old = found.get(ident, Attempts(0, False))
                 final = row.status in ("succeeded", "permanently_failed", "skipped", "cancelled")
