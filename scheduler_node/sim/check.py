@@ -146,9 +146,8 @@ def check(sim: Sim) -> Report:
                         )
         # 3: manual triggers
         for asked, requested_ms in plan.triggers:
-            gone = [d for d in plan.deleted if asked - FUZZ < d]
-            if gone and min(gone) < asked + 10:
-                continue
+            if _stopped_after(plan, asked - FUZZ):
+                continue  # deleted or paused before it could be delivered: cancelled
             if asked > hi:
                 continue
             for ev in range(events):
