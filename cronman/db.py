@@ -130,7 +130,7 @@ scheduled_jobs = Table(
     Column("incarnation", BigInteger),
     Column("namespace", Text),
     Column("response", Text, comment="the start of the receiver's answer (opt-in)"),
-    PrimaryKeyConstraint("job_id", "scheduled_for", "event_index", "attempt", name="pk_scheduled_jobs"),
+    PrimaryKeyConstraint("job_id", "scheduled_for", "event_index", "attempt", "trigger", name="pk_scheduled_jobs"),
     # Failures across jobs, newest first, and the jobs whose latest execution failed (the dashboard).
     Index(
         "ix_scheduled_jobs_failed",

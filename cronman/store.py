@@ -757,15 +757,17 @@ class JobStore:
         first: its current incarnation's only, so an id created again starts with an empty history."""
         c = scheduled_jobs.c
         q = select(*(getattr(c, f) for f in ExecutionRecord.__slots__))
-        if cursor:
-            ms, ev, att = decode_cursor(cursor, (int, int, int))
+        if cursor:  # (scheduled ms, event index, attempt, trigger): history's key, in its order
+            ms, ev, att, trig = decode_cursor(cursor, (int, int, int, str))
             if not (MIN_INSTANT_MS <= ms < MAX_INSTANT_MS and 0 <= ev < 2**31 and 0 <= att < 2**31):
                 raise InvalidInput("cursor is not one this API returned", field="cursor", code="invalid_cursor")
             q = q.where(
-                tuple_(c.scheduled_for, c.event_index, c.attempt)
-                < tuple_(literal(from_ms(ms)), literal(ev), literal(att))
+                tuple_(c.scheduled_for, c.event_index, c.attempt, c.trigger)
+                < tuple_(literal(from_ms(ms)), literal(ev), literal(att), literal(trig))
             )
-        q = q.order_by(c.scheduled_for.desc(), c.event_index.desc(), c.attempt.desc()).limit(limit + 1)
+        q = q.order_by(c.scheduled_for.desc(), c.event_index.desc(), c.attempt.desc(), c.trigger.desc()).limit(
+            limit + 1
+        )
         with self._connect() as conn:
             record = _get(conn, job_id, namespace)
             rows = [ExecutionRecord(**r) for r in conn.execute(q.where(_history_of(record))).mappings()]
@@ -773,7 +775,7 @@ class JobStore:
         if len(rows) > limit:
             rows = rows[:limit]
             last = rows[-1]
-            next_cursor = encode_cursor([to_ms(last.scheduled_for), last.event_index, last.attempt])
+            next_cursor = encode_cursor([to_ms(last.scheduled_for), last.event_index, last.attempt, last.trigger])
         return rows, next_cursor
 
     def ping(self) -> None:

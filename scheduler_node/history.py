@@ -53,8 +53,9 @@ class HistoryRow(NamedTuple):
     response: str | None = None  # the start of the receiver's answer (capture_response_bytes)
 
     @property
-    def key(self) -> tuple[str, int, int, int]:
-        return (self.job_id, self.scheduled_ms, self.event_index, self.attempt)
+    def key(self) -> tuple[str, int, int, int, str]:
+        """History's primary key: one row per attempt of an execution."""
+        return (self.job_id, self.scheduled_ms, self.event_index, self.attempt, str(self.trigger))
 
 
 def clean_text(text: str | None, limit: int = MAX_ERROR) -> str | None:

@@ -41,7 +41,7 @@ _MS = "floor(extract(epoch from {}) * 1000)::bigint"
 _TS = "(timestamptz 'epoch' + %s * interval '1 millisecond')"
 T = TypeVar("T")
 
-Ident = tuple[str, int, int]  # (job id, scheduled ms, event index)
+Ident = tuple[str, int, int, str]  # (job id, scheduled ms, event index, trigger)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +140,7 @@ _HISTORY_COLUMNS = (
 # again (a retried write, or a survivor recovering a dead node's rows) does not, nor does a
 # "skipped" or "cancelled" row for an occurrence that turns out to have been delivered.
 _INSERT = (
-    _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt) DO UPDATE SET duplicates = "
+    _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt, trigger) DO UPDATE SET duplicates = "
     "scheduled_jobs.duplicates "
     "+ CASE WHEN EXCLUDED.status IN ('skipped', 'cancelled') OR (scheduled_jobs.node IS NOT DISTINCT FROM "
     "EXCLUDED.node AND scheduled_jobs.fired_at IS NOT DISTINCT FROM EXCLUDED.fired_at) THEN 0 ELSE 1 END "
@@ -148,8 +148,8 @@ _INSERT = (
 )
 # Rows written for the first time (the others, already there, go through _INSERT).
 _INSERT_NEW = (
-    _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt) DO NOTHING "
-    f"RETURNING job_id, {_MS.format('scheduled_for')}, event_index, attempt"
+    _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt, trigger) DO NOTHING "
+    f"RETURNING job_id, {_MS.format('scheduled_for')}, event_index, attempt, trigger"
 )
 _TEMPLATE = f"(%s, {_TS}, %s, %s, %s::uuid, %s, %s, %s, {_TS}, {_TS}, %s, %s, %s, %s, %s, %s, %s, %s)"
 _UNAVAILABLE = (
@@ -162,7 +162,7 @@ _UNAVAILABLE = (
 
 
 def _dedupe(batch: list[HistoryRow]) -> list[HistoryRow]:
-    seen: dict[tuple[str, int, int, int], HistoryRow] = {}
+    seen: dict[tuple[str, int, int, int, str], HistoryRow] = {}
     for r in batch:
         seen[r.key] = r
     return list(seen.values())
@@ -261,16 +261,21 @@ class PgNodeStore(NodeStore):
         with self.engine.connect() as conn:
             rows = conn.execute(
                 text(
-                    f"SELECT s.job_id, {_MS.format('s.scheduled_for')}, s.event_index, max(s.attempt), "
+                    f"SELECT s.job_id, {_MS.format('s.scheduled_for')}, s.event_index, s.trigger, max(s.attempt), "
                     "bool_or(s.status IN ('succeeded', 'permanently_failed', 'skipped', 'cancelled')) "
-                    "FROM scheduled_jobs s JOIN unnest(CAST(:j AS text[]), CAST(:t AS bigint[]), CAST(:e AS int[])) "
-                    "AS w(job_id, ms, ev) ON s.job_id = w.job_id "
+                    "FROM scheduled_jobs s JOIN unnest(CAST(:j AS text[]), CAST(:t AS bigint[]), CAST(:e AS int[]), "
+                    "CAST(:g AS text[])) AS w(job_id, ms, ev, tr) ON s.job_id = w.job_id "
                     "AND s.scheduled_for = timestamptz 'epoch' + w.ms * interval '1 millisecond' "
-                    "AND s.event_index = w.ev GROUP BY 1, 2, 3"
+                    "AND s.event_index = w.ev AND s.trigger = w.tr GROUP BY 1, 2, 3, 4"
                 ),
-                {"j": [i[0] for i in items], "t": [i[1] for i in items], "e": [i[2] for i in items]},
+                {
+                    "j": [i[0] for i in items],
+                    "t": [i[1] for i in items],
+                    "e": [i[2] for i in items],
+                    "g": [i[3] for i in items],
+                },
             )
-            return {(r[0], int(r[1]), int(r[2])): Attempts(int(r[3]), bool(r[4])) for r in rows}
+            return {(r[0], int(r[1]), int(r[2]), r[3]): Attempts(int(r[4]), bool(r[5])) for r in rows}
 
     async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, int]:
         return await self._call(self._live_incarnations, list(job_ids))
@@ -427,7 +432,7 @@ class PgNodeStore(NodeStore):
                     try:
                         rows = _dedupe(batch)
                         new = {
-                            (r[0], int(r[1]), r[2], r[3])
+                            (r[0], int(r[1]), r[2], r[3], r[4])
                             for r in execute_values(
                                 cur, _INSERT_NEW, rows, template=_TEMPLATE, page_size=len(rows), fetch=True
                             )

@@ -1,7 +1,7 @@
 """job health, auto-pause reasons, notifications (rules, events, summaries, outbox), captured responses
 
 Revision ID: 0009
-Revises: 0006
+Revises: 0010
 Create Date: 2026-12-10
 """
 
@@ -13,7 +13,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from alembic import op
 
 revision = "0009"
-down_revision = "0006"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
