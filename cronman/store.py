@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -40,6 +41,7 @@ from cronman.db import job_triggers, jobs, scheduled_jobs
 from cronman.errors import Conflict, CronmanError, InvalidInput, NotFound
 from cronman.execution import Trigger, execution_id
 from cronman.hashing import slot_of
+from cronman.health import paused_by
 from cronman.labels import Op, Selector
 from cronman.pgurl import sqlalchemy_url
 from cronman.spec import JobSpec, options_of
@@ -64,6 +66,7 @@ _RETURNING = (
     jobs.c.options,
     jobs.c.incarnation,
     jobs.c.labels,
+    jobs.c.paused_reason,
 )
 
 
@@ -126,6 +129,7 @@ class JobRecord:
     options: dict[str, Any]
     incarnation: int
     labels: dict[str, str]
+    paused_reason: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> JobRecord:
@@ -187,7 +191,7 @@ WITH created AS (
         options = EXCLUDED.options, labels = EXCLUDED.labels, version = EXCLUDED.version,
         change_xid = EXCLUDED.change_xid,
         created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, deleted_at = NULL,
-        incarnation = EXCLUDED.incarnation
+        incarnation = EXCLUDED.incarnation, paused_reason = NULL
     WHERE jobs.deleted_at IS NOT NULL
     RETURNING {_RETURNED}
 ), event AS (
@@ -276,7 +280,8 @@ WITH v AS (
         labels = excluded.labels, slot = excluded.slot, version = excluded.version, change_xid = excluded.change_xid,
         created_at = CASE WHEN jobs.deleted_at IS NULL THEN jobs.created_at ELSE now() END,
         updated_at = excluded.updated_at, deleted_at = NULL,
-        incarnation = CASE WHEN jobs.deleted_at IS NULL THEN jobs.incarnation ELSE excluded.incarnation END
+        incarnation = CASE WHEN jobs.deleted_at IS NULL THEN jobs.incarnation ELSE excluded.incarnation END,
+        paused_reason = CASE WHEN excluded.paused AND jobs.deleted_at IS NULL THEN jobs.paused_reason END
     {where}
     RETURNING {returning}
 ), event AS (
@@ -442,6 +447,7 @@ class ExecutionRecord:
     duplicates: int
     throttle_wait_ms: int | None
     dead_lettered: bool | None
+    response: str | None = None
 
 
 class JobStore:
@@ -611,6 +617,8 @@ class JobStore:
         values = _values(spec, job_id, namespace or "default")
         for k in ("id", "namespace", "created_at", "deleted_at"):
             values.pop(k)
+        if not spec.paused:
+            values["paused_reason"] = None
         cond = and_(jobs.c.id == job_id, jobs.c.version == version, jobs.c.deleted_at.is_(None))
         if namespace is not None:
             cond = and_(cond, jobs.c.namespace == namespace)
@@ -627,10 +635,18 @@ class JobStore:
         return JobRecord.from_row(row)
 
     def set_paused(self, job_id: str, namespace: str | None, paused: bool, actor: Actor = NOBODY) -> JobRecord:
+        """Pause (recording who and when in ``paused_reason``) or resume (clearing it)."""
+        reason = paused_by(actor.name, iso(int(time.time() * 1000))) if paused else None
         stmt = (
             update(jobs)
             .where(_live(job_id, namespace))
-            .values(paused=paused, version=_NEXT_VERSION, change_xid=_CURRENT_XID, updated_at=_NOW)
+            .values(
+                paused=paused,
+                paused_reason=reason,
+                version=_NEXT_VERSION,
+                change_xid=_CURRENT_XID,
+                updated_at=_NOW,
+            )
             .returning(*_RETURNING)
         )
         with self._begin() as conn:

@@ -52,6 +52,7 @@ from scheduler_node.parts import (
 from scheduler_node.senders import Senders
 from scheduler_node.store import Attempts, NodeStore
 from scheduler_node.throttle import ThrottleGate
+from scheduler_node.tracing import Tracing
 
 log = logging.getLogger("cronman.node")
 
@@ -101,8 +102,10 @@ class Firer:
         throttle: ThrottleGate | None = None,
         secrets: Callable[[str], tuple[str, ...] | None] = lambda namespace: None,
         rng: random.Random | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.cfg = cfg
+        self.tracing = tracing or Tracing()
         self.clock = clock
         self.claims = claims
         self.senders = senders
@@ -665,8 +668,19 @@ class Firer:
         job = e.job
         secrets = self.secrets(job.namespace)
         signature = signing.sign(secrets, job.payload, now_ms // 1000) if secrets else None
+        trace = self.tracing.begin(e.ticket.name, e.id, e.attempt, job.id, now_ms)
         return Delivery(
-            job.id, e.id, iso(e.scheduled_ms), e.attempt, job.payload, e.event_index, signature, (), job.namespace
+            job.id,
+            e.id,
+            iso(e.scheduled_ms),
+            e.attempt,
+            job.payload,
+            e.event_index,
+            signature,
+            (),
+            job.namespace,
+            trace,
+            job.opts.capture,
         )
 
     # ------------------------------------------------------------------ outcomes
@@ -697,11 +711,14 @@ class Firer:
                 error = f"{error} (no retry: older than max_event_age_seconds)"
             else:
                 status = Status.FAILED
+        self.tracing.end(e.ticket.name, e.attempt, outcome.ok, outcome.http_status, error, finished)
+        if status is not Status.FAILED:
+            self.tracing.finish(e.id, job.id, e.scheduled_ms, status.value, finished)
         if status is Status.PERMANENTLY_FAILED and job.opts.dead_letter and not e.superseded:
             e.stage = Stage.FINISHING
             self._spawn(self._dead_letter(e, outcome.http_status, error, fired, finished))
             return
-        row = self._record(e, status, outcome.http_status, error, fired, finished)
+        row = self._record(e, status, outcome.http_status, error, fired, finished, response=outcome.response)
         if e.superseded:  # another node has it now; it records its own attempts
             e.stage = Stage.OVER
             self.held.pop(e.ticket.name, None)
@@ -785,6 +802,7 @@ class Firer:
         fired: int | None,
         finished: int | None,
         dead_lettered: bool | None = None,
+        response: bytes | None = None,
     ) -> HistoryRow:
         self.metrics.status_of(status.value).inc()
         row = self.history.add(
@@ -806,6 +824,7 @@ class Firer:
                 dead_lettered,
                 e.d.incarnation,
                 e.job.namespace or None,
+                None if response is None else response.decode("utf-8", "replace"),
             )
         )
         self.metrics.history_buffered.set(len(self.history))

@@ -46,6 +46,7 @@ from scheduler_node.parts import Claims, Membership
 from scheduler_node.senders import Senders
 from scheduler_node.store import ClusterConfig, NodeStore, TriggerRow, bitmap
 from scheduler_node.throttle import ThrottleGate
+from scheduler_node.tracing import make_tracing
 
 log = logging.getLogger("cronman.node")
 
@@ -161,6 +162,7 @@ class Node:
             throttle=parts.throttle,
             secrets=lambda ns: self.config.secrets.get(ns),
             rng=self.rng,
+            tracing=make_tracing(s.otlp_endpoint, self.node_id),
         )
         self.decoder = Decoder(parts.senders.decode)
         await parts.senders.start()
@@ -222,6 +224,7 @@ class Node:
         if web is not None:
             await web.cleanup()
         await parts.senders.close()
+        firer.tracing.close()
         if parts.close is not None:
             await parts.close()
         log.info("node stopped", extra={"node": self.node_id, "history_unwritten": len(history)})

@@ -32,6 +32,7 @@ from cronman.errors import TransientError
 from cronman.partitions import day_of_ms, ensure_partitions
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, OwnedJob
+from scheduler_node.outcomes import record_outcomes
 
 log = logging.getLogger("cronman.node.store")
 
@@ -131,7 +132,8 @@ def bitmap_slots(data: bytes) -> list[int]:
 # --------------------------------------------------------------------------- PostgreSQL
 _HISTORY_COLUMNS = (
     "INSERT INTO scheduled_jobs (job_id, scheduled_for, event_index, attempt, execution_id, trigger, status, node, "
-    "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace) "
+    "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, "
+    "response) "
     "VALUES %s "
 )
 # A second row for one attempt from a different delivery counts a duplicate; the same row written
@@ -144,7 +146,12 @@ _INSERT = (
     "EXCLUDED.node AND scheduled_jobs.fired_at IS NOT DISTINCT FROM EXCLUDED.fired_at) THEN 0 ELSE 1 END "
     "RETURNING duplicates"
 )
-_TEMPLATE = f"(%s, {_TS}, %s, %s, %s::uuid, %s, %s, %s, {_TS}, {_TS}, %s, %s, %s, %s, %s, %s, %s)"
+# Rows written for the first time (the others, already there, go through _INSERT).
+_INSERT_NEW = (
+    _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt, trigger) DO NOTHING "
+    f"RETURNING job_id, {_MS.format('scheduled_for')}, event_index, attempt, trigger"
+)
+_TEMPLATE = f"(%s, {_TS}, %s, %s, %s::uuid, %s, %s, %s, {_TS}, {_TS}, %s, %s, %s, %s, %s, %s, %s, %s)"
 _UNAVAILABLE = (
     psycopg2.OperationalError,
     psycopg2.InterfaceError,
@@ -399,11 +406,21 @@ class PgNodeStore(NodeStore):
     # -- history
     def write_history(self, rows: list[HistoryRow]) -> int:
         try:
-            return self._write(rows)
+            return self._write(rows)[0]
         except _UNAVAILABLE as exc:
             raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
 
-    def _write(self, batch: list[HistoryRow]) -> int:
+    def write_late(self, rows: list[HistoryRow]) -> int:
+        """Blocking: the watchdog's rows for late occurrences; returns how many are new."""
+        try:
+            return self._write(rows)[1]
+        except _UNAVAILABLE as exc:
+            raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
+
+    def _write(self, batch: list[HistoryRow]) -> tuple[int, int]:
+        """Insert rows, and apply those written for the first time to health, auto-pause and
+        notification events (scheduler_node.outcomes) in the same transaction; returns (second
+        deliveries, rows new)."""
         days = {day_of_ms(r.scheduled_ms) for r in batch}
         raw = self.engine.raw_connection()
         try:
@@ -413,13 +430,26 @@ class PgNodeStore(NodeStore):
                         self._ensure_days(days)
                     cur = raw.cursor()
                     try:
-                        returned = execute_values(
-                            cur, _INSERT, _dedupe(batch), template=_TEMPLATE, page_size=len(batch), fetch=True
-                        )
+                        rows = _dedupe(batch)
+                        new = {
+                            (r[0], int(r[1]), r[2], r[3], r[4])
+                            for r in execute_values(
+                                cur, _INSERT_NEW, rows, template=_TEMPLATE, page_size=len(rows), fetch=True
+                            )
+                        }
+                        fresh = [r for r in rows if r.key in new]
+                        again = [r for r in rows if r.key not in new]
+                        returned = []
+                        if again:
+                            returned = execute_values(
+                                cur, _INSERT, again, template=_TEMPLATE, page_size=len(again), fetch=True
+                            )
+                        if fresh:
+                            record_outcomes(cur, fresh)
                     finally:
                         cur.close()
                     raw.commit()
-                    return sum(1 for (d,) in returned if d)
+                    return sum(1 for (d,) in returned if d), len(fresh)
                 except pg_errors.CheckViolation:
                     # "no partition of relation found for row": a day nobody created yet
                     raw.rollback()
