@@ -59,6 +59,11 @@ class Keys:
         return f"{self.prefix}{{m}}epoch"
 
     @property
+    def progress(self) -> str:
+        """The furthest any ready node has fired (ms, the nodes' clocks)."""
+        return f"{self.prefix}{{m}}progress"
+
+    @property
     def layout(self) -> str:
         return f"{self.prefix}{{m}}layout"
 

@@ -349,7 +349,9 @@ class Firer:
                         extra={"job_id": e.d.job_id, "execution_id": e.id, "attempt": took.attempt},
                     )
                 e.attempt = max(e.attempt, took.attempt)
-                e.verify = took.state is TakeState.TAKEN_UNKNOWN
+                # A claim taken from another holder may be behind what it did (it died before
+                # parking its next attempt): history says which attempt comes next, or that it ended.
+                e.verify = took.state is TakeState.TAKEN_UNKNOWN or not ours
                 self._hold(e, asked)
                 self._won(e)
             elif took.state is TakeState.UNKNOWN and ours:
@@ -368,7 +370,16 @@ class Firer:
                 self._won(e)
 
     def _won(self, e: Execution) -> None:
-        """A claim is ours: check it is still wanted, then queue it for delivery."""
+        """A claim is ours: first learn from history where it stands if it must (a takeover, a
+        claim Redis had lost), then check it is still wanted, then queue it for delivery."""
+        if e.verify:
+            self.to_verify.append(e)
+            if len(self.to_verify) == 1:
+                self._spawn(self._verify())
+            return
+        self._proceed(e)
+
+    def _proceed(self, e: Execution) -> None:
         current = self.jobs.get(e.d.job_id)
         if e.job.slot not in self.slots:
             # The slot moved to other nodes while this one was claiming: theirs to do.
@@ -393,16 +404,11 @@ class Firer:
             if e.scheduled_ms in plan.skip:  # nothing of the missed window is fired
                 self._finish_with(e, Status.SKIPPED, plan.reason)
                 return
-        if e.verify:
-            self.to_verify.append(e)
-            if len(self.to_verify) == 1:
-                self._spawn(self._verify())
-            return
         self._dispatch(e)
 
     async def _verify(self) -> None:
-        """Executions whose claim record was lost (or catch-up older than the finished marks): ask
-        history whether they already ran, and from which attempt to go on."""
+        """Executions whose claim record was lost, taken over, or caught up after their finished
+        marks expired: ask history whether they already ended, and from which attempt to go on."""
         await asyncio.sleep(0)
         items, self.to_verify = self.to_verify, []
         try:
@@ -426,7 +432,7 @@ class Firer:
             elif seen is not None and seen.final and seen.last_attempt >= e.attempt:
                 self._close(e, "done", "")  # a redelivery that already ran
                 continue
-            self._dispatch(e)
+            self._proceed(e)
 
     # ------------------------------------------------------------------ sweeping
     async def run_sweeper(self, ready: Callable[[], bool]) -> None:

@@ -111,6 +111,7 @@ class Node:
         self._stopping = False
         self._epoch: str | None = None  # the Redis data's epoch token, as last seen
         self._epoch_ok_ms = 0
+        self._cluster_progress_ms: int | None = None  # as Redis last reported it
         self.firer: Firer | None = None
         self.history: HistoryWriter | None = None
 
@@ -274,12 +275,14 @@ class Node:
         assert self.parts is not None
         while not self._stopping:
             try:
-                epoch = await self.parts.membership.beat(self._info())
+                progress = self.firer.progress_ms if self.firer is not None and self.ready else None
+                beat = await self.parts.membership.beat(self._info(), progress)
                 self.metrics.heartbeat_age.set(0)
-                if self._epoch is not None and epoch != self._epoch:
+                if self._epoch is not None and beat.epoch != self._epoch:
                     self._redis_lost(self._epoch_ok_ms)
-                self._epoch = epoch
+                self._epoch = beat.epoch
                 self._epoch_ok_ms = self.now_ms()
+                self._cluster_progress_ms = beat.progress_ms
             except TransientError as exc:
                 log.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(self.s.heartbeat_interval_seconds)
@@ -470,6 +473,8 @@ class Node:
         store = self.parts.store
         now = self.now_ms()
         _, cluster_mark = await store.slot_marks()
+        if self._cluster_progress_ms is not None:  # nodes kept firing while PostgreSQL was away
+            cluster_mark = max(cluster_mark or 0, self._cluster_progress_ms)
         since = min(self._pending_catch_up.values(), default=now)
         self._outages = await store.outages(since)
         if cluster_mark is not None and now - cluster_mark > self.s.outage_after_seconds * 1000:

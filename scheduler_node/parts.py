@@ -217,11 +217,15 @@ class Member:
     info: dict[str, Any]
 
 
+class Beat(NamedTuple):
+    epoch: str  # the data's epoch token: a new one after Redis lost its keys
+    progress_ms: int | None  # the furthest any ready node has reported firing
+
+
 class Membership(abc.ABC):
     @abc.abstractmethod
-    async def beat(self, info: dict[str, Any]) -> str:
-        """Refresh this node's heartbeat; returns the data's epoch token (a new one after Redis
-        lost its keys)."""
+    async def beat(self, info: dict[str, Any], progress_ms: int | None = None) -> Beat:
+        """Refresh this node's heartbeat (with how far it has fired, once it fires)."""
 
     @abc.abstractmethod
     async def live(self) -> list[Member]: ...

@@ -16,6 +16,7 @@ from scheduler_node.claims.memory import ClaimSpace, MemoryClaims
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder, JobRow, OwnedJob
 from scheduler_node.parts import (
+    Beat,
     ClaimResult,
     Claims,
     Delivery,
@@ -47,6 +48,7 @@ class SimRedis:
     down_until: float = 0.0
     losses: list[float] = field(default_factory=list)  # when it lost everything
     epoch: str = ""
+    progress: int | None = None
 
     def __post_init__(self) -> None:
         self.space = ClaimSpace(now=self.now_ms)
@@ -58,6 +60,7 @@ class SimRedis:
         self.space.lose_everything()
         self.members.clear()
         self.epoch = ""
+        self.progress = None
         self.losses.append(self.world.now)
 
     async def call(self) -> None:
@@ -125,15 +128,17 @@ class SimMembership(Membership):
         self.node_id = node_id
         self.ttl_ms = ttl_ms
 
-    async def beat(self, info: dict[str, Any]) -> str:
+    async def beat(self, info: dict[str, Any], progress_ms: int | None = None) -> Beat:
         await self.redis.call()
         now = self.redis.now_ms()
         self.redis.members[self.node_id] = (now + self.ttl_ms, now, json.dumps(info))
         if not self.redis.epoch:
             self.redis.epoch = f"e{len(self.redis.losses)}"
-        epoch = self.redis.epoch
+        if progress_ms is not None and progress_ms > (self.redis.progress or 0):
+            self.redis.progress = progress_ms
+        beat = Beat(self.redis.epoch, self.redis.progress)
         await asyncio.sleep(LATENCY / 2)
-        return epoch
+        return beat
 
     async def live(self) -> list[Member]:
         await self.redis.call()
