@@ -92,7 +92,8 @@ def describe_schedule(schedule: dict[str, Any]) -> str:
     kind = schedule.get("type")
     if kind == "cron":
         zone = schedule.get("timezone") or "UTC"
-        head = f"{cron_words(schedule['expression'])} ({zone})"
+        expressions = schedule.get("expressions") or [schedule["expression"]]
+        head = f"{'; or '.join(cron_words(e) for e in expressions)} ({zone})"
     elif kind == "interval":
         head = _interval(schedule)
     elif kind == "once":
