@@ -367,6 +367,8 @@ class OverlapPolicy(enum.StrEnum):
 
 
 THROTTLE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+CALENDAR_NAME_PATTERN = THROTTLE_NAME_PATTERN
+MAX_JOB_CALENDARS = 10
 
 
 class JobSpec(_Model):
@@ -398,6 +400,13 @@ class JobSpec(_Model):
     throttle: str | None = Field(
         None, pattern=THROTTLE_NAME_PATTERN, description="Name of a throttle policy of the job's namespace."
     )
+    calendars: list[Annotated[str, Field(pattern=CALENDAR_NAME_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=MAX_JOB_CALENDARS,
+        description="Names of calendars of the job's namespace (PUT /v1/calendars/{name}): an occurrence on a day "
+        "any of them excludes is not delivered but recorded as skipped, with the calendar's name.",
+        examples=[["holidays"]],
+    )
     misfire_policy: MisfirePolicy = Field(
         MisfirePolicy.FIRE_ONCE,
         description="Occurrences no scheduler could fire on time (all were down): fire_once = the latest, late; "
@@ -422,6 +431,16 @@ class JobSpec(_Model):
     @classmethod
     def _dlq(cls, v: str | None) -> str | None:
         return None if v is None else _queue_url(v, "dead_letter_queue_url")
+
+    @field_validator("calendars")
+    @classmethod
+    def _distinct_calendars(cls, v: list[str]) -> list[str]:
+        for i, name in enumerate(v):
+            if name in v[:i]:
+                raise PydanticCustomError(
+                    "invalid_value", "calendar {name!r} is named twice", {"name": name, "field": str(i)}
+                )
+        return v
 
     @field_validator("labels")
     @classmethod
@@ -455,6 +474,7 @@ class JobSpec(_Model):
 OPTION_FIELDS = (
     "events_per_trigger",
     "throttle",
+    "calendars",
     "misfire_policy",
     "catchup_window_seconds",
     "overlap_policy",
@@ -474,7 +494,8 @@ def options_with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
     """A stored options document with every option present (jobs stored before an option existed)."""
     out = {}
     for k in OPTION_FIELDS:
-        default = JobSpec.model_fields[k].default
+        model_field = JobSpec.model_fields[k]
+        default = model_field.get_default(call_default_factory=True)
         out[k] = stored.get(k, default.value if isinstance(default, enum.Enum) else default)
     return out
 

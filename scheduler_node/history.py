@@ -51,8 +51,8 @@ class HistoryRow(NamedTuple):
     namespace: str | None = None
 
     @property
-    def key(self) -> tuple[str, int, int, int]:
-        return (self.job_id, self.scheduled_ms, self.event_index, self.attempt)
+    def key(self) -> tuple[str, int, int, int, str]:
+        return (self.job_id, self.scheduled_ms, self.event_index, self.attempt, self.trigger)
 
 
 def clean_text(text: str | None, limit: int = MAX_ERROR) -> str | None:

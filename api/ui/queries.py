@@ -448,6 +448,7 @@ def failures(
         later.c.job_id == s.c.job_id,
         later.c.scheduled_for == s.c.scheduled_for,
         later.c.event_index == s.c.event_index,
+        later.c.trigger == s.c.trigger,
         later.c.attempt > s.c.attempt,
     )
     on = and_(
