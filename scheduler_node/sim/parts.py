@@ -246,6 +246,16 @@ class SimDb:
         job.version, job.change, job.updated_ms = self.version, self.change, self.now_ms()
         return job
 
+    def backfill(self, backfill_id: str, job_id: str, from_ms: int, to_ms: int, rate: float) -> None:
+        """A backfill as the API writes it (cronman.backfill_store)."""
+        job = self.jobs[job_id]
+        events = int(job.options.get("events_per_trigger") or 1)
+        timing = json.dumps({"schedule": job.schedule, "calendars": []})
+        row = BackfillRow(
+            backfill_id, job_id, job.incarnation, from_ms, to_ms, rate, events, timing, "running", None, 0, None
+        )
+        self.backfills[backfill_id] = SimBackfill(row)
+
     def trigger(self, job_id: str) -> TriggerRow:
         job = self.jobs[job_id]
         self.change += 1
