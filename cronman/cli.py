@@ -96,6 +96,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                 "triggers_purged": report.triggers_purged,
                 "events_purged": report.events_purged,
                 "commands_purged": report.commands_purged,
+                "backfills_purged": report.backfills_purged,
             }
         )
     )

@@ -870,6 +870,9 @@ class Firer:
         extra: tuple[tuple[str, str], ...] = (("Cronman-Error", (error or "")[:256]),)
         if http_status is not None:
             extra += (("Cronman-Http-Status", str(http_status)),)
+        backfill = backfill_of(e.trigger)
+        if backfill:
+            extra += (("Cronman-Backfill-Id", backfill),)
         d = Delivery(
             job.id, e.id, iso(e.scheduled_ms), e.attempt, job.payload, e.event_index, None, extra, job.namespace
         )
