@@ -130,7 +130,7 @@ scheduled_jobs = Table(
     Column("dead_lettered", Boolean),
     Column("incarnation", BigInteger),
     Column("namespace", Text),
-    # trigger too: a backfill delivers an occurrence again as an execution of its own
+    # trigger too: a manual trigger or a backfill at an occurrence's instant is an execution of its own
     PrimaryKeyConstraint("job_id", "scheduled_for", "event_index", "attempt", "trigger", name="pk_scheduled_jobs"),
     # Failures across jobs, newest first, and the jobs whose latest execution failed (the dashboard).
     Index(

@@ -106,7 +106,7 @@ class Execution:
 
     @property
     def ident(self) -> tuple[str, int, int, str]:
-        return (self.d.job_id, self.d.scheduled_ms, self.d.event_index, self.d.trigger)
+        return (self.d.job_id, self.d.scheduled_ms, self.d.event_index, str(self.d.trigger))
 
     @property
     def active(self) -> bool:

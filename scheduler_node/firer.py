@@ -70,6 +70,7 @@ class FirerConfig:
     max_in_flight: int = 1000
     namespace_share: float = 0.5
     tick_seconds: float = 0.02  # timer passes are at least this far apart under load
+    idle_seconds: float = 0.1  # and at most this far apart when nothing is due
     sweep_seconds: float = 1.0
     unrecorded_after_ms: int = 30_000  # a delivered row not written by then: an owner writes it
     faults: frozenset[str] = frozenset()
@@ -273,7 +274,7 @@ class Firer:
             await asyncio.sleep(max(0.0, rest_of_tick))
             return
         heads = [h[0][0] for h in (self.fires, self.retries) if h]
-        cap = 0.05 if self.throttle is not None and self.throttle.waiting else 0.1
+        cap = 0.05 if self.throttle is not None and self.throttle.waiting else self.cfg.idle_seconds
         delay = cap if not heads else max(0.0, min(cap, (min(heads) - self.clock()) / 1000))
         delay = max(delay, rest_of_tick)
         if delay <= 0:
@@ -318,8 +319,7 @@ class Firer:
                 self._won(e)
             elif r is ClaimResult.SKIPPED:
                 m.claim["won"].inc()
-                e.stage = Stage.OVER
-                self._record_skip(e.job, e.scheduled_ms, e.event_index, _OVERLAP, e.id, e.trigger)
+                self._finish_with(e, Status.SKIPPED, _OVERLAP)  # its row kept in Redis until written
             else:
                 m.claim["lost"].inc()
                 e.stage = Stage.OVER
@@ -374,6 +374,8 @@ class Firer:
         current = self.jobs.get(e.d.job_id)
         if e.job.slot not in self.slots:
             # The slot moved to other nodes while this one was claiming: theirs to do.
+            if self.trace:
+                self.trace("release", e, "the slot moved")
             self.held.pop(e.ticket.name, None)
             e.stage = Stage.OVER
             self._spawn(self._release([e]))
@@ -818,6 +820,8 @@ class Firer:
 
     def _finish_with(self, e: Execution, status: Status, reason: str) -> None:
         """A final outcome without an attempt (skipped, cancelled)."""
+        if self.trace:
+            self.trace(status.value, e, reason)
         row = self._record(e, status, None, reason, None, None)
         self._close(e, status.value, row_to_text(row))
 

@@ -52,7 +52,8 @@ class HistoryRow(NamedTuple):
 
     @property
     def key(self) -> tuple[str, int, int, int, str]:
-        return (self.job_id, self.scheduled_ms, self.event_index, self.attempt, self.trigger)
+        """History's primary key: one row per attempt of an execution."""
+        return (self.job_id, self.scheduled_ms, self.event_index, self.attempt, str(self.trigger))
 
 
 def clean_text(text: str | None, limit: int = MAX_ERROR) -> str | None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -23,11 +24,15 @@ class RedisMembership(Membership):
         self._beat = client.register_script(lua("beat"))
         self._members = client.register_script(lua("members"))
 
-    async def beat(self, info: dict[str, Any]) -> None:
+    async def beat(self, info: dict[str, Any]) -> str:
         try:
-            await self._beat(keys=[self.keys.members], args=[self.node_id, self.ttl_ms, json.dumps(info)])
+            epoch = await self._beat(
+                keys=[self.keys.members, self.keys.epoch],
+                args=[self.node_id, self.ttl_ms, json.dumps(info), secrets.token_hex(8)],
+            )
         except (RedisError, OSError) as exc:
             raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+        return epoch.decode() if isinstance(epoch, bytes) else str(epoch)
 
     async def live(self) -> list[Member]:
         try:

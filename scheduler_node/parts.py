@@ -208,7 +208,9 @@ class Member:
 
 class Membership(abc.ABC):
     @abc.abstractmethod
-    async def beat(self, info: dict[str, Any]) -> None: ...
+    async def beat(self, info: dict[str, Any]) -> str:
+        """Refresh this node's heartbeat; returns the data's epoch token (a new one after Redis
+        lost its keys)."""
 
     @abc.abstractmethod
     async def live(self) -> list[Member]: ...

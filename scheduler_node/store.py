@@ -308,9 +308,9 @@ class PgNodeStore(NodeStore):
                     f"SELECT s.job_id, {_MS.format('s.scheduled_for')}, s.event_index, s.trigger, max(s.attempt), "
                     "bool_or(s.status IN ('succeeded', 'permanently_failed', 'skipped', 'cancelled')) "
                     "FROM scheduled_jobs s JOIN unnest(CAST(:j AS text[]), CAST(:t AS bigint[]), CAST(:e AS int[]), "
-                    "CAST(:g AS text[])) AS w(job_id, ms, ev, trig) ON s.job_id = w.job_id "
+                    "CAST(:g AS text[])) AS w(job_id, ms, ev, tr) ON s.job_id = w.job_id "
                     "AND s.scheduled_for = timestamptz 'epoch' + w.ms * interval '1 millisecond' "
-                    "AND s.event_index = w.ev AND s.trigger = w.trig GROUP BY 1, 2, 3, 4"
+                    "AND s.event_index = w.ev AND s.trigger = w.tr GROUP BY 1, 2, 3, 4"
                 ),
                 {
                     "j": [i[0] for i in items],

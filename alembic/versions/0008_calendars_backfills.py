@@ -1,7 +1,7 @@
-"""business calendars and backfills; history keyed by trigger too
+"""business calendars and backfills
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0010
 Create Date: 2026-12-10
 """
 
@@ -13,7 +13,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from alembic import op
 
 revision = "0008"
-down_revision = "0006"
+down_revision = "0010"  # history keyed by trigger (0010) comes first: a backfill's rows rely on it
 branch_labels = None
 depends_on = None
 
@@ -68,23 +68,9 @@ def upgrade() -> None:
     )
     op.create_index("ix_backfills_active", "backfills", ["state"], postgresql_where=sa.text("state <> 'dispatched'"))
     op.create_index("ix_backfills_job", "backfills", ["job_id", "created_at"])
-    # A backfill delivers an occurrence again under a trigger of its own: its rows must not collide
-    # with the original's. Rebuilding the key reads the history once (every partition).
-    op.drop_constraint("pk_scheduled_jobs", "scheduled_jobs", type_="primary")
-    op.create_primary_key(
-        "pk_scheduled_jobs", "scheduled_jobs", ["job_id", "scheduled_for", "event_index", "attempt", "trigger"]
-    )
 
 
 def downgrade() -> None:
-    # Rows that differ only by trigger cannot share the narrower key: keep the first of each.
-    op.execute(
-        "DELETE FROM scheduled_jobs s USING scheduled_jobs o WHERE s.job_id = o.job_id "
-        "AND s.scheduled_for = o.scheduled_for AND s.event_index = o.event_index AND s.attempt = o.attempt "
-        "AND s.trigger > o.trigger"
-    )
-    op.drop_constraint("pk_scheduled_jobs", "scheduled_jobs", type_="primary")
-    op.create_primary_key("pk_scheduled_jobs", "scheduled_jobs", ["job_id", "scheduled_for", "event_index", "attempt"])
     op.drop_index("ix_backfills_job", table_name="backfills")
     op.drop_index("ix_backfills_active", table_name="backfills")
     op.drop_table("backfills")

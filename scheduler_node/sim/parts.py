@@ -46,6 +46,7 @@ class SimRedis:
     members: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # id -> (expires, beat, info)
     down_until: float = 0.0
     losses: list[float] = field(default_factory=list)  # when it lost everything
+    epoch: str = ""
 
     def __post_init__(self) -> None:
         self.space = ClaimSpace(now=self.now_ms)
@@ -56,6 +57,7 @@ class SimRedis:
     def lose_everything(self) -> None:
         self.space.lose_everything()
         self.members.clear()
+        self.epoch = ""
         self.losses.append(self.world.now)
 
     async def call(self) -> None:
@@ -123,11 +125,15 @@ class SimMembership(Membership):
         self.node_id = node_id
         self.ttl_ms = ttl_ms
 
-    async def beat(self, info: dict[str, Any]) -> None:
+    async def beat(self, info: dict[str, Any]) -> str:
         await self.redis.call()
         now = self.redis.now_ms()
         self.redis.members[self.node_id] = (now + self.ttl_ms, now, json.dumps(info))
+        if not self.redis.epoch:
+            self.redis.epoch = f"e{len(self.redis.losses)}"
+        epoch = self.redis.epoch
         await asyncio.sleep(LATENCY / 2)
+        return epoch
 
     async def live(self) -> list[Member]:
         await self.redis.call()
