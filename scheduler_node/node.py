@@ -99,7 +99,6 @@ class Node:
         self.metrics = NodeMetrics(self.node_id)
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.config = ClusterConfig({}, {})
-        self._config_read = False
         self.live_ids: list[str] = [self.node_id]
         self.owned: frozenset[int] = frozenset()
         self.ready = False
@@ -421,8 +420,8 @@ class Node:
         """Load the jobs of slots taken over, with what each slot still owes."""
         assert self.parts is not None and self.firer is not None
         store = self.parts.store
-        if not self._config_read:  # calendars decide what fires: know them before firing anything
-            self._set_config(await store.cluster_config())
+        # calendars decide what fires: know the current ones before firing what is loaded
+        self._set_config(await store.cluster_config())
         cursor, loaded = await store.load_slots(added, self.decoder)
         marks, _ = await store.slot_marks()
         now = self.now_ms()
@@ -535,7 +534,7 @@ class Node:
 
     def _set_config(self, config: ClusterConfig) -> None:
         assert self.parts is not None
-        self.config, self._config_read = config, True
+        self.config = config
         if self.parts.throttle is not None:
             self.parts.throttle.policies = config.throttles
 
@@ -561,6 +560,15 @@ class Node:
         if backfill is not None and backfill in self.backfills.cancelled:
             return Status.CANCELLED, f"the backfill {backfill} was cancelled"
         return None
+
+    def _names_unknown_calendar(self, row: JobRow) -> bool:
+        if row.deleted or '"calendars"' not in row.options_text:
+            return False
+        try:
+            names = self.decoder.options(row.options_text).calendars
+        except (ValueError, TypeError):
+            return False
+        return any((row.namespace, n) not in self.config.calendars for n in names)
 
     def _excluded_by(self, job: OwnedJob, t: int) -> str | None:
         for name in job.opts.calendars:
@@ -598,6 +606,9 @@ class Node:
         if self.feed_cursor is None:
             return
         cursor, rows, triggers = await self.parts.store.poll_changes(self.feed_cursor)
+        if any(self._names_unknown_calendar(row) for row in rows if row.slot in self.owned):
+            # a calendar made just before the job that names it: know it before the job fires
+            self._set_config(await self.parts.store.cluster_config())
         for row in rows:
             if row.slot in self.owned and self._apply_row(row):
                 self.metrics.changes_applied.inc()
