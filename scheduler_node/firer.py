@@ -719,26 +719,31 @@ class Firer:
             self.held.pop(e.ticket.name, None)
             return
         if status is Status.FAILED:
-            if gone or (current is not None and current.paused):
-                e.attempt += 1
-                self._finish_with(e, Status.CANCELLED, "no retry: the job was " + ("deleted" if gone else "paused"))
-                return
             e.attempt += 1
-            self._park(e, finished + delay)
+            if job.slot not in self.slots:  # the slot moved meanwhile: its new owners retry it
+                self._park(e, finished + delay, here=False)
+            elif gone or (current is not None and current.paused):
+                self._finish_with(e, Status.CANCELLED, "no retry: the job was " + ("deleted" if gone else "paused"))
+            else:
+                self._park(e, finished + delay)
             return
         self._close(e, status.value, row_to_text(row))
 
-    def _park(self, e: Execution, due_ms: int) -> None:
+    def _park(self, e: Execution, due_ms: int, here: bool = True) -> None:
         """Wait to retry: the claim is parked in the claim store until then (so that whoever owns
-        the slot may take it if this node is gone), and this node takes it back at that time."""
+        the slot may take it if this node is gone), and this node takes it back at that time
+        (unless ``here`` is False: the slot is someone else's now)."""
         if self.trace:
-            self.trace("park", e, f"attempt {e.attempt} at {due_ms}")
-        e.stage = Stage.PARKED
+            self.trace("park", e, f"attempt {e.attempt} at {due_ms}" + ("" if here else " (for the slot's owners)"))
         self.held.pop(e.ticket.name, None)
-        self.parked[e.ticket.member] = e
-        self._later(due_ms, e)
+        if here:
+            e.stage = Stage.PARKED
+            self.parked[e.ticket.member] = e
+            self._later(due_ms, e)
+            self._wake.set()
+        else:
+            e.stage = Stage.OVER
         self._spawn(self._park_now([e], max(0, due_ms - self.clock())))
-        self._wake.set()
 
     def _repark_all(self) -> None:
         if self.parked:
