@@ -10,6 +10,7 @@ from pydantic.json_schema import models_json_schema
 
 from api.batch import MAX_BATCH
 from api.jobs import MAX_SEARCH
+from api.openapi_schedules import SCHEDULE_MODELS, schedule_paths
 from cronman import __version__
 from cronman.apikeys import NAMESPACE_PATTERN
 from cronman.commands import COMMAND_ID_PATTERN
@@ -77,6 +78,7 @@ class Job(_Out):
     paused: bool
     events_per_trigger: int
     throttle: str | None
+    calendars: list[str]
     misfire_policy: MisfirePolicy
     catchup_window_seconds: int
     overlap_policy: OverlapPolicy
@@ -105,9 +107,13 @@ class Execution(_Out):
     scheduled_for: str = Field(json_schema_extra={"format": "date-time"})
     event_index: int
     attempt: int = Field(description="1-based")
-    trigger: Literal["schedule", "manual"]
+    trigger: str = Field(
+        description="schedule, manual (POST .../trigger) or backfill:<backfill id> (a backfill's execution).",
+        examples=["schedule"],
+    )
     status: Literal["succeeded", "failed", "permanently_failed", "skipped", "cancelled", "late"] = Field(
-        description="late: a row of attempt 0 the watchdog wrote for an occurrence nobody took up in time."
+        description="cancelled: no further attempt, the job was deleted or paused first; late: a row of attempt 0 "
+        "the watchdog wrote for an occurrence nobody took up in time."
     )
     node: str | None
     fired_at: str | None
@@ -199,7 +205,18 @@ class JobEvent(_Out):
     job_id: str
     namespace: str
     at: str = Field(json_schema_extra={"format": "date-time"})
-    action: Literal["create", "replace", "update", "delete", "pause", "resume", "trigger", "redeliver"]
+    action: Literal[
+        "create",
+        "replace",
+        "update",
+        "delete",
+        "pause",
+        "resume",
+        "trigger",
+        "redeliver",
+        "backfill",
+        "backfill_cancel",
+    ]
     actor: str | None = Field(
         description="admin, key:<prefix> (a namespace key), queue (the command queue) or scheduler."
     )
@@ -579,6 +596,7 @@ def _paths() -> dict[str, Any]:
                 "responses": {"204": {"description": "Deleted"}, **_ERRORS},
             },
         },
+        **schedule_paths(_NAMESPACE, _JOB_ID, _ERRORS, write_errors),
         "/v1/signing-secrets": {
             "post": {
                 "summary": "Rotate the namespace's signing secret",
@@ -712,6 +730,7 @@ def openapi_document() -> dict[str, Any]:
         (SigningSecrets, "serialization"),
         (Command, "serialization"),
         (CommandToken, "serialization"),
+        *SCHEDULE_MODELS,
     ]
     _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
     return {

@@ -96,6 +96,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                 "triggers_purged": report.triggers_purged,
                 "events_purged": report.events_purged,
                 "commands_purged": report.commands_purged,
+                "backfills_purged": report.backfills_purged,
             }
         )
     )
@@ -337,9 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fail-status", type=int, default=500)
     s.set_defaults(fn=cmd_receive)
 
-    from cronman import cli_apply, cli_config, cli_jobs
+    from cronman import cli_apply, cli_calendars, cli_config, cli_jobs
 
     cli_jobs.add_parsers(sub)
+    cli_calendars.add_parsers(sub)
     cli_apply.add_parsers(sub)
     cli_config.add_parsers(sub)
     return p

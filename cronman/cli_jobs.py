@@ -296,6 +296,9 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("id", metavar="ID")
     c.add_argument("--limit", type=int, default=20, help="at most this many (default 20; 0: all)")
     _output(c)
+    from cronman.cli_calendars import add_job_parsers
+
+    add_job_parsers(command)
     _notification_parsers(sub)
 
 

@@ -81,6 +81,8 @@ jobs = Table(
     Index("ix_jobs_name_trgm", "name", postgresql_using="gin", postgresql_ops={"name": "gin_trgm_ops"}),
     Index("ix_jobs_change_xid", "change_xid"),
     Index("ix_jobs_namespace_id", "namespace", "id"),
+    # The few jobs that name calendars: which jobs use a calendar about to be deleted.
+    Index("ix_jobs_calendars", "namespace", postgresql_where=text("options ? 'calendars' AND deleted_at IS NULL")),
 )
 
 # Manual "fire once now" requests; nodes read them like the job change feed.
@@ -130,6 +132,7 @@ scheduled_jobs = Table(
     Column("incarnation", BigInteger),
     Column("namespace", Text),
     Column("response", Text, comment="the start of the receiver's answer (opt-in)"),
+    # trigger too: a manual trigger or a backfill at an occurrence's instant is an execution of its own
     PrimaryKeyConstraint("job_id", "scheduled_for", "event_index", "attempt", "trigger", name="pk_scheduled_jobs"),
     # Failures across jobs, newest first, and the jobs whose latest execution failed (the dashboard).
     Index(
@@ -329,4 +332,45 @@ notification_outbox = Table(
         "next_attempt_at",
         postgresql_where=text("sent_at IS NULL AND given_up_at IS NULL"),
     ),
+)
+
+
+# Business calendars (cronman.calendars): the days a namespace's jobs that name them do not fire.
+calendars = Table(
+    "calendars",
+    metadata,
+    Column("namespace", Text, primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("document", JSONB, nullable=False, comment="timezone and exclude, as cronman.calendars writes them"),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Backfills: a job's occurrences in a past range delivered again, as executions of their own (trigger
+# "backfill:<id>"), at a bounded rate. One owner of the job's slot drives a running backfill at a time
+# (``driver`` holds a lease until ``lease_until``, in database time) and records how far it got.
+backfills = Table(
+    "backfills",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("namespace", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("incarnation", BigInteger, nullable=False),
+    Column("from_at", DateTime(timezone=True), nullable=False),
+    Column("to_at", DateTime(timezone=True), nullable=False),
+    Column("max_per_second", Float, nullable=False),
+    Column("events", Integer, nullable=False, server_default="1", comment="executions per occurrence"),
+    Column("timing", JSONB, nullable=False, comment="the schedule and calendars when it was asked for"),
+    Column("total", Integer, nullable=False, comment="executions in all"),
+    Column("state", Text, nullable=False, comment="running, dispatched (all handed out) or cancelled"),
+    Column("cursor_at", DateTime(timezone=True), comment="every occurrence up to here is claimed"),
+    Column("dispatched", Integer, nullable=False, server_default="0", comment="executions handed out"),
+    Column("driver", Text),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("reason", Text),
+    Column("created_by", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_backfills_active", "state", postgresql_where=text("state <> 'dispatched'")),
+    Index("ix_backfills_job", "job_id", "created_at"),
 )

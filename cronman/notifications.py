@@ -80,7 +80,6 @@ class NotificationSpec(_Model):
         return v
 
 
-
 def parse_rule(body: str | bytes) -> NotificationSpec:
     """Validate a rule; a selector that does not parse is a 400 invalid_selector."""
     try:

@@ -37,6 +37,7 @@ from sqlalchemy.pool import NullPool
 from cronman import audit
 from cronman.apikeys import DEFAULT_NAMESPACE
 from cronman.audit import NOBODY, Actor, audited
+from cronman.calendar_store import missing_calendars, unknown_calendar
 from cronman.db import job_triggers, jobs, scheduled_jobs
 from cronman.errors import Conflict, CronmanError, InvalidInput, NotFound
 from cronman.execution import Trigger, execution_id
@@ -240,22 +241,44 @@ def _require_throttle(conn: Connection, spec: JobSpec, namespace: str) -> None:
         raise unknown_throttle(spec.throttle, namespace)
 
 
+def _landing(conn: Connection, ids: list[str], namespace: str | None) -> dict[str, str]:
+    """The namespace each job lands in. Without a namespace (the admin), a job's namespace is that
+    of the live job it replaces, else the default."""
+    existing: dict[str, str] = {}
+    if namespace is None:
+        rows = conn.execute(select(jobs.c.id, jobs.c.namespace).where(jobs.c.id.in_(ids), jobs.c.deleted_at.is_(None)))
+        existing = {r[0]: r[1] for r in rows}
+    return {job_id: namespace or existing.get(job_id, DEFAULT_NAMESPACE) for job_id in ids}
+
+
 def _unknown_throttles(
     conn: Connection, items: Sequence[tuple[JobSpec, str]], namespace: str | None
 ) -> dict[int, CronmanError]:
-    """The items (by index) naming a throttle policy their namespace lacks. Without a namespace
-    (the admin), a job's namespace is that of the live job it replaces, else the default."""
+    """The items (by index) naming a throttle policy their namespace lacks."""
     named = [(k, spec.throttle, job_id) for k, (spec, job_id) in enumerate(items) if spec.throttle is not None]
     if not named:
         return {}
-    existing: dict[str, str] = {}
-    if namespace is None:
-        ids = [job_id for _, _, job_id in named]
-        rows = conn.execute(select(jobs.c.id, jobs.c.namespace).where(jobs.c.id.in_(ids), jobs.c.deleted_at.is_(None)))
-        existing = {r[0]: r[1] for r in rows}
-    where = {job_id: namespace or existing.get(job_id, DEFAULT_NAMESPACE) for _, _, job_id in named}
+    where = _landing(conn, [job_id for _, _, job_id in named], namespace)
     missing = missing_policies(conn, {(where[job_id], name) for _, name, job_id in named})
     return {k: unknown_throttle(name, where[job_id]) for k, name, job_id in named if (where[job_id], name) in missing}
+
+
+def _unknown_calendars(
+    conn: Connection, items: Sequence[tuple[JobSpec, str]], namespace: str | None
+) -> dict[int, CronmanError]:
+    """The items (by index) naming a calendar their namespace lacks; the calendars found stay
+    locked until the write commits, so that a delete cannot slip in between."""
+    named = [(k, spec.calendars, job_id) for k, (spec, job_id) in enumerate(items) if spec.calendars]
+    if not named:
+        return {}
+    where = _landing(conn, [job_id for _, _, job_id in named], namespace)
+    missing = missing_calendars(conn, {(where[j], n) for _, names, j in named for n in names}, lock=True)
+    out: dict[int, CronmanError] = {}
+    for k, names, job_id in named:
+        gone = [n for n in names if (where[job_id], n) in missing]
+        if gone:
+            out[k] = unknown_calendar(gone[0], where[job_id])
+    return out
 
 
 # Create-or-replace of many jobs in one statement: the rows travel as arrays (one bind parameter
@@ -409,6 +432,24 @@ def decode_cursor(cursor: str, shape: tuple[type, ...]) -> list[Any]:
         raise InvalidInput("cursor is not one this API returned", field="cursor", code="invalid_cursor") from None
 
 
+def _history_cursor(cursor: str) -> tuple[int, int, int, str]:
+    """(scheduled ms, event index, attempt, trigger) of the last row of a page; a cursor from before
+    history was keyed by trigger has no trigger ("" sorts first: the same rows follow)."""
+    try:
+        ms, ev, att, trig = decode_cursor(cursor, (int, int, int, str))
+    except InvalidInput:
+        (ms, ev, att), trig = decode_cursor(cursor, (int, int, int)), ""
+    if not (
+        MIN_INSTANT_MS <= ms < MAX_INSTANT_MS
+        and 0 <= ev < 2**31
+        and 0 <= att < 2**31
+        and len(trig) <= 200
+        and "\x00" not in trig
+    ):
+        raise InvalidInput("cursor is not one this API returned", field="cursor", code="invalid_cursor")
+    return ms, ev, att, trig
+
+
 def _history_of(record: JobRecord) -> ColumnElement[bool]:
     """The history rows of a job's current incarnation. Rows written before history carried the
     incarnation (NULL) count when they are not older than the incarnation itself."""
@@ -509,8 +550,11 @@ class JobStore:
             "actor": actor.name,
             "detail": None if actor.detail is None else json.dumps(actor.detail),
         }
-        with self._single_statement() as conn:
+        with self._begin() if spec.calendars else self._single_statement() as conn:
             _require_throttle(conn, spec, namespace)
+            refused = _unknown_calendars(conn, [(spec, job_id)], namespace)
+            if refused:
+                raise refused[0]
             row = conn.exec_driver_sql(_CREATE_SQL, params).mappings().first()
         if row is None:  # a live job has this id: a tombstoned one would have been revived
             raise Conflict(f"a job with id {job_id!r} already exists", field="id")
@@ -524,7 +568,9 @@ class JobStore:
         A live job of another namespace is a Conflict. ``namespace=None`` (the admin) replaces a
         live job in its own namespace and creates a new one in the default namespace."""
         with self._begin() as conn:
-            refused = _unknown_throttles(conn, [(spec, job_id)], namespace)
+            refused = _unknown_throttles(conn, [(spec, job_id)], namespace) or _unknown_calendars(
+                conn, [(spec, job_id)], namespace
+            )
             if refused:
                 raise refused[0]
             row = conn.execute(_upsert(namespace, full=True), _upsert_params([(spec, job_id)], namespace, actor, None))
@@ -558,7 +604,8 @@ class JobStore:
         written: dict[str, bool] = {}
         with self._begin() as conn:
             candidates = [i for i in range(len(items)) if i not in refused]
-            unknown = _unknown_throttles(conn, [items[i] for i in candidates], namespace)
+            wanted = [items[i] for i in candidates]
+            unknown = {**_unknown_calendars(conn, wanted, namespace), **_unknown_throttles(conn, wanted, namespace)}
             refused.update({candidates[k]: err for k, err in unknown.items()})
             rows = [items[i] for i in range(len(items)) if i not in refused]
             if rows:
@@ -624,9 +671,12 @@ class JobStore:
             cond = and_(cond, jobs.c.namespace == namespace)
         stmt = update(jobs).where(cond).values(values).returning(*_RETURNING)
         with self._begin() as conn:
-            if spec.throttle is not None:
+            if spec.throttle is not None or spec.calendars:
                 current = conn.execute(select(jobs.c.namespace).where(jobs.c.id == job_id)).scalar()
                 _require_throttle(conn, spec, current or namespace or "default")
+                refused = _unknown_calendars(conn, [(spec, job_id)], current or namespace or "default")
+                if refused:
+                    raise refused[0]
             row = conn.execute(audited(stmt, audit.UPDATE, actor, detail)).mappings().first()
         if row is None:
             raise Conflict(
@@ -757,17 +807,14 @@ class JobStore:
         first: its current incarnation's only, so an id created again starts with an empty history."""
         c = scheduled_jobs.c
         q = select(*(getattr(c, f) for f in ExecutionRecord.__slots__))
-        if cursor:  # (scheduled ms, event index, attempt, trigger): history's key, in its order
-            ms, ev, att, trig = decode_cursor(cursor, (int, int, int, str))
-            if not (MIN_INSTANT_MS <= ms < MAX_INSTANT_MS and 0 <= ev < 2**31 and 0 <= att < 2**31):
-                raise InvalidInput("cursor is not one this API returned", field="cursor", code="invalid_cursor")
+        if cursor:
+            ms, ev, att, trig = _history_cursor(cursor)
             q = q.where(
                 tuple_(c.scheduled_for, c.event_index, c.attempt, c.trigger)
                 < tuple_(literal(from_ms(ms)), literal(ev), literal(att), literal(trig))
             )
-        q = q.order_by(c.scheduled_for.desc(), c.event_index.desc(), c.attempt.desc(), c.trigger.desc()).limit(
-            limit + 1
-        )
+        q = q.order_by(c.scheduled_for.desc(), c.event_index.desc(), c.attempt.desc(), c.trigger.desc())
+        q = q.limit(limit + 1)
         with self._connect() as conn:
             record = _get(conn, job_id, namespace)
             rows = [ExecutionRecord(**r) for r in conn.execute(q.where(_history_of(record))).mappings()]

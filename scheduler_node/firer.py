@@ -31,7 +31,7 @@ from typing import Any
 
 from cronman import signing
 from cronman.errors import TransientError
-from cronman.execution import Status, Trigger, backoff_ms, execution_id
+from cronman.execution import Status, Trigger, backfill_of, backoff_ms, execution_id
 from cronman.hashing import slot_of
 from cronman.timeutil import iso
 from scheduler_node.execution import Descriptor, Execution, Stage
@@ -101,6 +101,7 @@ class Firer:
         metrics: NodeMetrics,
         throttle: ThrottleGate | None = None,
         secrets: Callable[[str], tuple[str, ...] | None] = lambda namespace: None,
+        screen: Callable[[Execution], tuple[Status, str] | None] = lambda e: None,
         rng: random.Random | None = None,
         tracing: Tracing | None = None,
     ) -> None:
@@ -114,6 +115,9 @@ class Firer:
         self.metrics = metrics
         self.throttle = throttle
         self.secrets = secrets
+        # What the cluster's configuration says of a won execution before it is sent: skip it (a
+        # calendar excludes its day) or cancel it (its backfill was cancelled); None: send it.
+        self.screen = screen
         self.rng = rng or random.Random()
         self.lease_s = cfg.lease_ms / 1000
         # What happens to executions, step by step, for whoever watches (the simulation's --trace).
@@ -225,7 +229,8 @@ class Firer:
             ok = await self._pass(due, retries)
             if ok:
                 head = fires[0][0] if fires else now + 1
-                pending = min((e.scheduled_ms for e in self.due), default=now + 1)
+                # (a backfill's occurrences lie in the past on purpose: they say nothing of progress)
+                pending = min((e.scheduled_ms for e in self.due if not backfill_of(e.trigger)), default=now + 1)
                 self.progress_ms = min(now, head - 1, pending - 1)
             await self._sleep(started + self.cfg.tick_seconds - loop.time())
 
@@ -404,6 +409,10 @@ class Firer:
             if e.scheduled_ms in plan.skip:  # nothing of the missed window is fired
                 self._finish_with(e, Status.SKIPPED, plan.reason)
                 return
+        verdict = self.screen(e)  # e.g. an occurrence on a day one of the job's calendars excludes
+        if verdict is not None:
+            self._finish_with(e, *verdict)
+            return
         self._dispatch(e)
 
     async def _verify(self) -> None:
@@ -675,6 +684,7 @@ class Firer:
         secrets = self.secrets(job.namespace)
         signature = signing.sign(secrets, job.payload, now_ms // 1000) if secrets else None
         trace = self.tracing.begin(e.ticket.name, e.id, e.attempt, job.id, now_ms)
+        backfill = backfill_of(e.trigger)
         return Delivery(
             job.id,
             e.id,
@@ -683,7 +693,7 @@ class Firer:
             job.payload,
             e.event_index,
             signature,
-            (),
+            (("Cronman-Backfill-Id", backfill),) if backfill else (),
             job.namespace,
             trace,
             job.opts.capture,
@@ -693,7 +703,7 @@ class Firer:
     def _finish(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
         job = e.job
         m = self.metrics
-        if e.attempt == 1:
+        if e.attempt == 1 and not backfill_of(e.trigger):  # a backfill is late on purpose
             lag = max(0, fired - e.scheduled_ms - e.throttle_wait_ms)
             m.lag.observe(lag / 1000)
             self._lags.append(lag)
@@ -712,7 +722,8 @@ class Firer:
         else:
             fraction = self.rng.uniform(0.5, 1.0) if retry.jitter else 1.0
             delay = backoff_ms(e.attempt, retry.backoff_seconds, retry.max_backoff_seconds, fraction)
-            if retry.max_age_ms is not None and finished + delay - e.scheduled_ms > retry.max_age_ms:
+            aged = retry.max_age_ms is not None and not backfill_of(e.trigger)  # a backfill is old on purpose
+            if aged and finished + delay - e.scheduled_ms > (retry.max_age_ms or 0):
                 status = Status.PERMANENTLY_FAILED
                 error = f"{error} (no retry: older than max_event_age_seconds)"
             else:
@@ -892,6 +903,9 @@ class Firer:
         extra: tuple[tuple[str, str], ...] = (("Cronman-Error", (error or "")[:256]),)
         if http_status is not None:
             extra += (("Cronman-Http-Status", str(http_status)),)
+        backfill = backfill_of(e.trigger)
+        if backfill:
+            extra += (("Cronman-Backfill-Id", backfill),)
         d = Delivery(
             job.id, e.id, iso(e.scheduled_ms), e.attempt, job.payload, e.event_index, None, extra, job.namespace
         )

@@ -31,12 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cronman import misfire
+from cronman.calendars import timing_with
 from cronman.errors import TransientError
-from cronman.execution import Trigger
+from cronman.execution import Status, Trigger, backfill_of
 from cronman.hashing import owned_slots
 from cronman.keys import LAYOUT_VERSION
+from cronman.schedule import Timing
 from cronman.settings import Settings
 from cronman.timeutil import iso
+from scheduler_node.backfill import BackfillDriver
 from scheduler_node.execution import Descriptor, Execution
 from scheduler_node.firer import Firer, FirerConfig, wait_event
 from scheduler_node.history import HistoryRow, HistoryWriter
@@ -50,7 +53,7 @@ from scheduler_node.tracing import make_tracing
 
 log = logging.getLogger("cronman.node")
 
-_CONFIG_SECONDS = 5.0  # throttle policies and signing secrets
+_CONFIG_SECONDS = 5.0  # throttle policies, signing secrets and calendars
 TRIGGER_LOOKBACK_MS = 3_600_000  # a slot taken over still fires triggers asked for this recently
 MAX_CATCH_UP_MS = 86_400_000  # a slot taken over delivers at most this far back
 
@@ -162,9 +165,11 @@ class Node:
             metrics=m,
             throttle=parts.throttle,
             secrets=lambda ns: self.config.secrets.get(ns),
+            screen=self._screen,
             rng=self.rng,
             tracing=make_tracing(s.otlp_endpoint, self.node_id),
         )
+        self.backfills = BackfillDriver(firer, parts.store, self.holder, max(3 * self.lease_ms, 5000))
         self.decoder = Decoder(parts.senders.decode)
         await parts.senders.start()
         self._sync_wake = asyncio.Event()
@@ -186,6 +191,7 @@ class Node:
                 self._config_loop(),
                 self._sync_loop(),
                 self._progress_loop(),
+                self.backfills.run(lambda: self.ready),
             )
         ]
         # The firing loops finish the pass they are in when the node stops (a claim made in Redis
@@ -207,6 +213,10 @@ class Node:
         firer.stop()
         await asyncio.wait(firing, timeout=10)
         await _cancel_all(loops + firing, "loop")
+        try:  # what it drove goes on from where it got, driven by another owner of the slot
+            await asyncio.wait_for(self.backfills.release_all(), 10)
+        except TimeoutError:
+            log.warning("could not release the backfills this node drove")
         await firer.drain(timeout=15.0)
         await self._save_progress()
         history_stop.set()
@@ -246,6 +256,8 @@ class Node:
         """A change notification: read the feed and the configuration at once."""
         self._sync_wake.set()
         self._config_wake.set()
+        if self.firer is not None:
+            self.backfills.wake.set()
 
     # ------------------------------------------------------------------ history bookkeeping
     def _history_written(self, rows: list[HistoryRow], duplicates: int) -> None:
@@ -414,6 +426,8 @@ class Node:
         """Load the jobs of slots taken over, with what each slot still owes."""
         assert self.parts is not None and self.firer is not None
         store = self.parts.store
+        # calendars decide what fires: know the current ones before firing what is loaded
+        self._set_config(await store.cluster_config())
         cursor, loaded = await store.load_slots(added, self.decoder)
         marks, _ = await store.slot_marks()
         now = self.now_ms()
@@ -451,7 +465,8 @@ class Node:
             firer.install(job, start)
             return
         end = min(now, max(b for _, b in hit))
-        plan = misfire.plan(job.timing, start, end, job.opts.misfire, job.opts.catchup_ms)
+        # with its calendars: an occurrence on an excluded day was never due, so never missed
+        plan = misfire.plan(self.timing_of(job), start, end, job.opts.misfire, job.opts.catchup_ms)
         if plan.last_missed is not None:
             executions = [Execution.of(job, t, i) for t in plan.fire for i in range(job.opts.events)] or [
                 Execution.of(job, plan.last_missed)
@@ -518,14 +533,57 @@ class Node:
         assert self.parts is not None
         while not self._stopping:
             try:
-                self.config = await self.parts.store.cluster_config()
-                if self.parts.throttle is not None:
-                    self.parts.throttle.policies = self.config.throttles
+                self._set_config(await self.parts.store.cluster_config())
             except TransientError as exc:
-                log.warning("could not refresh throttle policies and signing secrets: %s", exc)
+                log.warning("could not refresh throttle policies, signing secrets and calendars: %s", exc)
             await wait_event(self._config_wake, _CONFIG_SECONDS)  # a change notification wakes it early
             self._config_wake.clear()
             await asyncio.sleep(0.2)
+
+    def _set_config(self, config: ClusterConfig) -> None:
+        assert self.parts is not None
+        self.config = config
+        if self.parts.throttle is not None:
+            self.parts.throttle.policies = config.throttles
+
+    # ------------------------------------------------------------------ calendars and backfills
+    def timing_of(self, job: OwnedJob) -> Timing:
+        """The job's timing with its calendars: the occurrences that are due at all."""
+        names = job.opts.calendars
+        if not names:
+            return job.timing
+        found = {n: c for n in names if (c := self.config.calendars.get((job.namespace, n))) is not None}
+        return timing_with(job.timing, names, found)
+
+    def _screen(self, e: Execution) -> tuple[Status, str] | None:
+        """Before a won execution is sent: an occurrence on a day a calendar of its job excludes is
+        skipped (a redelivery, asked for by a user, is not); one of a cancelled backfill is cancelled."""
+        d = e.d
+        if d.trigger == Trigger.SCHEDULE:
+            if not e.job.opts.calendars or d.suffix:
+                return None
+            why = self._excluded_by(e.job, d.scheduled_ms)
+            return None if why is None else (Status.SKIPPED, why)
+        backfill = backfill_of(d.trigger)
+        if backfill is not None and backfill in self.backfills.cancelled:
+            return Status.CANCELLED, f"the backfill {backfill} was cancelled"
+        return None
+
+    def _names_unknown_calendar(self, row: JobRow) -> bool:
+        if row.deleted or '"calendars"' not in row.options_text:
+            return False
+        try:
+            names = self.decoder.options(row.options_text).calendars
+        except (ValueError, TypeError):
+            return False
+        return any((row.namespace, n) not in self.config.calendars for n in names)
+
+    def _excluded_by(self, job: OwnedJob, t: int) -> str | None:
+        for name in job.opts.calendars:
+            cal = self.config.calendars.get((job.namespace, name))
+            if cal is not None and cal.excludes(t):
+                return f"calendar {name}: {cal.local_date(t).isoformat()} is excluded ({cal.timezone})"
+        return None
 
     # ------------------------------------------------------------------ jobs and the change feed
     def _apply_row(self, row: JobRow) -> bool:
@@ -556,6 +614,9 @@ class Node:
         if self.feed_cursor is None:
             return
         cursor, rows, triggers = await self.parts.store.poll_changes(self.feed_cursor)
+        if any(self._names_unknown_calendar(row) for row in rows if row.slot in self.owned):
+            # a calendar made just before the job that names it: know it before the job fires
+            self._set_config(await self.parts.store.cluster_config())
         for row in rows:
             if row.slot in self.owned and self._apply_row(row):
                 self.metrics.changes_applied.inc()

@@ -16,10 +16,11 @@ from __future__ import annotations
 import abc
 import asyncio
 import gc
+import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg2
@@ -28,6 +29,7 @@ from psycopg2 import errors as pg_errors
 from psycopg2.extras import execute_values
 from sqlalchemy import Engine, text
 
+from cronman.calendars import Calendar, calendar_from_dict
 from cronman.errors import TransientError
 from cronman.partitions import day_of_ms, ensure_partitions
 from scheduler_node.history import HistoryRow
@@ -60,10 +62,29 @@ class TriggerRow:
 
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
-    """Small tables every node keeps whole: throttle policies and signing secrets."""
+    """Small tables every node keeps whole: throttle policies, signing secrets and calendars."""
 
     throttles: dict[tuple[str, str], tuple[int, float | None]]
     secrets: dict[str, tuple[str, ...]]  # newest first; the previous one for a day after a rotation
+    calendars: dict[tuple[str, str], Calendar] = field(default_factory=dict)  # (namespace, name)
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillRow:
+    """A backfill as a node drives it (see scheduler_node.backfill)."""
+
+    id: str
+    job_id: str
+    incarnation: int
+    from_ms: int
+    to_ms: int
+    rate: float  # executions per second
+    events: int
+    timing: str  # JSON: {"schedule": ..., "calendars": [[name, document], ...]} (cronman.backfills)
+    state: str  # running or cancelled
+    cursor_ms: int | None  # every occurrence up to here is claimed
+    dispatched: int
+    live_incarnation: int | None  # the job's incarnation, while it is live
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +132,35 @@ class NodeStore(abc.ABC):
 
     @abc.abstractmethod
     async def delete_completed(self, job_id: str, version: int) -> bool: ...
+
+    # -- backfills: a lease (database time) says which owner of the job's slot drives one
+    @abc.abstractmethod
+    async def backfills(self) -> list[BackfillRow]:
+        """Running backfills, and those cancelled in the last day."""
+
+    @abc.abstractmethod
+    async def lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
+        """Drive a running backfill nobody else drives: (cursor ms, executions dispatched), or None."""
+
+    @abc.abstractmethod
+    async def renew_backfill(
+        self,
+        backfill_id: str,
+        holder: str,
+        lease_ms: int,
+        cursor_ms: int | None,
+        dispatched: int,
+        *,
+        done: bool,
+        release: bool,
+    ) -> bool:
+        """Record how far the driver got (even of a backfill cancelled meanwhile) and keep driving
+        (False: no longer ours, or no longer running). ``done``: every execution is handed out;
+        ``release``: stop driving (another owner may go on)."""
+
+    @abc.abstractmethod
+    async def end_backfill(self, backfill_id: str, reason: str) -> None:
+        """Cancel a running backfill (its job is gone)."""
 
     @abc.abstractmethod
     def write_history(self, rows: list[HistoryRow]) -> int:
@@ -173,6 +223,7 @@ class PgNodeStore(NodeStore):
         self.engine = engine
         self.executor = executor
         self._days: set[Any] = set()
+        self._calendars: dict[str, Calendar] = {}  # parsed, by document text
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -315,7 +366,24 @@ class PgNodeStore(NodeStore):
                     newest_recent[namespace] = bool(recent)
                 elif len(have) == 1 and newest_recent[namespace]:
                     have.append(secret)  # still within a day of the rotation
-        return ClusterConfig(throttles, {k: tuple(v) for k, v in secrets.items()})
+            calendars = self._read_calendars(conn)
+        return ClusterConfig(throttles, {k: tuple(v) for k, v in secrets.items()}, calendars)
+
+    def _read_calendars(self, conn: Any) -> dict[tuple[str, str], Calendar]:
+        """Every calendar; a document parsed once for as long as it stays the same."""
+        out: dict[tuple[str, str], Calendar] = {}
+        seen: dict[str, Calendar] = {}
+        for namespace, name, doc in conn.execute(text("SELECT namespace, name, document::text FROM calendars")):
+            cal = self._calendars.get(doc)
+            if cal is None:
+                try:
+                    cal = calendar_from_dict(json.loads(doc))
+                except ValueError as exc:  # stored by an older version with other limits: fire as if absent
+                    log.error("cannot use calendar %s/%s: %s", namespace, name, exc)
+                    continue
+            seen[doc] = out[(namespace, name)] = cal
+        self._calendars = seen
+        return out
 
     # -- progress and outages
     async def save_progress(self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes) -> None:
@@ -403,6 +471,63 @@ class PgNodeStore(NodeStore):
             )
         return True
 
+    # -- backfills
+    async def backfills(self) -> list[BackfillRow]:
+        return await self._call(self._backfills)
+
+    def _backfills(self) -> list[BackfillRow]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(_BACKFILLS)
+            return [BackfillRow(*r) for r in rows]
+
+    async def lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
+        return await self._call(self._lease_backfill, backfill_id, holder, lease_ms)
+
+    def _lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
+        with self.engine.begin() as conn:
+            row = conn.execute(_LEASE_BACKFILL, {"id": backfill_id, "h": holder, "ms": lease_ms}).first()
+        return None if row is None else (None if row[0] is None else int(row[0]), int(row[1]))
+
+    async def renew_backfill(
+        self,
+        backfill_id: str,
+        holder: str,
+        lease_ms: int,
+        cursor_ms: int | None,
+        dispatched: int,
+        *,
+        done: bool,
+        release: bool,
+    ) -> bool:
+        params = {
+            "id": backfill_id,
+            "h": holder,
+            "ms": 0 if release else lease_ms,
+            "c": cursor_ms,
+            "d": dispatched,
+            "done": done,
+            "release": release or done,
+        }
+        return await self._call(self._renew_backfill, params)
+
+    def _renew_backfill(self, params: dict[str, Any]) -> bool:
+        with self.engine.begin() as conn:
+            row = conn.execute(_RENEW_BACKFILL, params).first()
+        return row is not None and bool(row[0])
+
+    async def end_backfill(self, backfill_id: str, reason: str) -> None:
+        await self._call(self._end_backfill, backfill_id, reason)
+
+    def _end_backfill(self, backfill_id: str, reason: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE backfills SET state = 'cancelled', reason = :r, driver = NULL, updated_at = now() "
+                    "WHERE id = :id AND state = 'running'"
+                ),
+                {"id": backfill_id, "r": reason},
+            )
+
     # -- history
     def write_history(self, rows: list[HistoryRow]) -> int:
         try:
@@ -471,6 +596,27 @@ class PgNodeStore(NodeStore):
         self._days |= days
 
 
+_BACKFILLS = text(
+    f"SELECT b.id, b.job_id, b.incarnation, {_MS.format('b.from_at')}, {_MS.format('b.to_at')}, b.max_per_second, "
+    f"b.events, b.timing::text, b.state, {_MS.format('b.cursor_at')}, b.dispatched, j.incarnation "
+    "FROM backfills b LEFT JOIN jobs j ON j.id = b.job_id AND j.deleted_at IS NULL "
+    "WHERE b.state = 'running' OR (b.state = 'cancelled' AND b.updated_at > now() - interval '1 day') "
+    "ORDER BY b.created_at LIMIT 10000"
+)
+_LEASE_BACKFILL = text(
+    "UPDATE backfills SET driver = :h, lease_until = now() + :ms * interval '1 millisecond', updated_at = now() "
+    "WHERE id = :id AND state = 'running' AND (driver IS NULL OR driver = :h OR lease_until < now()) "
+    f"RETURNING {_MS.format('cursor_at')}, dispatched"
+)
+_RENEW_BACKFILL = text(
+    "UPDATE backfills SET "
+    "cursor_at = CASE WHEN CAST(:c AS bigint) IS NULL THEN cursor_at "
+    "ELSE GREATEST(cursor_at, timestamptz 'epoch' + CAST(:c AS bigint) * interval '1 millisecond') END, "
+    "dispatched = GREATEST(dispatched, :d), lease_until = now() + :ms * interval '1 millisecond', "
+    "state = CASE WHEN :done AND state = 'running' THEN 'dispatched' ELSE state END, "
+    "driver = CASE WHEN :release OR state <> 'running' THEN NULL ELSE driver END, updated_at = now() "
+    "WHERE id = :id AND driver = :h RETURNING state = 'running' OR :done"
+)
 _TRIGGERS = (
     f"SELECT t.id, t.job_id, {_MS.format('t.requested_at')}, t.kind, {_MS.format('t.scheduled_for')}, "
     "t.event_index, t.attempt, t.execution_id::text, t.trigger, t.incarnation FROM job_triggers t "

@@ -237,9 +237,7 @@ def _complete(conn: Connection, raw: Sequence[Any], now_ms: int) -> list[JobRow]
     rows = []
     for r in raw:
         nxt = None if r.paused else timing_from_dict(r.schedule, r.id).next_after(now_ms)
-        rows.append(
-            JobRow(r.id, r.namespace, r.name, r.schedule, r.paused, r.updated_at, r.incarnation, r.labels, nxt)
-        )
+        rows.append(JobRow(r.id, r.namespace, r.name, r.schedule, r.paused, r.updated_at, r.incarnation, r.labels, nxt))
     last = last_results(conn, rows)
     return [replace(r, last=last.get(r.id)) for r in rows]
 
@@ -457,6 +455,7 @@ def failures(
         later.c.job_id == s.c.job_id,
         later.c.scheduled_for == s.c.scheduled_for,
         later.c.event_index == s.c.event_index,
+        later.c.trigger == s.c.trigger,
         later.c.attempt > s.c.attempt,
     )
     on = and_(
@@ -504,9 +503,7 @@ def failures(
 # -- bulk pause and resume -----------------------------------------------------------------------
 
 
-def set_paused_many(
-    engine: Engine, ids: Sequence[str], namespace: str | None, paused: bool, actor: Actor
-) -> list[str]:
+def set_paused_many(engine: Engine, ids: Sequence[str], namespace: str | None, paused: bool, actor: Actor) -> list[str]:
     """Pause (or resume) the live jobs among ``ids`` in ``namespace`` that are not so already, in one
     statement that also records a job event for each; returns the ids changed."""
     if not ids:

@@ -32,12 +32,14 @@ from api.ui.web import (
     settings,
 )
 from cronman.apikeys import check_namespace
+from cronman.backfill_store import BackfillStore
+from cronman.calendar_store import CalendarStore, job_timing, names_of
 from cronman.cluster import live_nodes
 from cronman.describe import describe_schedule, zone_of
 from cronman.errors import Forbidden, InvalidInput, NotFound
 from cronman.health import NO_HEALTH, health_json, paused_reason_of, state_of
 from cronman.labels import parse_selector
-from cronman.schedule import next_times, timing_from_dict
+from cronman.schedule import next_times
 from cronman.spec import JOB_ID_RE, options_with_defaults
 from cronman.targets import redact_target
 from cronman.timeutil import from_ms, iso_dt, to_ms
@@ -62,6 +64,9 @@ MESSAGES = {
 
 def services():  # type: ignore[no-untyped-def]
     return current_app.extensions["cronman"]
+
+
+BACKFILLS_SHOWN = 5
 
 
 def _engine():  # type: ignore[no-untyped-def]
@@ -242,7 +247,10 @@ def job(job_id: str) -> Response:
     record = services().store.get(job_id, namespace())
     now = now_ms()
     zone_name = zone_of(record.schedule)
-    upcoming = next_times(timing_from_dict(record.schedule, record.id), now, 10)
+    names = names_of(record.options)
+    found = CalendarStore(_engine()).named({(record.namespace, n) for n in names})
+    upcoming = next_times(job_timing(record.id, record.namespace, record.schedule, record.options, found), now, 10)
+    calendars = [(n, found.get((record.namespace, n))) for n in names]
     events, events_next = services().store.events(job_id, namespace(), EVENTS_SHOWN, request.args.get("events"))
     history = _history_context(row, now)
     health = queries.health_states(_engine(), [row]).get(row.id, NO_HEALTH)
@@ -256,6 +264,8 @@ def job(job_id: str) -> Response:
         words=describe_schedule(record.schedule),
         zone_name=zone_name,
         upcoming=upcoming,
+        calendars=calendars,
+        backfills=BackfillStore(_engine()).of_job(record, BACKFILLS_SHOWN),
         target=redact_target(record.target),
         payload=json.loads(record.payload),
         delivery={"retry": record.retry, **options_with_defaults(record.options)},

@@ -4,8 +4,9 @@ states it):
 1. every occurrence due while any node was alive is delivered at least once, late or not;
 2. every extra delivery of one attempt is attributable to a named fault (a process killed after
    delivering, a process paused past its lease, Redis losing its keys or being unreachable);
-3. retries, manual triggers and redeliveries survive every handover (Redis losing its data loses
-   the retries parked there whose holder has stopped since: that is the one named exception);
+3. retries, manual triggers, redeliveries and backfills survive every handover (Redis losing its
+   data loses the retries parked there whose holder has stopped since, and the claims of a
+   backfill's executions not sent yet: that is the one named exception);
 4. occurrences due while no node ran at all get their job's misfire policy, in every slot;
 5. a deleted or paused job gets no further attempt once the change has reached the nodes;
 6. every execution delivered ends with a final row in history (unless Redis lost it in between);
@@ -22,7 +23,8 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from cronman.execution import Trigger, execution_id
+from cronman.backfills import occurrences
+from cronman.execution import Trigger, backfill_trigger, execution_id
 from cronman.schedule import timing_from_dict
 from scheduler_node.sim.parts import Arrival
 from scheduler_node.sim.world import EPOCH, JobPlan, Sim
@@ -154,6 +156,18 @@ def check(sim: Sim) -> Report:
                 eid = execution_id(plan.id, requested_ms, ev, Trigger.MANUAL)
                 if not arrivals.get(eid):
                     report.violations.append(f"trigger lost: {plan.id} asked at {_at(asked)} (execution {eid})")
+        # 3: backfills: every execution handed out, unless the job went or Redis lost its claims
+        for asked, backfill_id, from_ms, to_ms in plan.backfills:
+            if any(d >= asked - FUZZ for d in plan.deleted) or any(x >= asked for x in sim.redis.losses):
+                continue
+            trigger = backfill_trigger(backfill_id)
+            for t_ms in occurrences(timing, from_ms, to_ms, 10_000):
+                for ev in range(events):
+                    eid = execution_id(plan.id, t_ms, ev, trigger)
+                    if not arrivals.get(eid):
+                        report.violations.append(
+                            f"backfill lost: {plan.id} {backfill_id} at {_at(t_ms / 1000)} event {ev} (execution {eid})"
+                        )
         # 3: retries of a receiver that fails every first attempt
         if sim.receivers.behaviour.get(plan.receiver) == "fail_first":
             for eid, got in arrivals.items():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cronman.errors import TransientError
@@ -32,7 +32,7 @@ from scheduler_node.parts import (
     Took,
 )
 from scheduler_node.sim.loop import World
-from scheduler_node.store import Attempts, ClusterConfig, Ident, NodeStore, TriggerRow, bitmap_slots
+from scheduler_node.store import Attempts, BackfillRow, ClusterConfig, Ident, NodeStore, TriggerRow, bitmap_slots
 
 LATENCY = 0.001  # a round trip to Redis or PostgreSQL
 
@@ -208,6 +208,7 @@ class SimDb:
     duplicates: dict[tuple[str, int, int, int, str], int] = field(default_factory=dict)
     progress: dict[tuple[str, str], tuple[int, bytes]] = field(default_factory=dict)
     outages: list[tuple[int, int]] = field(default_factory=list)
+    backfills: dict[str, SimBackfill] = field(default_factory=dict)
     down_until: float = 0.0
     polls: dict[str, list[float]] = field(default_factory=dict)  # holder -> when its feed reads succeeded
     change: int = 1
@@ -256,6 +257,16 @@ class SimDb:
         job.version, job.change, job.updated_ms = self.version, self.change, self.now_ms()
         return job
 
+    def backfill(self, backfill_id: str, job_id: str, from_ms: int, to_ms: int, rate: float) -> None:
+        """A backfill as the API writes it (cronman.backfill_store)."""
+        job = self.jobs[job_id]
+        events = int(job.options.get("events_per_trigger") or 1)
+        timing = json.dumps({"schedule": job.schedule, "calendars": []})
+        row = BackfillRow(
+            backfill_id, job_id, job.incarnation, from_ms, to_ms, rate, events, timing, "running", None, 0, None
+        )
+        self.backfills[backfill_id] = SimBackfill(row)
+
     def trigger(self, job_id: str) -> TriggerRow:
         job = self.jobs[job_id]
         self.change += 1
@@ -285,6 +296,15 @@ class SimDb:
                 self.duplicates[r.key] = self.duplicates.get(r.key, 0) + 1
                 dups += 1
         return dups
+
+
+@dataclass
+class SimBackfill:
+    """A backfill row: what the API wrote, and the lease and cursor its driver keeps."""
+
+    row: BackfillRow
+    driver: str | None = None
+    lease_until: int = 0
 
 
 class SimStore(NodeStore):
@@ -363,6 +383,54 @@ class SimStore(NodeStore):
             return False
         self.db.change_job(job_id, deleted=True)
         return True
+
+    async def backfills(self) -> list[BackfillRow]:
+        await self.db.call()
+        out = []
+        for b in self.db.backfills.values():
+            job = self.db.jobs.get(b.row.job_id)
+            live = None if job is None or job.deleted else job.incarnation
+            out.append(replace(b.row, live_incarnation=live))
+        return out
+
+    async def lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
+        await self.db.call()
+        b = self.db.backfills.get(backfill_id)
+        now = self.db.now_ms()
+        if b is None or b.row.state != "running" or (b.driver not in (None, holder) and b.lease_until >= now):
+            return None
+        b.driver, b.lease_until = holder, now + lease_ms
+        return b.row.cursor_ms, b.row.dispatched
+
+    async def renew_backfill(
+        self,
+        backfill_id: str,
+        holder: str,
+        lease_ms: int,
+        cursor_ms: int | None,
+        dispatched: int,
+        *,
+        done: bool,
+        release: bool,
+    ) -> bool:
+        await self.db.call()
+        b = self.db.backfills.get(backfill_id)
+        if b is None or b.driver != holder:
+            return False
+        running = b.row.state == "running"
+        cursor = b.row.cursor_ms if cursor_ms is None else max(cursor_ms, b.row.cursor_ms or cursor_ms)
+        state = "dispatched" if done and running else b.row.state
+        b.row = replace(b.row, cursor_ms=cursor, dispatched=max(dispatched, b.row.dispatched), state=state)
+        b.lease_until = self.db.now_ms() + (0 if release else lease_ms)
+        if release or not running or done:
+            b.driver = None
+        return running
+
+    async def end_backfill(self, backfill_id: str, reason: str) -> None:
+        await self.db.call()
+        b = self.db.backfills.get(backfill_id)
+        if b is not None and b.row.state == "running":
+            b.row = replace(b.row, state="cancelled")
 
     def write_history(self, rows: list[HistoryRow]) -> int:
         return self.db.write(rows)

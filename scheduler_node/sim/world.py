@@ -65,6 +65,7 @@ class JobPlan:
     deleted: list[float] = field(default_factory=list)
     paused: list[tuple[float, float]] = field(default_factory=list)  # (from, to)
     triggers: list[tuple[float, int]] = field(default_factory=list)  # (when asked, requested ms)
+    backfills: list[tuple[float, str, int, int]] = field(default_factory=list)  # (when asked, id, from, to ms)
 
 
 class Process:
@@ -253,6 +254,24 @@ class Sim:
                 again = now + self.rng.uniform(1, 5)
                 self.world.at(again, lambda: self._recreate(job_id))
 
+    def _backfills(self) -> None:
+        """A few backfills of the last seconds of repeating jobs, drawn from a generator of their own
+        (the other events of a seed stay what they were)."""
+        rng = random.Random(self.cfg.seed * 7919 + 1)
+        repeating = sorted(j for j, p in self.jobs.items() if p.doc["schedule"]["type"] != "once")
+        for n in range(rng.randint(1, 3)):
+            at = rng.uniform(self.cfg.warmup + 8, self.cfg.duration - 5)
+            job_id, rate = rng.choice(repeating), rng.choice([2.0, 5.0, 20.0])
+            self.world.at(EPOCH + at, functools.partial(self._backfill, f"bf-{n}", job_id, rate))
+
+    def _backfill(self, backfill_id: str, job_id: str, rate: float) -> None:
+        if self.db.jobs[job_id].deleted:
+            return
+        now_ms = int(self.world.now * 1000)
+        from_ms, to_ms = now_ms - 15_000, now_ms - 1000
+        self.db.backfill(backfill_id, job_id, from_ms, to_ms, rate)
+        self.jobs[job_id].backfills.append((self.world.now, backfill_id, from_ms, to_ms))
+
     def _recreate(self, job_id: str) -> None:
         plan = self.jobs[job_id]
         self.db.put_job(job_id, **plan.doc)
@@ -346,6 +365,7 @@ class Sim:
             for n in self.node_ids:
                 self.world.at(EPOCH + rng.uniform(0, 1), functools.partial(self.start, n))
             self._job_events()
+            self._backfills()
             self._nemesis()
             self.world.run_until(EPOCH + cfg.duration)
             # the nemesis rests: everything comes back and nothing fails any more
