@@ -1,5 +1,6 @@
 """Heartbeats with a TTL, in Redis time, and the live set of nodes read from them: one hash
-(tagged ``{m}``) holds every node's heartbeat with its expiry, so one script reads the cluster."""
+(tagged ``{m}``) holds every node's heartbeat with its expiry, so one script on one shard reads
+the cluster, whatever the Redis topology."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from redis.exceptions import RedisError
 from cronman.cluster import parse_members
 from cronman.errors import TransientError
 from cronman.keys import Keys, lua
+from cronman.scripts import Script
 from scheduler_node.parts import Member, Membership
 
 
@@ -20,20 +22,14 @@ class RedisMembership(Membership):
         self.keys = keys
         self.node_id = node_id
         self.ttl_ms = int(ttl_seconds * 1000)
-        self._beat = client.register_script(lua("beat"))
-        self._members = client.register_script(lua("members"))
+        self._beat = Script(client, lua("beat"))
+        self._members = Script(client, lua("members"))
 
     async def beat(self, info: dict[str, Any]) -> None:
-        try:
-            await self._beat(keys=[self.keys.members], args=[self.node_id, self.ttl_ms, json.dumps(info)])
-        except (RedisError, OSError) as exc:
-            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+        await self._beat([self.keys.members], [self.node_id, self.ttl_ms, json.dumps(info)])
 
     async def live(self) -> list[Member]:
-        try:
-            flat = await self._members(keys=[self.keys.members])
-        except (RedisError, OSError) as exc:
-            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+        flat = await self._members([self.keys.members])
         return [
             Member(n.node_id, n.heartbeat_age_seconds, bool(n.info.get("ready")), n.info) for n in parse_members(flat)
         ]
