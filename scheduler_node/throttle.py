@@ -91,9 +91,9 @@ class ThrottleGate:
             return granted
         for (p, members), n in zip(asked, await self._grant.many(calls), strict=True):
             won = set(members[: int(n)])
-            queue = self.waiting.get(p)
-            while queue and queue[0].ticket.name in won:
-                e = queue.popleft()
+            now_waiting = self.waiting.get(p)
+            while now_waiting and now_waiting[0].ticket.name in won:
+                e = now_waiting.popleft()
                 won.discard(e.ticket.name)
                 self.held[e.ticket.name] = p
                 granted.append(e)
