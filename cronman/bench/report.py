@@ -39,6 +39,13 @@ TARGETS = (
     Target("crud.batch_jobs_per_s", ">=", 10000, "crud: jobs/s in batches of 1,000"),
     Target("ui.jobs_page_ms.p95", "<=", 300, "ui: jobs page p95 (ms), 100,000 jobs"),
     Target("ui.selector_ms.p95", "<=", 300, "ui: jobs page with a label selector p95 (ms)"),
+    Target(
+        "ownership.by_nodes.200.loop_ms_max",
+        "<=",
+        20,
+        "ownership: loop time per membership change, 200 nodes (ms, worst)",
+        sized=False,
+    ),
 )
 
 # Figures shown in the table without a target of their own.
@@ -69,6 +76,14 @@ CONTEXT = (
     ("ui.failing_ms.p95", "ui: failing jobs p95 (ms)"),
     ("ui.failures_ms.p95", "ui: failures page p95 (ms)"),
     ("ui.api_selector_ms.p95", "ui: GET /v1/jobs?selector= p95 (ms)"),
+    ("ownership.by_nodes.200.loop_ms_median", "ownership: loop time per change, 200 nodes (ms, median)"),
+    ("ownership.by_nodes.200.loop_idle_ms", "ownership: loop stall with nothing to compute (ms, noise)"),
+    ("ownership.by_nodes.200.first_computation_ms", "ownership: cold table, 200 nodes, computed alone (ms)"),
+    ("ownership.by_nodes.50.loop_ms_max", "ownership: loop time per change, 50 nodes (ms, worst)"),
+    ("ownership.by_nodes.500.loop_ms_max", "ownership: loop time per change, 500 nodes (ms, worst)"),
+    ("ownership.by_nodes.200.slots_moved_on_loss_mean", "ownership: slots moved on a loss, 200 nodes"),
+    ("ownership.by_nodes.200.slots_moved_on_loss_expected", "ownership: expected (R x 4096 / N), 200 nodes"),
+    ("ownership.by_nodes.200.balance_max_over_mean", "ownership: balance max/mean, 200 nodes"),
 )
 
 

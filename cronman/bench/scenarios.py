@@ -55,6 +55,7 @@ DEFAULTS: dict[str, float] = {
     "crud.batch_concurrency": 2,
     "ui.jobs": 100_000,
     "ui.requests": 50,
+    "ownership.changes": 10,
 }
 QUICK: dict[str, float] = {
     "steady.jobs": 500,
@@ -76,6 +77,7 @@ QUICK: dict[str, float] = {
     "crud.seconds": 3,
     "crud.batch_size": 500,
     "ui.jobs": 10_000,
+    "ownership.changes": 3,
 }
 NODE_READY_TIMEOUT = 90.0
 
@@ -694,6 +696,16 @@ def run_crud(b: Bench) -> dict[str, Any]:
     }
 
 
+def run_ownership(b: Bench) -> dict[str, Any]:
+    """Membership changes at 50, 200 and 500 simulated nodes: loop time, slots moved, balance
+    (cronman.bench.ownership; pure computation, no stack)."""
+    from cronman.bench.ownership import render, run
+
+    figures = run(changes=b.i("ownership.changes"))
+    b.say(render([{"nodes": int(n), **r} for n, r in figures["by_nodes"].items()]))
+    return figures
+
+
 SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "steady": run_steady,
     "ceiling": run_ceiling,
@@ -703,4 +715,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "scale": run_scale,
     "crud": run_crud,
     "ui": run_ui,
+    "ownership": run_ownership,
 }
+# Scenarios that need no PostgreSQL, Redis or receiver: a run of only these starts none.
+STACKLESS = frozenset({"ownership"})
