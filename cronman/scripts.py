@@ -40,7 +40,7 @@ class Script:
         try:
             return await self._script(keys=list(keys), args=list(args))
         except (RedisError, OSError) as exc:
-            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+            raise transient(exc) from exc
 
     async def many(self, calls: Sequence[Call]) -> list[Any]:
         """Every call, in one round trip (per shard); results in the order of ``calls``."""
@@ -55,10 +55,10 @@ class Script:
                 for i, r in zip(missing, again, strict=True):
                     results[i] = r
         except (RedisError, OSError) as exc:
-            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+            raise transient(exc) from exc
         for r in results:
             if isinstance(r, Exception):
-                raise TransientError(f"redis: {type(r).__name__}: {r}") from r
+                raise transient(r) from r
         return results
 
     async def _pipelined(self, calls: Sequence[Call]) -> list[Any]:
@@ -66,3 +66,8 @@ class Script:
         for keys, args in calls:
             pipe.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
         return list(await pipe.execute(raise_on_error=False))
+
+
+def transient(exc: BaseException) -> TransientError:
+    """A Redis error as cronman's, its message cut short (some name the whole client)."""
+    return TransientError(f"redis: {type(exc).__name__}: {str(exc)[:300]}")
