@@ -9,6 +9,10 @@ are told apart by version.
 
 :class:`NodeStore` is the interface the node uses; :class:`PgNodeStore` runs each call's blocking
 SQL in the node's thread pool. The simulation has its own implementation in memory.
+
+Past one database, jobs and history are split by slot range (:mod:`cronman.routing`): every call
+here that names slots (or jobs, whose slot is fixed) goes to the databases ``SlotRanges.split``
+names, and the feed keeps a cursor per database (``FeedCursors``); see docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -84,6 +84,14 @@ CONTEXT = (
     ("ownership.by_nodes.200.slots_moved_on_loss_mean", "ownership: slots moved on a loss, 200 nodes"),
     ("ownership.by_nodes.200.slots_moved_on_loss_expected", "ownership: expected (R x 4096 / N), 200 nodes"),
     ("ownership.by_nodes.200.balance_max_over_mean", "ownership: balance max/mean, 200 nodes"),
+    ("footprint.node_bytes_per_job_shared_target", "footprint: node heap per owned job, shared target (bytes)"),
+    ("footprint.node_bytes_per_job_own_target", "footprint: node heap per owned job, own target (bytes)"),
+    ("footprint.open_claim_bytes", "footprint: Redis per open claim (bytes)"),
+    ("footprint.finished_claim_bytes", "footprint: Redis per finished claim, while kept (bytes)"),
+    ("footprint.unrecorded_row_bytes", "footprint: Redis per history row not yet written (bytes)"),
+    ("footprint.history_row_bytes", "footprint: PostgreSQL per history row, with indexes (bytes)"),
+    ("footprint.history_at_10000_per_s.gb_per_day", "footprint: history GB/day at 10,000 fires/s"),
+    ("footprint.history_at_100000_per_s.gb_per_day", "footprint: history GB/day at 100,000 fires/s"),
 )
 
 

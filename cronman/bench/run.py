@@ -17,7 +17,7 @@ from cronman.bench.report import evaluate, machine_facts, render_table
 from cronman.bench.scenarios import DEFAULTS, QUICK, SCENARIOS, STACKLESS, Bench
 from cronman.bench.stack import BenchStack, background_load
 
-ORDER = ("steady", "ceiling", "peer", "burst", "failover", "scale", "crud", "ui", "ownership")
+ORDER = ("steady", "ceiling", "peer", "burst", "failover", "scale", "crud", "ui", "ownership", "footprint")
 # Keys the JSON document always has (null for a scenario that did not run).
 TOP_KEYS = (
     "steady",
@@ -32,6 +32,7 @@ TOP_KEYS = (
     "crud",
     "ui",
     "ownership",
+    "footprint",
 )
 
 

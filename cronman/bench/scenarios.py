@@ -56,6 +56,9 @@ DEFAULTS: dict[str, float] = {
     "ui.jobs": 100_000,
     "ui.requests": 50,
     "ownership.changes": 10,
+    "footprint.jobs": 100_000,
+    "footprint.claims": 20_000,
+    "footprint.rows": 50_000,
 }
 QUICK: dict[str, float] = {
     "steady.jobs": 500,
@@ -78,6 +81,9 @@ QUICK: dict[str, float] = {
     "crud.batch_size": 500,
     "ui.jobs": 10_000,
     "ownership.changes": 3,
+    "footprint.jobs": 10_000,
+    "footprint.claims": 2_000,
+    "footprint.rows": 5_000,
 }
 NODE_READY_TIMEOUT = 90.0
 
@@ -706,6 +712,14 @@ def run_ownership(b: Bench) -> dict[str, Any]:
     return figures
 
 
+def run_footprint(b: Bench) -> dict[str, Any]:
+    """Memory per owned job, Redis bytes per claim, PostgreSQL bytes per history row
+    (cronman.bench.footprint; starts a Redis and a PostgreSQL of its own)."""
+    from cronman.bench.footprint import run
+
+    return run(b.i("footprint.jobs"), b.i("footprint.claims"), b.i("footprint.rows"))
+
+
 SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "steady": run_steady,
     "ceiling": run_ceiling,
@@ -716,6 +730,7 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "crud": run_crud,
     "ui": run_ui,
     "ownership": run_ownership,
+    "footprint": run_footprint,
 }
 # Scenarios that need no PostgreSQL, Redis or receiver: a run of only these starts none.
-STACKLESS = frozenset({"ownership"})
+STACKLESS = frozenset({"ownership", "footprint"})
