@@ -166,6 +166,28 @@ def test_the_first_claim_wins_and_the_others_lose(store_of: Callable[[], Store])
     run(store_of, scenario)
 
 
+def test_a_claim_repeated_after_its_lease_ran_out_holds_it_again(store_of: Callable[[], Store]) -> None:
+    """On a Redis Cluster a batch may be applied on some shards and fail on another; the holder
+    repeats it once the failed shard is back, maybe after the lease of what it won ran out. The
+    repeat holds the claim again, so the other owner cannot take it over as well (a double)."""
+
+    async def scenario(store: Store) -> None:
+        a, b = store.claims("node-a/1"), store.claims("node-b/1")
+        t, guarded = ticket(6, "e6"), ticket(6, "g6", guard="job-6|0")
+        assert await a.claim([t, guarded], LEASE_MS) == [ClaimResult.WON] * 2  # (an answer never read)
+        await expire()
+        assert await a.claim([t, guarded], LEASE_MS) == [ClaimResult.WON] * 2
+        assert [r.state for r in await b.take([t, guarded], LEASE_MS)] == [TakeState.HELD] * 2
+        assert await b.claim([ticket(6, "g6-next", guard="job-6|0")], LEASE_MS) == [ClaimResult.SKIPPED]
+        # a parked retry of ours keeps its time: a repeat never shortens a lease
+        assert await a.renew([Hold(t, 2, 10 * LEASE_MS)]) == [RenewResult.RENEWED]
+        assert await a.claim([t], LEASE_MS) == [ClaimResult.WON]
+        await expire()
+        assert (await b.take([t], LEASE_MS))[0].state is TakeState.HELD
+
+    run(store_of, scenario)
+
+
 def test_a_restarted_node_does_not_take_its_predecessors_claims_for_its_own(store_of: Callable[[], Store]) -> None:
     async def scenario(store: Store) -> None:
         before, after = store.claims("node-a/old"), store.claims("node-a/new")
