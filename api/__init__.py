@@ -94,12 +94,13 @@ def create_app(settings: Settings | None = None) -> Flask:
     from api.batch import bp as batch_bp
     from api.commands import bp as commands_bp
     from api.jobs import bp as jobs_bp
+    from api.notifications import bp as notifications_bp
     from api.ops import bp as ops_bp
     from api.signing import bp as signing_bp
     from api.throttles import bp as throttles_bp
     from api.ui import bp as ui_bp
 
-    for blueprint in (jobs_bp, batch_bp, throttles_bp, signing_bp, commands_bp, ops_bp, ui_bp):
+    for blueprint in (jobs_bp, batch_bp, throttles_bp, signing_bp, commands_bp, ops_bp, ui_bp, notifications_bp):
         app.register_blueprint(blueprint)
 
     from api.auth import install_auth

@@ -16,6 +16,7 @@ from cronman.audit import JobEvent
 from cronman.commands import patch_job as apply_patch
 from cronman.errors import Conflict, InvalidInput, NotFound
 from cronman.execution import Trigger, execution_id
+from cronman.health import NO_HEALTH, Health, health_json, health_of, paused_reason_of
 from cronman.labels import parse_selector
 from cronman.schedule import Timing, timing_from_dict
 from cronman.spec import JOB_ID_RE, new_job_id, options_with_defaults
@@ -80,7 +81,7 @@ def _next_fire(r: JobRecord, after_ms: int) -> str | None:
         return None
 
 
-def job_json(r: JobRecord, at_ms: int) -> dict[str, Any]:
+def job_json(r: JobRecord, at_ms: int, health: Health = NO_HEALTH) -> dict[str, Any]:
     nxt = None if r.paused else _next_fire(r, at_ms)
     doc: dict[str, Any] = {"id": r.id, "namespace": r.namespace}
     if r.name is not None:
@@ -94,6 +95,8 @@ def job_json(r: JobRecord, at_ms: int) -> dict[str, Any]:
         paused=r.paused,
         **options_with_defaults(r.options),
         state="paused" if r.paused else ("active" if nxt is not None else "completed"),
+        health=health_json(health, paused=r.paused, completed=nxt is None),
+        paused_reason=paused_reason_of(r.paused, r.paused_reason, iso_dt(r.updated_at)),
         created_at=iso_dt(r.created_at),
         updated_at=iso_dt(r.updated_at),
         version=r.version,
@@ -120,11 +123,17 @@ def execution_json(e: ExecutionRecord) -> dict[str, Any]:
         "duplicates": e.duplicates,
         "throttle_wait_ms": e.throttle_wait_ms,
         "dead_lettered": e.dead_lettered,
+        "response": e.response,
     }
 
 
+def _health(records: list[JobRecord]) -> dict[str, Health]:
+    with services().store.engine.connect() as conn:
+        return health_of(conn, [(r.id, r.incarnation) for r in records])
+
+
 def _job_response(record: JobRecord, status: int) -> Response:
-    resp = jsonify(job_json(record, now_ms()))
+    resp = jsonify(job_json(record, now_ms(), _health([record]).get(record.id, NO_HEALTH)))
     resp.status_code = status
     if status == 201:
         resp.headers["Location"] = f"/v1/jobs/{record.id}"
@@ -155,9 +164,10 @@ def list_jobs() -> Response:
     more = len(records) > limit
     records = records[:limit]
     now = now_ms()
+    health = _health(records)
     return jsonify(
         {
-            "jobs": [job_json(r, now) for r in records],
+            "jobs": [job_json(r, now, health.get(r.id, NO_HEALTH)) for r in records],
             "next_cursor": encode_cursor([records[-1].id]) if more else None,
         }
     )

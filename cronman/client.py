@@ -159,7 +159,12 @@ class Job(_Answer):
     overlap_policy: str = "allow"
     delete_after_completion: bool = False
     dead_letter_queue_url: str | None = None
+    failure_policy: dict[str, Any] | None = None
+    late_after_seconds: int = 60
+    capture_response_bytes: int = 0
     state: str
+    health: dict[str, Any] = Field(default_factory=dict)
+    paused_reason: dict[str, Any] | None = None
     created_at: datetime
     updated_at: datetime
     version: int
@@ -194,6 +199,20 @@ class Execution(_Answer):
     duplicates: int = 0
     throttle_wait_ms: int | None = None
     dead_lettered: bool | None = None
+    response: str | None = None
+
+
+class Notification(_Answer):
+    """A notification rule: which events of which jobs go where."""
+
+    name: str
+    namespace: str
+    events: list[str]
+    selector: str = ""
+    target: dict[str, Any]
+    min_interval_seconds: int = 60
+    created_at: datetime
+    updated_at: datetime
 
 
 class JobEvent(_Answer):
@@ -503,6 +522,20 @@ class Client:
         return BatchResult(
             results=results, created=created, replaced=replaced, failed=len(results) - created - replaced
         )
+
+    # -- notifications ---------------------------------------------------------------------
+    def list_notifications(self, *, namespace: str | None = None) -> list[Notification]:
+        answer = self._request("GET", "/v1/notifications", params={"namespace": self._ns(namespace)})
+        return [_parse(Notification, n) for n in answer["notifications"]]
+
+    def put_notification(self, name: str, rule: Mapping[str, Any], *, namespace: str | None = None) -> Notification:
+        """PUT /v1/notifications/{name}: create or replace a rule."""
+        path = "/v1/notifications/" + quote(name, safe="")
+        return self._get_model(Notification, "PUT", path, params={"namespace": self._ns(namespace)}, body=dict(rule))
+
+    def delete_notification(self, name: str, *, namespace: str | None = None) -> None:
+        path = "/v1/notifications/" + quote(name, safe="")
+        self._request("DELETE", path, params={"namespace": self._ns(namespace)})
 
     def cluster(self) -> Cluster:
         """The live scheduler nodes (needs the admin key)."""

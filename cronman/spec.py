@@ -312,6 +312,17 @@ class OverlapPolicy(enum.StrEnum):
 
 
 THROTTLE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+MAX_CAPTURE_BYTES = 4096
+
+
+class FailurePolicy(_Model):
+    pause_after_consecutive_failures: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="Pause the job after this many executions in a row ended permanently_failed (the job's "
+        "paused_reason says why and since when; resuming clears it). null: never.",
+    )
 
 
 class JobSpec(_Model):
@@ -363,6 +374,23 @@ class JobSpec(_Model):
         "as target.queue_url).",
     )
 
+    failure_policy: FailurePolicy | None = Field(None, description="What repeated failures do to the job.")
+    late_after_seconds: int = Field(
+        60,
+        ge=5,
+        le=7 * 86400,
+        description="An occurrence no scheduler has taken up this long after its due time is recorded late (a "
+        "history row with status late), health.state is late until one is delivered, and execution.late "
+        "notifications go out.",
+    )
+    capture_response_bytes: int = Field(
+        0,
+        ge=0,
+        le=MAX_CAPTURE_BYTES,
+        description="Keep the start of the receiver's answer (HTTP targets), up to this many bytes, in each "
+        "execution's response. 0: keep none.",
+    )
+
     @field_validator("dead_letter_queue_url")
     @classmethod
     def _dlq(cls, v: str | None) -> str | None:
@@ -405,6 +433,9 @@ OPTION_FIELDS = (
     "overlap_policy",
     "delete_after_completion",
     "dead_letter_queue_url",
+    "failure_policy",
+    "late_after_seconds",
+    "capture_response_bytes",
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -40,6 +41,7 @@ from cronman.db import job_triggers, jobs, scheduled_jobs
 from cronman.errors import Conflict, CronmanError, InvalidInput, NotFound
 from cronman.execution import Trigger, execution_id
 from cronman.hashing import slot_of
+from cronman.health import paused_by
 from cronman.labels import Op, Selector
 from cronman.pgurl import sqlalchemy_url
 from cronman.spec import JobSpec, options_of
@@ -64,6 +66,7 @@ _RETURNING = (
     jobs.c.options,
     jobs.c.incarnation,
     jobs.c.labels,
+    jobs.c.paused_reason,
 )
 
 
@@ -126,6 +129,7 @@ class JobRecord:
     options: dict[str, Any]
     incarnation: int
     labels: dict[str, str]
+    paused_reason: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> JobRecord:
@@ -187,7 +191,7 @@ WITH created AS (
         options = EXCLUDED.options, labels = EXCLUDED.labels, version = EXCLUDED.version,
         change_xid = EXCLUDED.change_xid,
         created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, deleted_at = NULL,
-        incarnation = EXCLUDED.incarnation
+        incarnation = EXCLUDED.incarnation, paused_reason = NULL
     WHERE jobs.deleted_at IS NOT NULL
     RETURNING {_RETURNED}
 ), event AS (
@@ -276,7 +280,8 @@ WITH v AS (
         labels = excluded.labels, slot = excluded.slot, version = excluded.version, change_xid = excluded.change_xid,
         created_at = CASE WHEN jobs.deleted_at IS NULL THEN jobs.created_at ELSE now() END,
         updated_at = excluded.updated_at, deleted_at = NULL,
-        incarnation = CASE WHEN jobs.deleted_at IS NULL THEN jobs.incarnation ELSE excluded.incarnation END
+        incarnation = CASE WHEN jobs.deleted_at IS NULL THEN jobs.incarnation ELSE excluded.incarnation END,
+        paused_reason = CASE WHEN excluded.paused AND jobs.deleted_at IS NULL THEN jobs.paused_reason END
     {where}
     RETURNING {returning}
 ), event AS (
@@ -442,6 +447,7 @@ class ExecutionRecord:
     duplicates: int
     throttle_wait_ms: int | None
     dead_lettered: bool | None
+    response: str | None = None
 
 
 class JobStore:
@@ -611,6 +617,8 @@ class JobStore:
         values = _values(spec, job_id, namespace or "default")
         for k in ("id", "namespace", "created_at", "deleted_at"):
             values.pop(k)
+        if not spec.paused:
+            values["paused_reason"] = None
         cond = and_(jobs.c.id == job_id, jobs.c.version == version, jobs.c.deleted_at.is_(None))
         if namespace is not None:
             cond = and_(cond, jobs.c.namespace == namespace)
@@ -627,10 +635,18 @@ class JobStore:
         return JobRecord.from_row(row)
 
     def set_paused(self, job_id: str, namespace: str | None, paused: bool, actor: Actor = NOBODY) -> JobRecord:
+        """Pause (recording who and when in ``paused_reason``) or resume (clearing it)."""
+        reason = paused_by(actor.name, iso(int(time.time() * 1000))) if paused else None
         stmt = (
             update(jobs)
             .where(_live(job_id, namespace))
-            .values(paused=paused, version=_NEXT_VERSION, change_xid=_CURRENT_XID, updated_at=_NOW)
+            .values(
+                paused=paused,
+                paused_reason=reason,
+                version=_NEXT_VERSION,
+                change_xid=_CURRENT_XID,
+                updated_at=_NOW,
+            )
             .returning(*_RETURNING)
         )
         with self._begin() as conn:
@@ -741,15 +757,17 @@ class JobStore:
         first: its current incarnation's only, so an id created again starts with an empty history."""
         c = scheduled_jobs.c
         q = select(*(getattr(c, f) for f in ExecutionRecord.__slots__))
-        if cursor:
-            ms, ev, att = decode_cursor(cursor, (int, int, int))
+        if cursor:  # (scheduled ms, event index, attempt, trigger): history's key, in its order
+            ms, ev, att, trig = decode_cursor(cursor, (int, int, int, str))
             if not (MIN_INSTANT_MS <= ms < MAX_INSTANT_MS and 0 <= ev < 2**31 and 0 <= att < 2**31):
                 raise InvalidInput("cursor is not one this API returned", field="cursor", code="invalid_cursor")
             q = q.where(
-                tuple_(c.scheduled_for, c.event_index, c.attempt)
-                < tuple_(literal(from_ms(ms)), literal(ev), literal(att))
+                tuple_(c.scheduled_for, c.event_index, c.attempt, c.trigger)
+                < tuple_(literal(from_ms(ms)), literal(ev), literal(att), literal(trig))
             )
-        q = q.order_by(c.scheduled_for.desc(), c.event_index.desc(), c.attempt.desc()).limit(limit + 1)
+        q = q.order_by(c.scheduled_for.desc(), c.event_index.desc(), c.attempt.desc(), c.trigger.desc()).limit(
+            limit + 1
+        )
         with self._connect() as conn:
             record = _get(conn, job_id, namespace)
             rows = [ExecutionRecord(**r) for r in conn.execute(q.where(_history_of(record))).mappings()]
@@ -757,7 +775,7 @@ class JobStore:
         if len(rows) > limit:
             rows = rows[:limit]
             last = rows[-1]
-            next_cursor = encode_cursor([to_ms(last.scheduled_for), last.event_index, last.attempt])
+            next_cursor = encode_cursor([to_ms(last.scheduled_for), last.event_index, last.attempt, last.trigger])
         return rows, next_cursor
 
     def ping(self) -> None:

@@ -52,6 +52,7 @@ from scheduler_node.parts import (
 from scheduler_node.senders import Senders
 from scheduler_node.store import Attempts, NodeStore
 from scheduler_node.throttle import ThrottleGate
+from scheduler_node.tracing import Tracing
 
 log = logging.getLogger("cronman.node")
 
@@ -70,6 +71,7 @@ class FirerConfig:
     max_in_flight: int = 1000
     namespace_share: float = 0.5
     tick_seconds: float = 0.02  # timer passes are at least this far apart under load
+    idle_seconds: float = 0.1  # and at most this far apart when nothing is due
     sweep_seconds: float = 1.0
     unrecorded_after_ms: int = 30_000  # a delivered row not written by then: an owner writes it
     faults: frozenset[str] = frozenset()
@@ -100,8 +102,10 @@ class Firer:
         throttle: ThrottleGate | None = None,
         secrets: Callable[[str], tuple[str, ...] | None] = lambda namespace: None,
         rng: random.Random | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.cfg = cfg
+        self.tracing = tracing or Tracing()
         self.clock = clock
         self.claims = claims
         self.senders = senders
@@ -268,7 +272,7 @@ class Firer:
             await asyncio.sleep(max(0.0, rest_of_tick))
             return
         heads = [h[0][0] for h in (self.fires, self.retries) if h]
-        cap = 0.05 if self.throttle is not None and self.throttle.waiting else 0.1
+        cap = 0.05 if self.throttle is not None and self.throttle.waiting else self.cfg.idle_seconds
         delay = cap if not heads else max(0.0, min(cap, (min(heads) - self.clock()) / 1000))
         delay = max(delay, rest_of_tick)
         if delay <= 0:
@@ -313,8 +317,7 @@ class Firer:
                 self._won(e)
             elif r is ClaimResult.SKIPPED:
                 m.claim["won"].inc()
-                e.stage = Stage.OVER
-                self._record_skip(e.job, e.scheduled_ms, e.event_index, _OVERLAP, e.id, e.trigger)
+                self._finish_with(e, Status.SKIPPED, _OVERLAP)  # its row kept in Redis until written
             else:
                 m.claim["lost"].inc()
                 e.stage = Stage.OVER
@@ -369,6 +372,8 @@ class Firer:
         current = self.jobs.get(e.d.job_id)
         if e.job.slot not in self.slots:
             # The slot moved to other nodes while this one was claiming: theirs to do.
+            if self.trace:
+                self.trace("release", e, "the slot moved")
             self.held.pop(e.ticket.name, None)
             e.stage = Stage.OVER
             self._spawn(self._release([e]))
@@ -663,8 +668,19 @@ class Firer:
         job = e.job
         secrets = self.secrets(job.namespace)
         signature = signing.sign(secrets, job.payload, now_ms // 1000) if secrets else None
+        trace = self.tracing.begin(e.ticket.name, e.id, e.attempt, job.id, now_ms)
         return Delivery(
-            job.id, e.id, iso(e.scheduled_ms), e.attempt, job.payload, e.event_index, signature, (), job.namespace
+            job.id,
+            e.id,
+            iso(e.scheduled_ms),
+            e.attempt,
+            job.payload,
+            e.event_index,
+            signature,
+            (),
+            job.namespace,
+            trace,
+            job.opts.capture,
         )
 
     # ------------------------------------------------------------------ outcomes
@@ -695,36 +711,44 @@ class Firer:
                 error = f"{error} (no retry: older than max_event_age_seconds)"
             else:
                 status = Status.FAILED
+        self.tracing.end(e.ticket.name, e.attempt, outcome.ok, outcome.http_status, error, finished)
+        if status is not Status.FAILED:
+            self.tracing.finish(e.id, job.id, e.scheduled_ms, status.value, finished)
         if status is Status.PERMANENTLY_FAILED and job.opts.dead_letter and not e.superseded:
             e.stage = Stage.FINISHING
             self._spawn(self._dead_letter(e, outcome.http_status, error, fired, finished))
             return
-        row = self._record(e, status, outcome.http_status, error, fired, finished)
+        row = self._record(e, status, outcome.http_status, error, fired, finished, response=outcome.response)
         if e.superseded:  # another node has it now; it records its own attempts
             e.stage = Stage.OVER
             self.held.pop(e.ticket.name, None)
             return
         if status is Status.FAILED:
-            if gone or (current is not None and current.paused):
-                e.attempt += 1
-                self._finish_with(e, Status.CANCELLED, "no retry: the job was " + ("deleted" if gone else "paused"))
-                return
             e.attempt += 1
-            self._park(e, finished + delay)
+            if job.slot not in self.slots:  # the slot moved meanwhile: its new owners retry it
+                self._park(e, finished + delay, here=False)
+            elif gone or (current is not None and current.paused):
+                self._finish_with(e, Status.CANCELLED, "no retry: the job was " + ("deleted" if gone else "paused"))
+            else:
+                self._park(e, finished + delay)
             return
         self._close(e, status.value, row_to_text(row))
 
-    def _park(self, e: Execution, due_ms: int) -> None:
+    def _park(self, e: Execution, due_ms: int, here: bool = True) -> None:
         """Wait to retry: the claim is parked in the claim store until then (so that whoever owns
-        the slot may take it if this node is gone), and this node takes it back at that time."""
+        the slot may take it if this node is gone), and this node takes it back at that time
+        (unless ``here`` is False: the slot is someone else's now)."""
         if self.trace:
-            self.trace("park", e, f"attempt {e.attempt} at {due_ms}")
-        e.stage = Stage.PARKED
+            self.trace("park", e, f"attempt {e.attempt} at {due_ms}" + ("" if here else " (for the slot's owners)"))
         self.held.pop(e.ticket.name, None)
-        self.parked[e.ticket.member] = e
-        self._later(due_ms, e)
+        if here:
+            e.stage = Stage.PARKED
+            self.parked[e.ticket.member] = e
+            self._later(due_ms, e)
+            self._wake.set()
+        else:
+            e.stage = Stage.OVER
         self._spawn(self._park_now([e], max(0, due_ms - self.clock())))
-        self._wake.set()
 
     def _repark_all(self) -> None:
         if self.parked:
@@ -778,6 +802,7 @@ class Firer:
         fired: int | None,
         finished: int | None,
         dead_lettered: bool | None = None,
+        response: bytes | None = None,
     ) -> HistoryRow:
         self.metrics.status_of(status.value).inc()
         row = self.history.add(
@@ -799,6 +824,7 @@ class Firer:
                 dead_lettered,
                 e.d.incarnation,
                 e.job.namespace or None,
+                None if response is None else response.decode("utf-8", "replace"),
             )
         )
         self.metrics.history_buffered.set(len(self.history))
@@ -806,6 +832,8 @@ class Firer:
 
     def _finish_with(self, e: Execution, status: Status, reason: str) -> None:
         """A final outcome without an attempt (skipped, cancelled)."""
+        if self.trace:
+            self.trace(status.value, e, reason)
         row = self._record(e, status, None, reason, None, None)
         self._close(e, status.value, row_to_text(row))
 

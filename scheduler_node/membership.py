@@ -5,6 +5,7 @@ the cluster, whatever the Redis topology."""
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -25,8 +26,11 @@ class RedisMembership(Membership):
         self._beat = Script(client, lua("beat"))
         self._members = Script(client, lua("members"))
 
-    async def beat(self, info: dict[str, Any]) -> None:
-        await self._beat([self.keys.members], [self.node_id, self.ttl_ms, json.dumps(info)])
+    async def beat(self, info: dict[str, Any]) -> str:
+        epoch = await self._beat(
+            [self.keys.members, self.keys.epoch], [self.node_id, self.ttl_ms, json.dumps(info), secrets.token_hex(8)]
+        )
+        return epoch.decode() if isinstance(epoch, bytes) else str(epoch)
 
     async def live(self) -> list[Member]:
         flat = await self._members([self.keys.members])

@@ -46,6 +46,7 @@ from scheduler_node.parts import Claims, Membership
 from scheduler_node.senders import Senders
 from scheduler_node.store import ClusterConfig, NodeStore, TriggerRow, bitmap
 from scheduler_node.throttle import ThrottleGate
+from scheduler_node.tracing import make_tracing
 
 log = logging.getLogger("cronman.node")
 
@@ -80,6 +81,7 @@ class Node:
         slots: int | None = None,
         incarnation: str | None = None,
         rng: random.Random | None = None,
+        tuning: dict[str, Any] | None = None,
     ) -> None:
         from cronman.hashing import SLOTS
 
@@ -91,6 +93,7 @@ class Node:
         self.slot_count = slots or SLOTS
         self.parts = parts
         self.rng = rng or random.Random()
+        self.tuning = tuning or {}  # FirerConfig fields to override (the simulation's coarser timer)
         self.metrics = NodeMetrics(self.node_id)
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.config = ClusterConfig({}, {})
@@ -106,6 +109,8 @@ class Node:
         self._pending_catch_up: dict[str, int] = {}  # job id -> from when, until this node is ready
         self._outages: list[tuple[int, int]] = []
         self._stopping = False
+        self._epoch: str | None = None  # the Redis data's epoch token, as last seen
+        self._epoch_ok_ms = 0
         self.firer: Firer | None = None
         self.history: HistoryWriter | None = None
 
@@ -146,6 +151,7 @@ class Node:
                 unrecorded_after_ms=int(s.history_recover_after_seconds * 1000),
                 faults=s.faults,
                 slots=self.slot_count,
+                **self.tuning,
             ),
             clock=self.now_ms,
             claims=parts.claims,
@@ -156,6 +162,7 @@ class Node:
             throttle=parts.throttle,
             secrets=lambda ns: self.config.secrets.get(ns),
             rng=self.rng,
+            tracing=make_tracing(s.otlp_endpoint, self.node_id),
         )
         self.decoder = Decoder(parts.senders.decode)
         await parts.senders.start()
@@ -217,6 +224,7 @@ class Node:
         if web is not None:
             await web.cleanup()
         await parts.senders.close()
+        firer.tracing.close()
         if parts.close is not None:
             await parts.close()
         log.info("node stopped", extra={"node": self.node_id, "history_unwritten": len(history)})
@@ -266,11 +274,44 @@ class Node:
         assert self.parts is not None
         while not self._stopping:
             try:
-                await self.parts.membership.beat(self._info())
+                epoch = await self.parts.membership.beat(self._info())
                 self.metrics.heartbeat_age.set(0)
+                if self._epoch is not None and epoch != self._epoch:
+                    self._redis_lost(self._epoch_ok_ms)
+                self._epoch = epoch
+                self._epoch_ok_ms = self.now_ms()
             except TransientError as exc:
                 log.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(self.s.heartbeat_interval_seconds)
+
+    def _redis_lost(self, intact_ms: int) -> None:
+        """Redis restarted empty (its epoch token changed): the claims it held are gone. What this
+        node holds itself it claims again (renewals, parked retries); what nobody held in memory
+        (claims of nodes that died or handed work over) is found again here: every occurrence of
+        the owned jobs since shortly before Redis was last seen intact is claimed once more,
+        checked against history first, so what was delivered is not delivered again."""
+        firer = self.firer
+        if firer is None or not self.ready:
+            return
+        s = self.s
+        since = intact_ms - int((s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2) * 1000)
+        now = self.now_ms()
+        again: list[Execution] = []
+        for job in list(firer.jobs.values()):
+            if job.paused:
+                continue
+            t = _next_of(job, max(since, 0))
+            while t is not None and t <= now and len(again) < 100_000:
+                for e in firer.occurrence(job, t):
+                    e.verify = True
+                    again.append(e)
+                t = _next_of(job, t)
+        log.warning(
+            "Redis lost its data: claiming recent occurrences again, checked against history",
+            extra={"since": iso(since), "executions": len(again)},
+        )
+        firer._repark_all()
+        firer.enqueue(again)
 
     async def _membership_loop(self) -> None:
         """Track the live set. A node counts as gone only after it has been missing for a heartbeat
@@ -350,9 +391,15 @@ class Node:
             self.metrics.slots_moved.labels("dropped").inc(len(removed))
         loaded = 0
         if added:
-            loaded = await self._load(sorted(added))
+            # The firer owns the slots before their jobs are installed: a catch-up occurrence its
+            # timer claims meanwhile must not look like one of a slot that moved away.
+            self.firer.set_slots(self.owned | added)
+            try:
+                loaded = await self._load(sorted(added))
+            except BaseException:
+                self.firer.set_slots(self.owned)
+                raise
             self.owned = self.owned | added
-            self.firer.set_slots(self.owned)
             self.metrics.slots_moved.labels("loaded").inc(len(added))
         self.metrics.slots_owned.set(len(self.owned))
         self.metrics.jobs_owned.set(len(self.jobs))
@@ -572,6 +619,13 @@ class Node:
             await wait_event(self._sync_wake, self.s.change_poll_seconds)
             self._sync_wake.clear()
             await asyncio.sleep(0.02)
+
+
+def _next_of(job: OwnedJob, after_ms: int) -> int | None:
+    try:
+        return job.timing.next_after(after_ms)
+    except Exception:  # noqa: BLE001 - one job's schedule never stops the others
+        return None
 
 
 def _merged(outages: list[tuple[int, int]]) -> list[tuple[int, int]]:

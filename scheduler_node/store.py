@@ -36,6 +36,7 @@ from cronman.errors import TransientError
 from cronman.partitions import day_of_ms, ensure_partitions
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, OwnedJob
+from scheduler_node.outcomes import record_outcomes
 
 log = logging.getLogger("cronman.node.store")
 
@@ -44,7 +45,7 @@ _MS = "floor(extract(epoch from {}) * 1000)::bigint"
 _TS = "(timestamptz 'epoch' + %s * interval '1 millisecond')"
 T = TypeVar("T")
 
-Ident = tuple[str, int, int]  # (job id, scheduled ms, event index)
+Ident = tuple[str, int, int, str]  # (job id, scheduled ms, event index, trigger)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,20 +140,26 @@ def bitmap_slots(data: bytes) -> list[int]:
 # --------------------------------------------------------------------------- PostgreSQL
 _HISTORY_COLUMNS = (
     "INSERT INTO scheduled_jobs (job_id, scheduled_for, event_index, attempt, execution_id, trigger, status, node, "
-    "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace) "
+    "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, "
+    "response) "
     "VALUES %s "
 )
 # A second row for one attempt from a different delivery counts a duplicate; the same row written
 # again (a retried write, or a survivor recovering a dead node's rows) does not, nor does a
 # "skipped" or "cancelled" row for an occurrence that turns out to have been delivered.
 _INSERT = (
-    _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt) DO UPDATE SET duplicates = "
+    _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt, trigger) DO UPDATE SET duplicates = "
     "scheduled_jobs.duplicates "
     "+ CASE WHEN EXCLUDED.status IN ('skipped', 'cancelled') OR (scheduled_jobs.node IS NOT DISTINCT FROM "
     "EXCLUDED.node AND scheduled_jobs.fired_at IS NOT DISTINCT FROM EXCLUDED.fired_at) THEN 0 ELSE 1 END "
     "RETURNING duplicates"
 )
-_TEMPLATE = f"(%s, {_TS}, %s, %s, %s::uuid, %s, %s, %s, {_TS}, {_TS}, %s, %s, %s, %s, %s, %s, %s)"
+# Rows written for the first time (the others, already there, go through _INSERT).
+_INSERT_NEW = (
+    _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt, trigger) DO NOTHING "
+    f"RETURNING job_id, {_MS.format('scheduled_for')}, event_index, attempt, trigger"
+)
+_TEMPLATE = f"(%s, {_TS}, %s, %s, %s::uuid, %s, %s, %s, {_TS}, {_TS}, %s, %s, %s, %s, %s, %s, %s, %s)"
 _UNAVAILABLE = (
     psycopg2.OperationalError,
     psycopg2.InterfaceError,
@@ -163,7 +170,7 @@ _UNAVAILABLE = (
 
 
 def _dedupe(batch: list[HistoryRow]) -> list[HistoryRow]:
-    seen: dict[tuple[str, int, int, int], HistoryRow] = {}
+    seen: dict[tuple[str, int, int, int, str], HistoryRow] = {}
     for r in batch:
         seen[r.key] = r
     return list(seen.values())
@@ -270,16 +277,21 @@ class PgNodeStore(NodeStore):
         with self.engine.connect() as conn:
             rows = conn.execute(
                 text(
-                    f"SELECT s.job_id, {_MS.format('s.scheduled_for')}, s.event_index, max(s.attempt), "
+                    f"SELECT s.job_id, {_MS.format('s.scheduled_for')}, s.event_index, s.trigger, max(s.attempt), "
                     "bool_or(s.status IN ('succeeded', 'permanently_failed', 'skipped', 'cancelled')) "
-                    "FROM scheduled_jobs s JOIN unnest(CAST(:j AS text[]), CAST(:t AS bigint[]), CAST(:e AS int[])) "
-                    "AS w(job_id, ms, ev) ON s.job_id = w.job_id "
+                    "FROM scheduled_jobs s JOIN unnest(CAST(:j AS text[]), CAST(:t AS bigint[]), CAST(:e AS int[]), "
+                    "CAST(:g AS text[])) AS w(job_id, ms, ev, tr) ON s.job_id = w.job_id "
                     "AND s.scheduled_for = timestamptz 'epoch' + w.ms * interval '1 millisecond' "
-                    "AND s.event_index = w.ev GROUP BY 1, 2, 3"
+                    "AND s.event_index = w.ev AND s.trigger = w.tr GROUP BY 1, 2, 3, 4"
                 ),
-                {"j": [i[0] for i in items], "t": [i[1] for i in items], "e": [i[2] for i in items]},
+                {
+                    "j": [i[0] for i in items],
+                    "t": [i[1] for i in items],
+                    "e": [i[2] for i in items],
+                    "g": [i[3] for i in items],
+                },
             )
-            return {(r[0], int(r[1]), int(r[2])): Attempts(int(r[3]), bool(r[4])) for r in rows}
+            return {(r[0], int(r[1]), int(r[2]), r[3]): Attempts(int(r[4]), bool(r[5])) for r in rows}
 
     async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, int]:
         return await self._call(self._live_incarnations, list(job_ids))
@@ -410,11 +422,21 @@ class PgNodeStore(NodeStore):
     # -- history
     def write_history(self, rows: list[HistoryRow]) -> int:
         try:
-            return self._write(rows)
+            return self._write(rows)[0]
         except _UNAVAILABLE as exc:
             raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
 
-    def _write(self, batch: list[HistoryRow]) -> int:
+    def write_late(self, rows: list[HistoryRow]) -> int:
+        """Blocking: the watchdog's rows for late occurrences; returns how many are new."""
+        try:
+            return self._write(rows)[1]
+        except _UNAVAILABLE as exc:
+            raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
+
+    def _write(self, batch: list[HistoryRow]) -> tuple[int, int]:
+        """Insert rows, and apply those written for the first time to health, auto-pause and
+        notification events (scheduler_node.outcomes) in the same transaction; returns (second
+        deliveries, rows new)."""
         days = {day_of_ms(r.scheduled_ms) for r in batch}
         raw = self.engine.raw_connection()
         try:
@@ -424,13 +446,26 @@ class PgNodeStore(NodeStore):
                         self._ensure_days(days)
                     cur = raw.cursor()
                     try:
-                        returned = execute_values(
-                            cur, _INSERT, _dedupe(batch), template=_TEMPLATE, page_size=len(batch), fetch=True
-                        )
+                        rows = _dedupe(batch)
+                        new = {
+                            (r[0], int(r[1]), r[2], r[3], r[4])
+                            for r in execute_values(
+                                cur, _INSERT_NEW, rows, template=_TEMPLATE, page_size=len(rows), fetch=True
+                            )
+                        }
+                        fresh = [r for r in rows if r.key in new]
+                        again = [r for r in rows if r.key not in new]
+                        returned = []
+                        if again:
+                            returned = execute_values(
+                                cur, _INSERT, again, template=_TEMPLATE, page_size=len(again), fetch=True
+                            )
+                        if fresh:
+                            record_outcomes(cur, fresh)
                     finally:
                         cur.close()
                     raw.commit()
-                    return sum(1 for (d,) in returned if d)
+                    return sum(1 for (d,) in returned if d), len(fresh)
                 except pg_errors.CheckViolation:
                     # "no partition of relation found for row": a day nobody created yet
                     raw.rollback()

@@ -1,7 +1,7 @@
 """the change feed read by owned slots: jobs indexed by (change_xid, slot)
 
 Revision ID: 0007
-Revises: 0006
+Revises: 0009
 Create Date: 2026-12-09
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0007"
-down_revision = "0006"
+down_revision = "0009"  # the head of main when this merged (0006 -> 0010 -> 0009 -> 0007)
 branch_labels = None
 depends_on = None
 

@@ -45,6 +45,7 @@ from cronman import audit
 from cronman.audit import Actor, audited
 from cronman.db import jobs, scheduled_jobs
 from cronman.errors import InvalidInput
+from cronman.health import Health, health_of
 from cronman.labels import Selector
 from cronman.schedule import timing_from_dict
 from cronman.store import (
@@ -334,6 +335,7 @@ class Attempt:
     error: str | None
     duplicates: int
     dead_lettered: bool | None
+    response: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +378,7 @@ def _attempt_columns() -> tuple[Any, ...]:
         s.error,
         s.duplicates,
         s.dead_lettered,
+        s.response,
     )
 
 
@@ -407,6 +410,12 @@ def group_attempts(attempts: Sequence[Attempt]) -> list[Execution]:
         else:
             groups.append([a])
     return [Execution(tuple(g)) for g in groups]
+
+
+def health_states(engine: Engine, rows: Sequence[JobRow]) -> dict[str, Health]:
+    """The health rows of the jobs shown (one query by key)."""
+    with engine.connect() as conn:
+        return health_of(conn, [(r.id, r.incarnation) for r in rows])
 
 
 def get_job(engine: Engine, job_id: str, namespace: str | None) -> JobRow | None:

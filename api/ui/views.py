@@ -35,11 +35,12 @@ from cronman.apikeys import check_namespace
 from cronman.cluster import live_nodes
 from cronman.describe import describe_schedule, zone_of
 from cronman.errors import Forbidden, InvalidInput, NotFound
+from cronman.health import NO_HEALTH, health_json, paused_reason_of, state_of
 from cronman.labels import parse_selector
 from cronman.schedule import next_times, timing_from_dict
 from cronman.spec import JOB_ID_RE, options_with_defaults
 from cronman.targets import redact_target
-from cronman.timeutil import from_ms, to_ms
+from cronman.timeutil import from_ms, iso_dt, to_ms
 
 PAGE_SIZES = (25, 50, 100)
 HISTORY_ATTEMPTS = 200
@@ -185,6 +186,7 @@ def jobs() -> Response:
         status, filter_error = 400, exc.message
         query, page = JobQuery(namespace(), sort=_choice("sort", Sort, Sort.ID)), queries.EMPTY_PAGE
     template = "ui/_jobs_results.html" if request.headers.get("HX-Target") == "results" else "ui/jobs.html"
+    health = queries.health_states(_engine(), page.rows)
     args = {k: v for k, v in request.args.items() if k not in ("cursor", "done", "n") and v}
     html = render_template(
         template,
@@ -192,6 +194,10 @@ def jobs() -> Response:
         query=query,
         args=args,
         now=now,
+        health={
+            r.id: state_of(health.get(r.id, NO_HEALTH), paused=r.paused, completed=r.next_fire_ms is None).value
+            for r in page.rows
+        },
         describe=describe_schedule,
         message=message(),
         states=list(State),
@@ -239,9 +245,12 @@ def job(job_id: str) -> Response:
     upcoming = next_times(timing_from_dict(record.schedule, record.id), now, 10)
     events, events_next = services().store.events(job_id, namespace(), EVENTS_SHOWN, request.args.get("events"))
     history = _history_context(row, now)
+    health = queries.health_states(_engine(), [row]).get(row.id, NO_HEALTH)
     html = render_template(
         "ui/job.html",
         job=row,
+        health=health_json(health, paused=row.paused, completed=not upcoming),
+        paused_reason=paused_reason_of(record.paused, record.paused_reason, iso_dt(record.updated_at)),
         state=_state(row, upcoming, history["executions"]),
         record=record,
         words=describe_schedule(record.schedule),

@@ -92,15 +92,15 @@ class MemoryClaims(Claims):
             key = _claim_key(t)
             v = sp.get(key)
             if v is not None:
-                if not v.startswith(self._mine):
+                if not v.startswith(self._mine + "1|"):  # another's, or a retry of ours parked there
                     out.append(ClaimResult.LOST)
                     continue
-                # Our own claim, made by a call whose answer was lost: still ours, and held from now
-                # (a repeat may come after its lease ran out: a batch that failed on another shard).
-                parts = v.split("|")
-                attempt = parts[2] if len(parts) == 4 and parts[2].isdigit() else "1"
-                if (int(parts[3]) if len(parts) == 4 and parts[3].isdigit() else 0) < deadline:
-                    sp.set(key, f"{self._mine}{attempt}|{deadline}", self.keep_ms + lease_ms)
+                # Our own first-attempt claim, made by a call whose answer was lost: still ours, and
+                # held from now (a repeat may come after its lease ran out: a batch that failed on
+                # another shard).
+                held_until = v.rpartition("|")[2]
+                if (int(held_until) if held_until.isdigit() else 0) < deadline:
+                    sp.set(key, f"{self._mine}1|{deadline}", self.keep_ms + lease_ms)
                     self._index(t.slot)[t.member] = deadline
                     self._guard_set(t, key, deadline, self.keep_ms + lease_ms, only_if_ours=True)
                 out.append(ClaimResult.WON)
@@ -152,7 +152,7 @@ class MemoryClaims(Claims):
             t = f.ticket
             key = _claim_key(t)
             v = sp.get(key)
-            if v is None or v.startswith(self._mine):
+            if v is None or v.startswith(self._mine) or v.startswith(f"d|{self.holder}|"):
                 sp.set(key, f"d|{self.holder}|{f.status}|{f.attempt}", self.keep_ms)
                 self._index(t.slot).pop(t.member, None)
                 if t.guard is not None:

@@ -110,7 +110,11 @@ def check(sim: Sim) -> Report:
                 for ev in range(events):
                     report.occurrences += 1
                     eid = execution_id(plan.id, t_ms, ev, Trigger.SCHEDULE)
-                    if not arrivals.get(eid) and not (overlap and _skipped(sim, plan.id, t_ms, ev)):
+                    if (
+                        not arrivals.get(eid)
+                        and not (overlap and _ended(sim, plan.id, t_ms, ev, "skipped"))
+                        and not _stopped_after(plan, t)
+                    ):
                         report.violations.append(f"missed: {plan.id} at {_at(t)} event {ev} (execution {eid})")
             elif not active and not _near(t, edges):
                 for ev in range(events):
@@ -142,9 +146,8 @@ def check(sim: Sim) -> Report:
                         )
         # 3: manual triggers
         for asked, requested_ms in plan.triggers:
-            gone = [d for d in plan.deleted if asked - FUZZ < d]
-            if gone and min(gone) < asked + 10:
-                continue
+            if _stopped_after(plan, asked - FUZZ):
+                continue  # deleted or paused before it could be delivered: cancelled
             if asked > hi:
                 continue
             for ev in range(events):
@@ -159,6 +162,9 @@ def check(sim: Sim) -> Report:
                 first = min(a.at for a in got)
                 if first > hi or _near(first, edges) or any(first - 1 <= b and a <= first + 15 for a, b in edges):
                     continue
+                due = got[0].scheduled_ms / 1000
+                if _stopped_after(plan, due - FUZZ) or not any(a <= due < b for a, b in windows):
+                    continue  # deleted or paused after it fell due: what it still owed is cancelled
                 if any(first <= x for x in sim.redis.losses):
                     continue  # Redis lost the parked retry (a named fault: its holder may be gone)
                 report.violations.append(f"retry lost: {plan.id} execution {eid} never succeeded")
@@ -196,11 +202,17 @@ def _last_change(plan: JobPlan, t: float) -> float:
     return max([d for d in plan.deleted if d <= t] + [p for p, _ in plan.paused if p <= t], default=t)
 
 
-def _skipped(sim: Sim, job_id: str, t_ms: int, ev: int) -> bool:
+def _ended(sim: Sim, job_id: str, t_ms: int, ev: int, status: str) -> bool:
     return any(
-        r.status == "skipped" and (r.job_id, r.scheduled_ms, r.event_index) == (job_id, t_ms, ev)
+        r.status == status and (r.job_id, r.scheduled_ms, r.event_index) == (job_id, t_ms, ev)
         for r in sim.db.history.values()
     )
+
+
+def _stopped_after(plan: JobPlan, t: float) -> bool:
+    """The job was paused or deleted after ``t``: an occurrence that faults held back until then
+    is rightly not delivered any more (a pause or a delete cancels what is still owed)."""
+    return any(d > t for d in plan.deleted) or any(p > t for p, _ in plan.paused)
 
 
 def _duplicates(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) -> None:

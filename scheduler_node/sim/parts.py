@@ -46,6 +46,7 @@ class SimRedis:
     members: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # id -> (expires, beat, info)
     down_until: float = 0.0
     losses: list[float] = field(default_factory=list)  # when it lost everything
+    epoch: str = ""
 
     def __post_init__(self) -> None:
         self.space = ClaimSpace(now=self.now_ms)
@@ -56,6 +57,7 @@ class SimRedis:
     def lose_everything(self) -> None:
         self.space.lose_everything()
         self.members.clear()
+        self.epoch = ""
         self.losses.append(self.world.now)
 
     async def call(self) -> None:
@@ -123,11 +125,15 @@ class SimMembership(Membership):
         self.node_id = node_id
         self.ttl_ms = ttl_ms
 
-    async def beat(self, info: dict[str, Any]) -> None:
+    async def beat(self, info: dict[str, Any]) -> str:
         await self.redis.call()
         now = self.redis.now_ms()
         self.redis.members[self.node_id] = (now + self.ttl_ms, now, json.dumps(info))
+        if not self.redis.epoch:
+            self.redis.epoch = f"e{len(self.redis.losses)}"
+        epoch = self.redis.epoch
         await asyncio.sleep(LATENCY / 2)
+        return epoch
 
     async def live(self) -> list[Member]:
         await self.redis.call()
@@ -193,8 +199,8 @@ class SimDb:
     slots: int
     jobs: dict[str, SimJob] = field(default_factory=dict)
     triggers: list[tuple[int, TriggerRow, int]] = field(default_factory=list)  # (change, row, slot)
-    history: dict[tuple[str, int, int, int], HistoryRow] = field(default_factory=dict)
-    duplicates: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
+    history: dict[tuple[str, int, int, int, str], HistoryRow] = field(default_factory=dict)
+    duplicates: dict[tuple[str, int, int, int, str], int] = field(default_factory=dict)
     progress: dict[tuple[str, str], tuple[int, bytes]] = field(default_factory=dict)
     outages: list[tuple[int, int]] = field(default_factory=list)
     down_until: float = 0.0
@@ -310,8 +316,8 @@ class SimStore(NodeStore):
         await self.db.call()
         wanted = set(idents)
         found: dict[Ident, Attempts] = {}
-        for (job_id, ms, ev, attempt), row in self.db.history.items():
-            ident = (job_id, ms, ev)
+        for (job_id, ms, ev, attempt, trigger), row in self.db.history.items():
+            ident = (job_id, ms, ev, trigger)
             if ident in wanted:
                 old = found.get(ident, Attempts(0, False))
                 final = row.status in ("succeeded", "permanently_failed", "skipped", "cancelled")
