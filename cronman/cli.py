@@ -303,7 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("bench", help="benchmark a private stack of its own (see docs/performance.md)")
     s.add_argument(
-        "--scenarios", default=None, help="comma-separated: steady,ceiling,peer,burst,failover,scale,crud,ui or all"
+        "--scenarios",
+        default=None,
+        help="comma-separated: steady,ceiling,peer,burst,failover,scale,crud,ui,ownership,footprint or all",
     )
     s.add_argument("--quick", action="store_true", help="sizes and durations about ten times smaller (a smoke run)")
     s.add_argument("--json", default=None, metavar="FILE", help="write the figures to FILE")

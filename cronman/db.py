@@ -79,7 +79,8 @@ jobs = Table(
     Index("ix_jobs_labels", "labels", postgresql_using="gin"),
     Index("ix_jobs_id_trgm", "id", postgresql_using="gin", postgresql_ops={"id": "gin_trgm_ops"}),
     Index("ix_jobs_name_trgm", "name", postgresql_using="gin", postgresql_ops={"name": "gin_trgm_ops"}),
-    Index("ix_jobs_change_xid", "change_xid"),
+    # The change feed by owned slots (migration 0007): one index search, the slot tested in the index.
+    Index("ix_jobs_change_xid_slot", "change_xid", "slot"),
     Index("ix_jobs_namespace_id", "namespace", "id"),
     # The few jobs that name calendars: which jobs use a calendar about to be deleted.
     Index("ix_jobs_calendars", "namespace", postgresql_where=text("options ? 'calendars' AND deleted_at IS NULL")),

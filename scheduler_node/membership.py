@@ -1,5 +1,6 @@
 """Heartbeats with a TTL, in Redis time, and the live set of nodes read from them: one hash
-(tagged ``{m}``) holds every node's heartbeat with its expiry, so one script reads the cluster."""
+(tagged ``{m}``) holds every node's heartbeat with its expiry, so one script on one shard reads
+the cluster, whatever the Redis topology."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from redis.exceptions import RedisError
 from cronman.cluster import parse_members
 from cronman.errors import TransientError
 from cronman.keys import Keys, lua
+from cronman.scripts import Script
 from scheduler_node.parts import Beat, Member, Membership
 
 
@@ -21,32 +23,26 @@ class RedisMembership(Membership):
         self.keys = keys
         self.node_id = node_id
         self.ttl_ms = int(ttl_seconds * 1000)
-        self._beat = client.register_script(lua("beat"))
-        self._members = client.register_script(lua("members"))
+        self._beat = Script(client, lua("beat"))
+        self._members = Script(client, lua("members"))
 
     async def beat(self, info: dict[str, Any], progress_ms: int | None = None) -> Beat:
-        try:
-            epoch, progress = await self._beat(
-                keys=[self.keys.members, self.keys.epoch, self.keys.progress],
-                args=[
-                    self.node_id,
-                    self.ttl_ms,
-                    json.dumps(info),
-                    secrets.token_hex(8),
-                    "" if progress_ms is None else progress_ms,
-                ],
-            )
-        except (RedisError, OSError) as exc:
-            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+        epoch, progress = await self._beat(
+            [self.keys.members, self.keys.epoch, self.keys.progress],
+            [
+                self.node_id,
+                self.ttl_ms,
+                json.dumps(info),
+                secrets.token_hex(8),
+                "" if progress_ms is None else progress_ms,
+            ],
+        )
         epoch = epoch.decode() if isinstance(epoch, bytes) else str(epoch)
         progress = progress.decode() if isinstance(progress, bytes) else str(progress)
         return Beat(epoch, int(progress) if progress.isdigit() else None)
 
     async def live(self) -> list[Member]:
-        try:
-            flat = await self._members(keys=[self.keys.members])
-        except (RedisError, OSError) as exc:
-            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+        flat = await self._members([self.keys.members])
         return [
             Member(n.node_id, n.heartbeat_age_seconds, bool(n.info.get("ready")), n.info) for n in parse_members(flat)
         ]

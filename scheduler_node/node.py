@@ -34,7 +34,7 @@ from cronman import misfire
 from cronman.calendars import timing_with
 from cronman.errors import TransientError
 from cronman.execution import Status, Trigger, backfill_of
-from cronman.hashing import owned_slots
+from cronman.hashing import shared_ownership
 from cronman.keys import LAYOUT_VERSION
 from cronman.schedule import Timing
 from cronman.settings import Settings
@@ -375,22 +375,30 @@ class Node:
                 log.warning("could not read the cluster membership: %s", exc)
             await asyncio.sleep(s.membership_poll_seconds)
 
-    def _wanted(self) -> frozenset[int]:
-        """The slots this node should own now (see the module docstring)."""
+    async def _wanted(self) -> frozenset[int]:
+        """The slots this node should own now (see the module docstring). The rendezvous table is
+        kept by :func:`cronman.hashing.shared_ownership` (each node's scores computed once); what a
+        membership change costs, a whole table at a cold start, is paid in the node's worker
+        threads, so timers and lease renewals on this loop never wait for it."""
         now = asyncio.get_running_loop().time()
         grace = self.s.load_grace_seconds
         ready = {n for n, r in self._members.items() if r}
         loading = {n for n, t in self._first_seen_loading.items() if n in self._members and now - t < grace}
-        r, me = self.s.replication_factor, self.node_id
-        take = owned_slots(me, ready | loading | {me}, r, self.slot_count)
+        me, ownership = self.node_id, shared_ownership(self.s.replication_factor, self.slot_count)
+        with_loading, without = frozenset(ready | loading | {me}), frozenset(ready | {me})
+
+        def compute() -> tuple[frozenset[int], frozenset[int]]:
+            return ownership.owned(me, with_loading), ownership.owned(me, without)
+
+        executor = self.parts.executor if self.parts is not None else None
+        take, keep = await asyncio.get_running_loop().run_in_executor(executor, compute)
         if not self.ready:
             return take
-        keep = owned_slots(me, ready | {me}, r, self.slot_count)
         return take | (self.owned & keep)
 
     async def _apply_ownership(self) -> None:
         assert self.parts is not None and self.firer is not None
-        new = self._wanted()
+        new = await self._wanted()
         added, removed = new - self.owned, self.owned - new
         if removed:
             self.firer.set_slots(self.owned - removed)
@@ -613,7 +621,7 @@ class Node:
         assert self.parts is not None and self.firer is not None
         if self.feed_cursor is None:
             return
-        cursor, rows, triggers = await self.parts.store.poll_changes(self.feed_cursor)
+        cursor, rows, triggers = await self.parts.store.poll_changes(self.feed_cursor, self.owned)
         if any(self._names_unknown_calendar(row) for row in rows if row.slot in self.owned):
             # a calendar made just before the job that names it: know it before the job fires
             self._set_config(await self.parts.store.cluster_config())

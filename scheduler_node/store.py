@@ -9,6 +9,10 @@ are told apart by version.
 
 :class:`NodeStore` is the interface the node uses; :class:`PgNodeStore` runs each call's blocking
 SQL in the node's thread pool. The simulation has its own implementation in memory.
+
+Past one database, jobs and history are split by slot range (:mod:`cronman.routing`): every call
+here that names slots (or jobs, whose slot is fixed) goes to the databases ``SlotRanges.split``
+names, and the feed keeps a cursor per database (``FeedCursors``); see docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import asyncio
 import gc
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -101,7 +105,11 @@ class NodeStore(abc.ABC):
         """Every live job of ``slots`` as (job, updated ms), and the cursor to poll changes from."""
 
     @abc.abstractmethod
-    async def poll_changes(self, cursor: int) -> tuple[int, list[JobRow], list[TriggerRow]]: ...
+    async def poll_changes(
+        self, cursor: int, slots: Collection[int] | None = None
+    ) -> tuple[int, list[JobRow], list[TriggerRow]]:
+        """Jobs changed and triggers requested since ``cursor`` (of ``slots`` only, when given),
+        and the cursor to poll from next."""
 
     @abc.abstractmethod
     async def recent_triggers(self, slots: Sequence[int], since_ms: int) -> list[TriggerRow]:
@@ -269,21 +277,29 @@ class PgNodeStore(NodeStore):
                 cur.close()
         return xmin, out
 
-    async def poll_changes(self, cursor: int) -> tuple[int, list[JobRow], list[TriggerRow]]:
-        return await self._call(self._poll_changes, cursor)
+    async def poll_changes(
+        self, cursor: int, slots: Collection[int] | None = None
+    ) -> tuple[int, list[JobRow], list[TriggerRow]]:
+        return await self._call(self._poll_changes, cursor, None if slots is None else sorted(slots))
 
-    def _poll_changes(self, cursor: int) -> tuple[int, list[JobRow], list[TriggerRow]]:
+    def _poll_changes(self, cursor: int, slots: list[int] | None) -> tuple[int, list[JobRow], list[TriggerRow]]:
+        """With ``slots``, the database leaves out other nodes' jobs: ``ix_jobs_change_xid_slot``
+        (change_xid, slot) finds the changed rows and tests their slot in the index, so only this
+        node's rows are read from the table and sent."""
+        owned = "" if slots is None else " AND slot = ANY(:slots)"
+        joined = "" if slots is None else "JOIN jobs j ON j.id = t.job_id AND j.slot = ANY(:slots) "
+        params = {"c": cursor, "slots": slots}
         with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
             xmin = int(conn.execute(_XMIN).scalar_one())
             jobs = [
                 JobRow(*r)
                 for r in conn.execute(
-                    text(f"SELECT {JOB_COLUMNS}, deleted_at IS NOT NULL FROM jobs WHERE change_xid >= :c"),
-                    {"c": cursor},
+                    text(f"SELECT {JOB_COLUMNS}, deleted_at IS NOT NULL FROM jobs WHERE change_xid >= :c{owned}"),
+                    params,
                 )
             ]
             triggers = [
-                TriggerRow(*r) for r in conn.execute(text(_TRIGGERS + "WHERE t.change_xid >= :c"), {"c": cursor})
+                TriggerRow(*r) for r in conn.execute(text(_TRIGGERS + joined + "WHERE t.change_xid >= :c"), params)
             ]
         return xmin, jobs, triggers
 

@@ -2,10 +2,12 @@
 every job of a namespace that names it, across the whole cluster.
 
 Executions that need a permit wait in a queue per policy, oldest first; each timer pass asks
-Redis for permits for every waiting queue in one script call per policy. A rate limit spaces
+Redis for permits for every waiting queue: one script call per policy, all in one round trip
+(on a Redis Cluster each policy's keys share the policy's hash tag, so each call runs on one shard). A rate limit spaces
 permits evenly (a generic cell rate algorithm), so a burst is staggered rather than clumped. Nothing is dropped: an
 execution waits until it gets a permit, and its history row records how long it waited. Permits
-are leases (renewed while the delivery is in flight), so a node that dies frees its permits.
+are leases (renewed while the delivery is in flight), so a node that dies frees its permits. Lease
+deadlines and rate slots are Redis's time, never a node's clock.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from redis.exceptions import RedisError
 
 from cronman.errors import TransientError
 from cronman.keys import Keys, lua
+from cronman.scripts import Script
 
 if TYPE_CHECKING:
     from scheduler_node.execution import Execution
@@ -36,7 +39,8 @@ class ThrottleGate:
         self.waiting: dict[PolicyKey, deque[Execution]] = {}
         self.held: dict[str, PolicyKey] = {}  # permit member (execution key) -> policy
         self._released: list[tuple[PolicyKey, str]] = []
-        self._script = client.register_script(lua("throttle"))
+        self._grant = Script(client, lua("throttle"))
+        self._renew = Script(client, lua("permits"))
 
     def policy_of(self, e: Execution) -> PolicyKey | None:
         name = e.job.opts.throttle
@@ -57,9 +61,12 @@ class ThrottleGate:
         return self.keys.throttle(p[0], p[1])
 
     async def grant(self, now_ms: int) -> list[Execution]:
-        """Free released permits, then hand out what is available; returns the executions granted."""
+        """Free released permits, then hand out what is available; returns the executions granted.
+        (``now_ms`` is the node's clock, unused: permits are timed by Redis.)"""
         await self._flush_releases()
         granted: list[Execution] = []
+        asked: list[tuple[PolicyKey, list[str]]] = []
+        calls = []
         for p, queue in list(self.waiting.items()):
             while queue and not queue[0].active:
                 queue.popleft()
@@ -71,21 +78,26 @@ class ThrottleGate:
                 granted.extend(queue)
                 del self.waiting[p]
                 continue
-            interval = 1000.0 / per_second if per_second else 0
             members = [queue[i].ticket.name for i in range(min(len(queue), _MAX_ASK))]
-            try:
-                n = int(
-                    await self._script(
-                        keys=[self._holders(p), self.keys.throttle_tat(*p)],
-                        args=[now_ms, self.lease_ms, max_in_flight, interval, _AHEAD_MS, *members],
-                    )
+            interval = 1000.0 / per_second if per_second else 0
+            asked.append((p, members))
+            calls.append(
+                (
+                    [self._holders(p), self.keys.throttle_tat(*p)],
+                    [self.lease_ms, max_in_flight, interval, _AHEAD_MS, *members],
                 )
-            except (RedisError, OSError) as exc:
-                raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
-            for _ in range(n):
-                e = queue.popleft()
+            )
+        if not calls:
+            return granted
+        for (p, members), n in zip(asked, await self._grant.many(calls), strict=True):
+            won = set(members[: int(n)])
+            now_waiting = self.waiting.get(p)
+            while now_waiting and now_waiting[0].ticket.name in won:
+                e = now_waiting.popleft()
+                won.discard(e.ticket.name)
                 self.held[e.ticket.name] = p
                 granted.append(e)
+            self._released.extend((p, m) for m in won)  # no longer waiting here: give the permit back
         return granted
 
     def release(self, e: Execution) -> bool:
@@ -113,9 +125,12 @@ class ThrottleGate:
         if not self._released:
             return
         batch, self._released = self._released, []
-        pipe = self.client.pipeline(transaction=False)
+        by_policy: dict[PolicyKey, list[str]] = {}
         for p, member in batch:
-            pipe.zrem(self._holders(p), member)
+            by_policy.setdefault(p, []).append(member)
+        pipe = self.client.pipeline(transaction=False)
+        for p, members in by_policy.items():
+            pipe.zrem(self._holders(p), *members)
         try:
             await pipe.execute()
         except (RedisError, OSError) as exc:
@@ -123,13 +138,17 @@ class ThrottleGate:
             raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
 
     async def renew(self, now_ms: int) -> None:
-        """Extend the leases of permits held by deliveries still in flight."""
+        """Extend the leases of permits held by deliveries still in flight (in Redis time;
+        ``now_ms`` is unused)."""
         if not self.held:
             return
-        pipe = self.client.pipeline(transaction=False)
+        by_policy: dict[PolicyKey, list[str]] = {}
         for member, p in self.held.items():
-            pipe.zadd(self._holders(p), {member: now_ms + self.lease_ms}, xx=True)
-        try:
-            await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+            by_policy.setdefault(p, []).append(member)
+        await self._renew.many(
+            [
+                ([self._holders(p)], [self.lease_ms, *members[i : i + _MAX_ASK]])
+                for p, members in by_policy.items()
+                for i in range(0, len(members), _MAX_ASK)
+            ]
+        )

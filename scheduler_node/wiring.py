@@ -1,6 +1,12 @@
 """The production parts of a node: Redis for claims, membership, throttles and change
 notifications; PostgreSQL for jobs, history and progress; HTTP and SQS senders; the command
-queue consumer and partition upkeep as extra loops."""
+queue consumer and partition upkeep as extra loops.
+
+Redis is whatever ``CRONMAN_REDIS_MODE`` names (cronman.redisconn): a single server, a Redis
+Cluster or a Sentinel-managed primary. Every key carries a hash tag (cronman.keys), so each script
+call runs on one shard; on a cluster the claims are batched per tag (``sharded``). PostgreSQL may be
+a libpq host list with ``target_session_attrs=read-write``: after a failover the pool reconnects to
+whichever host accepts writes, without a restart."""
 
 from __future__ import annotations
 
@@ -10,12 +16,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from cronman.errors import ConfigError
 from cronman.keys import LAYOUT_VERSION, Keys
 from cronman.partitions import run_maintenance
+from cronman.redisconn import RedisMode, async_client
 from cronman.store import make_engine
 from scheduler_node.claims import RedisClaims
 from scheduler_node.membership import RedisMembership
@@ -46,12 +52,13 @@ def _queue_refusal(settings: Any) -> Callable[[str, str], str | None]:
 async def production_parts(node: Node) -> NodeParts:
     s = node.s
     keys = Keys(s.redis_prefix)
-    client = aioredis.from_url(s.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    client = async_client(s, timeout=5.0)
+    sharded = RedisMode(s.redis_mode) is RedisMode.CLUSTER
     await _check_layout(client, keys)
     engine = make_engine(s.database_url, pool_size=4, max_overflow=4)
     executor = make_executor()
     store = PgNodeStore(engine, executor)
-    claims = RedisClaims(client, keys, node.holder, int(s.done_ttl_seconds * 1000))
+    claims = RedisClaims(client, keys, node.holder, int(s.done_ttl_seconds * 1000), sharded=sharded)
     senders = Senders(
         [
             HttpSender(s.max_in_flight, dev_mode=s.dev_mode, allowlist=s.callback_allowlist),
@@ -63,20 +70,25 @@ async def production_parts(node: Node) -> NodeParts:
 
     async def notifications(changed: Callable[[], None]) -> None:
         """Redis pub/sub wakes the change feed at once; polling alone bounds the delay."""
+        failures = 0
         while True:
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub = None
             try:
+                pubsub = await _subscriber(client, sharded, failures)
                 await pubsub.subscribe(keys.changes_channel)
+                changed()  # whatever was published while unsubscribed
                 while True:
                     msg = await pubsub.get_message(timeout=1.0)
                     if msg is not None:
                         changed()
             except (RedisError, OSError) as exc:
+                failures += 1
                 log.debug("change notifications unavailable: %s", exc)
                 await asyncio.sleep(1.0)
             finally:
                 try:
-                    await pubsub.aclose()
+                    if pubsub is not None:
+                        await pubsub.aclose()
                 except (RedisError, OSError):
                     pass
 
@@ -136,6 +148,17 @@ async def production_parts(node: Node) -> NodeParts:
         extra_loops=loops,
         close=close,
     )
+
+
+async def _subscriber(client: Any, sharded: bool, failures: int) -> Any:
+    """A pub/sub connection. On a Redis Cluster a PUBLISH reaches every node, replicas included, so
+    any node will do: after each failure the next one in the client's list is tried, which gets
+    past a dead primary before the client's view of the cluster is refreshed."""
+    if not sharded:
+        return client.pubsub(ignore_subscribe_messages=True)
+    await client.initialize()
+    nodes = client.get_nodes()
+    return client.pubsub(node=nodes[failures % len(nodes)], ignore_subscribe_messages=True)
 
 
 async def _check_layout(client: Any, keys: Keys) -> None:

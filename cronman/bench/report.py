@@ -39,6 +39,13 @@ TARGETS = (
     Target("crud.batch_jobs_per_s", ">=", 10000, "crud: jobs/s in batches of 1,000"),
     Target("ui.jobs_page_ms.p95", "<=", 300, "ui: jobs page p95 (ms), 100,000 jobs"),
     Target("ui.selector_ms.p95", "<=", 300, "ui: jobs page with a label selector p95 (ms)"),
+    Target(
+        "ownership.by_nodes.200.loop_ms_max",
+        "<=",
+        20,
+        "ownership: loop time per membership change, 200 nodes (ms, worst)",
+        sized=False,
+    ),
 )
 
 # Figures shown in the table without a target of their own.
@@ -69,6 +76,22 @@ CONTEXT = (
     ("ui.failing_ms.p95", "ui: failing jobs p95 (ms)"),
     ("ui.failures_ms.p95", "ui: failures page p95 (ms)"),
     ("ui.api_selector_ms.p95", "ui: GET /v1/jobs?selector= p95 (ms)"),
+    ("ownership.by_nodes.200.loop_ms_median", "ownership: loop time per change, 200 nodes (ms, median)"),
+    ("ownership.by_nodes.200.loop_idle_ms", "ownership: loop stall with nothing to compute (ms, noise)"),
+    ("ownership.by_nodes.200.first_computation_ms", "ownership: cold table, 200 nodes, computed alone (ms)"),
+    ("ownership.by_nodes.50.loop_ms_max", "ownership: loop time per change, 50 nodes (ms, worst)"),
+    ("ownership.by_nodes.500.loop_ms_max", "ownership: loop time per change, 500 nodes (ms, worst)"),
+    ("ownership.by_nodes.200.slots_moved_on_loss_mean", "ownership: slots moved on a loss, 200 nodes"),
+    ("ownership.by_nodes.200.slots_moved_on_loss_expected", "ownership: expected (R x 4096 / N), 200 nodes"),
+    ("ownership.by_nodes.200.balance_max_over_mean", "ownership: balance max/mean, 200 nodes"),
+    ("footprint.node_bytes_per_job_shared_target", "footprint: node heap per owned job, shared target (bytes)"),
+    ("footprint.node_bytes_per_job_own_target", "footprint: node heap per owned job, own target (bytes)"),
+    ("footprint.open_claim_bytes", "footprint: Redis per open claim (bytes)"),
+    ("footprint.finished_claim_bytes", "footprint: Redis per finished claim, while kept (bytes)"),
+    ("footprint.unrecorded_row_bytes", "footprint: Redis per history row not yet written (bytes)"),
+    ("footprint.history_row_bytes", "footprint: PostgreSQL per history row, with indexes (bytes)"),
+    ("footprint.history_at_10000_per_s.gb_per_day", "footprint: history GB/day at 10,000 fires/s"),
+    ("footprint.history_at_100000_per_s.gb_per_day", "footprint: history GB/day at 100,000 fires/s"),
 )
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 from cronman import __version__
 from cronman.bench.report import evaluate, machine_facts, render_table
-from cronman.bench.scenarios import DEFAULTS, QUICK, SCENARIOS, Bench
+from cronman.bench.scenarios import DEFAULTS, QUICK, SCENARIOS, STACKLESS, Bench
 from cronman.bench.stack import BenchStack, background_load
 
-ORDER = ("steady", "ceiling", "peer", "burst", "failover", "scale", "crud", "ui")
+ORDER = ("steady", "ceiling", "peer", "burst", "failover", "scale", "crud", "ui", "ownership", "footprint")
 # Keys the JSON document always has (null for a scenario that did not run).
 TOP_KEYS = (
     "steady",
@@ -31,6 +31,8 @@ TOP_KEYS = (
     "scale",
     "crud",
     "ui",
+    "ownership",
+    "footprint",
 )
 
 
@@ -110,16 +112,21 @@ def run_bench(
     say(f"cronman bench: {', '.join(scenarios)}{' (quick)' if quick else ''}; work in {workdir}")
     background = background_load()
     try:
-        t = time.monotonic()
-        stack.start()
-        timings["stack_start"] = round(time.monotonic() - t, 1)
-        machine = machine_facts(stack.database_url, stack.redis_url)
-        machine["background_before"] = background
         if background["cores_busy"] > 0.25:
             say(f"WARNING: the machine was already busy ({background['cores_busy']} cores) before the bench")
-        assert stack.receiver is not None
-        machine["receiver_loop"] = stack.receiver.loop_kind
-        say(f"stack ready in {timings['stack_start']}s (PostgreSQL, Redis, ledger receiver on {stack.receiver.url})")
+        if set(scenarios) <= STACKLESS:
+            machine = machine_facts()
+        else:
+            t = time.monotonic()
+            stack.start()
+            timings["stack_start"] = round(time.monotonic() - t, 1)
+            machine = machine_facts(stack.database_url, stack.redis_url)
+            assert stack.receiver is not None
+            machine["receiver_loop"] = stack.receiver.loop_kind
+            say(
+                f"stack ready in {timings['stack_start']}s (PostgreSQL, Redis, ledger receiver on {stack.receiver.url})"
+            )
+        machine["background_before"] = background
         for name in scenarios:
             say(f"[{name}]")
             t = time.monotonic()

@@ -55,6 +55,10 @@ DEFAULTS: dict[str, float] = {
     "crud.batch_concurrency": 2,
     "ui.jobs": 100_000,
     "ui.requests": 50,
+    "ownership.changes": 10,
+    "footprint.jobs": 100_000,
+    "footprint.claims": 20_000,
+    "footprint.rows": 50_000,
 }
 QUICK: dict[str, float] = {
     "steady.jobs": 500,
@@ -76,6 +80,10 @@ QUICK: dict[str, float] = {
     "crud.seconds": 3,
     "crud.batch_size": 500,
     "ui.jobs": 10_000,
+    "ownership.changes": 3,
+    "footprint.jobs": 10_000,
+    "footprint.claims": 2_000,
+    "footprint.rows": 5_000,
 }
 NODE_READY_TIMEOUT = 90.0
 
@@ -694,6 +702,24 @@ def run_crud(b: Bench) -> dict[str, Any]:
     }
 
 
+def run_ownership(b: Bench) -> dict[str, Any]:
+    """Membership changes at 50, 200 and 500 simulated nodes: loop time, slots moved, balance
+    (cronman.bench.ownership; pure computation, no stack)."""
+    from cronman.bench.ownership import render, run
+
+    figures = run(changes=b.i("ownership.changes"))
+    b.say(render([{"nodes": int(n), **r} for n, r in figures["by_nodes"].items()]))
+    return figures
+
+
+def run_footprint(b: Bench) -> dict[str, Any]:
+    """Memory per owned job, Redis bytes per claim, PostgreSQL bytes per history row
+    (cronman.bench.footprint; starts a Redis and a PostgreSQL of its own)."""
+    from cronman.bench.footprint import run
+
+    return run(b.i("footprint.jobs"), b.i("footprint.claims"), b.i("footprint.rows"))
+
+
 SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "steady": run_steady,
     "ceiling": run_ceiling,
@@ -703,4 +729,8 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "scale": run_scale,
     "crud": run_crud,
     "ui": run_ui,
+    "ownership": run_ownership,
+    "footprint": run_footprint,
 }
+# Scenarios that need no PostgreSQL, Redis or receiver: a run of only these starts none.
+STACKLESS = frozenset({"ownership", "footprint"})

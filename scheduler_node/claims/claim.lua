@@ -7,6 +7,8 @@
 -- A guard holds "<claim key>|<deadline>" of the job event's latest execution that was not
 -- skipped; while that deadline lies ahead (in flight, or parked waiting to retry), a new
 -- execution is skipped: marked finished as "skipped".
+-- A first-attempt claim of this holder's found again (its answer was lost) is won again, its lease
+-- extended to now + lease if it ends sooner.
 -- Returns per execution: 0 lost, 1 won, 2 won but skipped.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -38,9 +40,24 @@ for i = 1, #KEYS / 3 do
     end
   else
     local v = redis.call('GET', key)
-    -- our own first-attempt claim, made by a call whose answer we never got: still ours (a retry
-    -- of ours parked there is not: it is taken when its time comes)
-    if v and string.sub(v, 1, #mine + 2) == mine .. '1|' then out[i] = 1 else out[i] = 0 end
+    -- Our own first-attempt claim, made by a call whose answer we never got: still ours, and held
+    -- from now (a repeat may come after its lease ran out: a batch that failed on another shard).
+    -- A retry of ours parked there is not: it is taken when its time comes.
+    if v and string.sub(v, 1, #mine + 2) == mine .. '1|' then
+      if tonumber(string.match(v, '|(%d+)$') or '0') < deadline then
+        redis.call('SET', key, mine .. '1|' .. deadline, 'PX', keep + lease)
+        redis.call('ZADD', open, deadline, member)
+        if guarded then
+          local g = redis.call('GET', guard)
+          if g == false or string.sub(g, 1, #key + 1) == key .. '|' then
+            redis.call('SET', guard, key .. '|' .. deadline, 'PX', keep + lease)
+          end
+        end
+      end
+      out[i] = 1
+    else
+      out[i] = 0
+    end
   end
 end
 return out

@@ -92,7 +92,18 @@ class MemoryClaims(Claims):
             key = _claim_key(t)
             v = sp.get(key)
             if v is not None:
-                out.append(ClaimResult.WON if v.startswith(self._mine + "1|") else ClaimResult.LOST)
+                if not v.startswith(self._mine + "1|"):  # another's, or a retry of ours parked there
+                    out.append(ClaimResult.LOST)
+                    continue
+                # Our own first-attempt claim, made by a call whose answer was lost: still ours, and
+                # held from now (a repeat may come after its lease ran out: a batch that failed on
+                # another shard).
+                held_until = v.rpartition("|")[2]
+                if (int(held_until) if held_until.isdigit() else 0) < deadline:
+                    sp.set(key, f"{self._mine}1|{deadline}", self.keep_ms + lease_ms)
+                    self._index(t.slot)[t.member] = deadline
+                    self._guard_set(t, key, deadline, self.keep_ms + lease_ms, only_if_ours=True)
+                out.append(ClaimResult.WON)
                 continue
             busy = False
             if t.guard is not None:

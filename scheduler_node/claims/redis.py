@@ -1,8 +1,11 @@
 """The claim protocol in Redis: the Lua scripts beside this file, loaded once, called for a whole
-batch at a time. Keys are hash-tagged by the job's slot, so that in a Redis Cluster each call
-goes to one shard: calls are grouped by tag there (one non-transactional pipeline per batch),
-while a standalone Redis or a Sentinel-managed primary takes a whole batch in one call.
-Redis errors become :class:`cronman.errors.TransientError`.
+batch at a time (:class:`cronman.scripts.Script`). Keys are hash-tagged by the job's slot, and
+every key a script touches is one of its KEYS, so one call's keys always share a Redis Cluster
+slot. With ``sharded`` (a Redis Cluster) a batch becomes one call per slot tag, all in one
+non-transactional pipeline that redis-py splits by shard; a standalone Redis or a Sentinel-managed
+primary takes up to ``CHUNK`` executions per call. Deadlines are the store's own time (``TIME``
+inside each script): no caller's clock reaches a script. Redis errors become
+:class:`cronman.errors.TransientError`.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from cronman.errors import TransientError
 from cronman.keys import Keys
+from cronman.scripts import Call, Script
 from scheduler_node.parts import (
     ClaimResult,
     Claims,
@@ -30,6 +34,7 @@ from scheduler_node.parts import (
 )
 
 CHUNK = 1000  # executions per script call, so that one call never blocks Redis for long
+SCRIPTS = ("claim", "renew", "done", "take", "sweep")
 T = TypeVar("T")
 
 
@@ -45,7 +50,7 @@ class RedisClaims(Claims):
         self.holder = holder
         self.keep_ms = keep_ms
         self.sharded = sharded  # a Redis Cluster: one call per slot tag
-        self._scripts = {n: client.register_script(script(n)) for n in ("claim", "renew", "done", "take", "sweep")}
+        self._scripts = {n: Script(client, script(n)) for n in SCRIPTS}
 
     # -- batching
     def _groups(self, items: Sequence[T], slot_of: Callable[[T], int]) -> list[list[int]]:
@@ -57,21 +62,9 @@ class RedisClaims(Claims):
             by_slot[slot_of(item)].append(i)
         return [g[i : i + CHUNK] for g in by_slot.values() for i in range(0, len(g), CHUNK)]
 
-    async def _run(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+    async def _run(self, name: str, calls: Sequence[Call]) -> list[Any]:
         """Run one script for several argument sets: one round trip (a pipeline when several)."""
-        s = self._scripts[name]
-        try:
-            if len(calls) == 1:
-                return [await s(keys=calls[0][0], args=calls[0][1])]
-            pipe = self.client.pipeline(transaction=False)
-            for keys, args in calls:
-                await s(keys=keys, args=args, client=pipe)
-            try:
-                return list(await pipe.execute())
-            except NoScriptError:  # a promoted replica or restarted shard without the script
-                return [await s(keys=k, args=a) for k, a in calls]
-        except (RedisError, OSError) as exc:
-            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+        return await self._scripts[name].many(calls)
 
     def _guard(self, t: Ticket) -> tuple[str, str]:
         if t.guard is None:

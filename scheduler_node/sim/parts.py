@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -321,11 +321,15 @@ class SimStore(NodeStore):
                 out.append((decoder.job(job.row()), job.updated_ms))
         return self.db.change + 1, out
 
-    async def poll_changes(self, cursor: int) -> tuple[int, list[JobRow], list[TriggerRow]]:
+    async def poll_changes(
+        self, cursor: int, slots: Collection[int] | None = None
+    ) -> tuple[int, list[JobRow], list[TriggerRow]]:
         await self.db.call()
         self.db.polls.setdefault(self.holder, []).append(self.db.world.now)
-        rows = [j.row() for j in sorted(self.db.jobs.values(), key=lambda j: j.change) if j.change >= cursor]
-        triggers = [t for c, t, _ in self.db.triggers if c >= cursor]
+        wanted = None if slots is None else set(slots)
+        jobs = sorted(self.db.jobs.values(), key=lambda j: j.change)
+        rows = [j.row() for j in jobs if j.change >= cursor and (wanted is None or j.slot in wanted)]
+        triggers = [t for c, t, slot in self.db.triggers if c >= cursor and (wanted is None or slot in wanted)]
         return self.db.change + 1, rows, triggers
 
     async def recent_triggers(self, slots: Sequence[int], since_ms: int) -> list[TriggerRow]:

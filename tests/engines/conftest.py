@@ -14,6 +14,9 @@ Fixtures (function-scoped: each test gets its own servers, and may break them):
   sentinels; passwords for the data nodes and for the sentinels); ``.sentinels``, ``.master_name``,
   ``.kill_master()``, ``.wait_for_failover()``.
 - ``*_settings`` fixtures: :class:`cronman.settings.Settings` for each Redis mode.
+- ``shared_redis_cluster`` and ``shared_redis_sentinel``: the same setups, one per test module, for
+  tests that do not break them (each uses its own key prefix); ``cluster_settings_for`` and
+  ``sentinel_settings_for`` build the settings for either kind.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 import pytest
@@ -123,23 +127,19 @@ def pg_failover_pair(workdir: Path) -> Iterator[PgFailoverPair]:
 # ---- Redis ----
 
 
-@pytest.fixture
-def redis_cluster(workdir: Path) -> Iterator[RedisClusterProcs]:
-    procs = RedisClusterProcs(workdir / f"rcluster-{uuid.uuid4().hex[:8]}", password=CLUSTER_PASSWORD)
-    try:
-        procs.start()
-        yield procs
-    finally:
-        procs.stop()
+def _cluster(workdir: Path) -> RedisClusterProcs:
+    return RedisClusterProcs(workdir / f"rcluster-{uuid.uuid4().hex[:8]}", password=CLUSTER_PASSWORD)
 
 
-@pytest.fixture
-def redis_sentinel(workdir: Path) -> Iterator[RedisSentinelProcs]:
-    procs = RedisSentinelProcs(
+def _sentinel(workdir: Path) -> RedisSentinelProcs:
+    return RedisSentinelProcs(
         workdir / f"rsentinel-{uuid.uuid4().hex[:8]}",
         password=SENTINEL_DATA_PASSWORD,
         sentinel_password=SENTINEL_PASSWORD,
     )
+
+
+def _running(procs: RedisClusterProcs | RedisSentinelProcs) -> Iterator[Any]:
     try:
         procs.start()
         yield procs
@@ -148,17 +148,46 @@ def redis_sentinel(workdir: Path) -> Iterator[RedisSentinelProcs]:
 
 
 @pytest.fixture
+def redis_cluster(workdir: Path) -> Iterator[RedisClusterProcs]:
+    yield from _running(_cluster(workdir))
+
+
+@pytest.fixture
+def redis_sentinel(workdir: Path) -> Iterator[RedisSentinelProcs]:
+    yield from _running(_sentinel(workdir))
+
+
+@pytest.fixture(scope="module")
+def shared_redis_cluster(workdir: Path) -> Iterator[RedisClusterProcs]:
+    yield from _running(_cluster(workdir))
+
+
+@pytest.fixture(scope="module")
+def shared_redis_sentinel(workdir: Path) -> Iterator[RedisSentinelProcs]:
+    yield from _running(_sentinel(workdir))
+
+
+def cluster_settings_for(procs: RedisClusterProcs, prefix: str = "t:", **more: Any) -> Settings:
+    return Settings(redis_mode="cluster", redis_url=",".join(procs.seed_urls()), redis_prefix=prefix, **more)
+
+
+def sentinel_settings_for(procs: RedisSentinelProcs, prefix: str = "t:", **more: Any) -> Settings:
+    return Settings(
+        redis_mode="sentinel",
+        redis_url=f"redis://:{SENTINEL_DATA_PASSWORD}@{procs.master_name}/0",
+        redis_sentinels=",".join(procs.sentinels),
+        redis_sentinel_master=procs.master_name,
+        redis_sentinel_password=SENTINEL_PASSWORD,
+        redis_prefix=prefix,
+        **more,
+    )
+
+
+@pytest.fixture
 def cluster_settings(redis_cluster: RedisClusterProcs) -> Settings:
-    return Settings(redis_mode="cluster", redis_url=",".join(redis_cluster.seed_urls()), redis_prefix="t:")
+    return cluster_settings_for(redis_cluster)
 
 
 @pytest.fixture
 def sentinel_settings(redis_sentinel: RedisSentinelProcs) -> Settings:
-    return Settings(
-        redis_mode="sentinel",
-        redis_url=f"redis://:{SENTINEL_DATA_PASSWORD}@{redis_sentinel.master_name}/0",
-        redis_sentinels=",".join(redis_sentinel.sentinels),
-        redis_sentinel_master=redis_sentinel.master_name,
-        redis_sentinel_password=SENTINEL_PASSWORD,
-        redis_prefix="t:",
-    )
+    return sentinel_settings_for(redis_sentinel)

