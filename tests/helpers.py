@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import socket
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import requests
 
@@ -131,3 +132,153 @@ def start_node_process(
             lambda: requests.get(f"http://127.0.0.1:{port}/readyz", timeout=1).ok, 30, f"{node_id} to be ready"
         )
     return child, port
+
+
+def history_rows(database_url: str, job_id: str) -> list[dict[str, Any]]:
+    """Every history row of ``job_id`` straight from PostgreSQL (a deleted job's included), oldest
+    occurrence and attempt first."""
+    import psycopg2
+    import psycopg2.extras
+
+    conn = psycopg2.connect(database_url)
+    try:
+        with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+            cur.execute(
+                "SELECT job_id, scheduled_for, event_index, attempt, execution_id::text AS execution_id, status, "
+                "node, fired_at, finished_at, lag_ms, http_status, error FROM scheduled_jobs "
+                "WHERE job_id = %s ORDER BY scheduled_for, event_index, attempt, finished_at NULLS LAST",
+                (job_id,),
+            )
+            return [dict(r) for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+class BlackHole:
+    """A TCP address that never answers a connect: a listening socket that never accepts, its accept
+    queue full, so that the kernel drops every further SYN (as a firewall that drops packets does).
+    An outside address such as 10.255.255.1 is no use in a sandbox that answers every connect."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self._server = socket.socket()
+        self._server.bind((host, 0))
+        self._server.listen(0)
+        self.port = int(self._server.getsockname()[1])
+        self._fill: list[socket.socket] = []
+        for _ in range(8):  # fill the accept queue (and the SYN queue's allowance for it)
+            if not self._answers(0.3):
+                return
+        raise RuntimeError("could not fill the accept queue of a local socket")
+
+    def _answers(self, timeout: float) -> bool:
+        s = socket.socket()
+        s.settimeout(timeout)
+        try:
+            s.connect((self.host, self.port))
+        except (TimeoutError, OSError):
+            s.close()
+            return False
+        self._fill.append(s)
+        return True
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def close(self) -> None:
+        for s in self._fill:
+            s.close()
+        self._server.close()
+
+    def __enter__(self) -> BlackHole:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RawRequest(NamedTuple):
+    request_line: str  # as received, e.g. "POST /caf%C3%A9 HTTP/1.1"
+    headers: list[tuple[str, str]]  # as received, in order
+    body: bytes
+    at: float
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k.lower() == name.lower()), None)
+
+
+class RawHttpServer:
+    """An HTTP/1.1 server on a bare socket that keeps each request's head exactly as it arrived
+    (no decoding, no normalising), answers 200 and keeps connections alive."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self._server = socket.socket()
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind((host, 0))
+        self._server.listen(64)
+        self._server.settimeout(0.2)
+        self.port = int(self._server.getsockname()[1])
+        self.requests: list[RawRequest] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="raw-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        conn.settimeout(0.5)
+        buf = b""
+        with conn:
+            while not self._stop.is_set():
+                while b"\r\n\r\n" not in buf:
+                    try:
+                        chunk = conn.recv(65536)
+                    except TimeoutError:
+                        if self._stop.is_set():
+                            return
+                        continue
+                    except OSError:
+                        return
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                headers = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:])]
+                length = int(next((v for k, v in headers if k.lower() == "content-length"), "0") or 0)
+                while len(buf) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                body, buf = buf[:length], buf[length:]
+                self.requests.append(RawRequest(lines[0], headers, body, time.time()))
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok")
+
+    def start(self) -> RawHttpServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._server.close()
+        self._thread.join(2)
+
+    def __enter__(self) -> RawHttpServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
