@@ -282,3 +282,107 @@ class RawHttpServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# ------------------------------------------------------------------------------------------------
+# Delivery ledgers that answer with failures on purpose, in this process or in a process of their own
+
+
+def scripted_ledger(fail_attempts: int = 0, fail_prefix: str | None = None) -> Any:
+    """A :class:`tests.cluster.ledger.LedgerReceiver` that answers 500 to the first
+    ``fail_attempts`` attempts of every execution (by its Cronman-Attempt header: a takeover that
+    sends attempt 1 again fails again) and to every path starting with ``fail_prefix``. Only
+    successful deliveries are in ``arrivals`` (what the ledger's analysis counts); failed ones are in
+    ``failures``."""
+    from aiohttp import web
+
+    from tests.cluster.ledger import Arrival, LedgerReceiver
+
+    class ScriptedLedger(LedgerReceiver):
+        def __init__(self) -> None:
+            super().__init__()
+            self.failures: list[Arrival] = []
+
+        async def _handle(self, request: web.Request) -> web.Response:
+            at = time.time()
+            await request.read()
+            h = request.headers
+            try:
+                attempt = int(h.get("Cronman-Attempt") or 0)
+            except ValueError:
+                attempt = -1
+            arrival = Arrival(
+                h.get("Cronman-Job-Id", ""),
+                h.get("Cronman-Scheduled-For", ""),
+                h.get("Cronman-Execution-Id", ""),
+                attempt,
+                at,
+                0,
+            )
+            if attempt <= fail_attempts or (fail_prefix is not None and request.path.startswith(fail_prefix)):
+                self.failures.append(arrival)
+                return web.Response(status=500, body=b'{"ok":false}', content_type="application/json")
+            self.arrivals.append(arrival)
+            return web.Response(body=b'{"ok":true}', content_type="application/json")
+
+    return ScriptedLedger()
+
+
+def _ledger_child(conn: Any, fail_attempts: int, fail_prefix: str | None) -> None:
+    ledger = scripted_ledger(fail_attempts, fail_prefix).start()
+    conn.send(ledger.port)
+    while True:
+        command = conn.recv()
+        if command == "snapshot":
+            conn.send((ledger.snapshot(), list(ledger.failures)))
+        else:
+            ledger.stop()
+            conn.send(None)
+            return
+
+
+class LedgerProcess:
+    """A scripted ledger in a process of its own, so that its arrival times are not held up by
+    whatever this process is busy with (arrival time minus scheduled time is the lag measured)."""
+
+    def __init__(self, fail_attempts: int = 0, fail_prefix: str | None = None) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_ledger_child, args=(child, fail_attempts, fail_prefix), daemon=True)
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LedgerProcess:
+        self._proc.start()
+        if not self._conn.poll(30):
+            raise RuntimeError("the ledger process did not start within 30 s")
+        self.port = int(self._conn.recv())
+        return self
+
+    def snapshot(self) -> tuple[list[Any], list[Any]]:
+        """(successful arrivals, failed ones)."""
+        self._conn.send("snapshot")
+        return self._conn.recv()  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._conn.send("stop")
+                self._conn.poll(10)
+            except (BrokenPipeError, OSError):
+                pass
+            self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(5)
+
+    def __enter__(self) -> LedgerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
