@@ -91,15 +91,30 @@ def create_app(settings: Settings | None = None) -> Flask:
     notifier = ChangeNotifier(client, keys.changes_channel)
     app.extensions["cronman"] = Services(settings, JobStore(engine), client, keys, notifier)
 
+    from api.backfills import bp as backfills_bp
     from api.batch import bp as batch_bp
+    from api.calendars import bp as calendars_bp
     from api.commands import bp as commands_bp
     from api.jobs import bp as jobs_bp
+    from api.notifications import bp as notifications_bp
     from api.ops import bp as ops_bp
     from api.signing import bp as signing_bp
     from api.throttles import bp as throttles_bp
     from api.ui import bp as ui_bp
 
-    for blueprint in (jobs_bp, batch_bp, throttles_bp, signing_bp, commands_bp, ops_bp, ui_bp):
+    blueprints = (
+        jobs_bp,
+        batch_bp,
+        throttles_bp,
+        calendars_bp,
+        backfills_bp,
+        signing_bp,
+        commands_bp,
+        ops_bp,
+        ui_bp,
+        notifications_bp,
+    )
+    for blueprint in blueprints:
         app.register_blueprint(blueprint)
 
     from api.auth import install_auth

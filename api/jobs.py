@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
@@ -13,11 +14,14 @@ from flask import Blueprint, Response, jsonify, request
 from api.common import actor, int_arg, json_body, now_ms, own_namespace, requested_namespace, services, target_namespace
 from cronman.apikeys import DEFAULT_NAMESPACE
 from cronman.audit import JobEvent
+from cronman.calendar_store import CalendarStore, job_timing, names_of
+from cronman.calendars import Calendar
 from cronman.commands import patch_job as apply_patch
 from cronman.errors import Conflict, InvalidInput, NotFound
 from cronman.execution import Trigger, execution_id
+from cronman.health import NO_HEALTH, Health, health_json, health_of, paused_reason_of
 from cronman.labels import parse_selector
-from cronman.schedule import Timing, timing_from_dict
+from cronman.schedule import Timing
 from cronman.spec import JOB_ID_RE, new_job_id, options_with_defaults
 from cronman.store import ExecutionRecord, JobRecord, decode_cursor, encode_cursor
 from cronman.targets import redact_target, spec_from_document
@@ -69,19 +73,37 @@ def _unschedulable(r: JobRecord, exc: Exception) -> None:
     )
 
 
-def _next_fire(r: JobRecord, after_ms: int) -> str | None:
-    """The job's next fire time after ``after_ms``, or None: when it has none, and when a stored
-    schedule cannot be computed (a job written before today's limits must not break a page)."""
+Calendars = Mapping[tuple[str, str], Calendar]
+
+
+def calendars_of(records: Iterable[JobRecord]) -> Calendars:
+    """The calendars these jobs name, by (namespace, name): one query, none when no job names any."""
+    pairs = {(r.namespace, n) for r in records for n in names_of(r.options)}
+    return CalendarStore(services().store.engine).named(pairs) if pairs else {}
+
+
+def _timing(r: JobRecord, calendars: Calendars) -> Timing:
+    return job_timing(r.id, r.namespace, r.schedule, r.options, calendars)
+
+
+def _next_fire(r: JobRecord, after_ms: int, calendars: Calendars) -> str | None:
+    """The job's next fire time after ``after_ms`` (on a day its calendars do not exclude), or None:
+    when it has none, and when a stored schedule cannot be computed (a job written before today's
+    limits must not break a page)."""
     try:
-        nxt = timing_from_dict(r.schedule, r.id).next_after(after_ms)
+        nxt = _timing(r, calendars).next_after(after_ms)
         return None if nxt is None else iso(nxt)
     except Exception as exc:  # noqa: BLE001 - stored data is not trusted to be computable
         _unschedulable(r, exc)
         return None
 
 
-def job_json(r: JobRecord, at_ms: int) -> dict[str, Any]:
-    nxt = None if r.paused else _next_fire(r, at_ms)
+def job_json(
+    r: JobRecord, at_ms: int, health: Health = NO_HEALTH, calendars: Calendars | None = None
+) -> dict[str, Any]:
+    if calendars is None:
+        calendars = calendars_of([r])
+    nxt = None if r.paused else _next_fire(r, at_ms, calendars)
     doc: dict[str, Any] = {"id": r.id, "namespace": r.namespace}
     if r.name is not None:
         doc["name"] = r.name
@@ -94,6 +116,8 @@ def job_json(r: JobRecord, at_ms: int) -> dict[str, Any]:
         paused=r.paused,
         **options_with_defaults(r.options),
         state="paused" if r.paused else ("active" if nxt is not None else "completed"),
+        health=health_json(health, paused=r.paused, completed=nxt is None),
+        paused_reason=paused_reason_of(r.paused, r.paused_reason, iso_dt(r.updated_at)),
         created_at=iso_dt(r.created_at),
         updated_at=iso_dt(r.updated_at),
         version=r.version,
@@ -120,11 +144,17 @@ def execution_json(e: ExecutionRecord) -> dict[str, Any]:
         "duplicates": e.duplicates,
         "throttle_wait_ms": e.throttle_wait_ms,
         "dead_lettered": e.dead_lettered,
+        "response": e.response,
     }
 
 
+def _health(records: list[JobRecord]) -> dict[str, Health]:
+    with services().store.engine.connect() as conn:
+        return health_of(conn, [(r.id, r.incarnation) for r in records])
+
+
 def _job_response(record: JobRecord, status: int) -> Response:
-    resp = jsonify(job_json(record, now_ms()))
+    resp = jsonify(job_json(record, now_ms(), _health([record]).get(record.id, NO_HEALTH)))
     resp.status_code = status
     if status == 201:
         resp.headers["Location"] = f"/v1/jobs/{record.id}"
@@ -155,9 +185,11 @@ def list_jobs() -> Response:
     more = len(records) > limit
     records = records[:limit]
     now = now_ms()
+    health = _health(records)
+    calendars = calendars_of(records)
     return jsonify(
         {
-            "jobs": [job_json(r, now) for r in records],
+            "jobs": [job_json(r, now, health.get(r.id, NO_HEALTH), calendars) for r in records],
             "next_cursor": encode_cursor([records[-1].id]) if more else None,
         }
     )
@@ -246,10 +278,12 @@ def next_fire_times(job_id: str) -> Response:
 
 
 def _next_times(record: JobRecord, after_ms: int, count: int) -> list[str]:
-    """Up to ``count`` fire times after ``after_ms``, as far as a stored schedule can be computed."""
+    """Up to ``count`` fire times after ``after_ms`` on days the job's calendars do not exclude,
+    as far as a stored schedule can be computed."""
     out: list[str] = []
+    calendars = calendars_of([record])
     try:
-        timing: Timing = timing_from_dict(record.schedule, record.id)
+        timing: Timing = _timing(record, calendars)
         t: int | None = after_ms
         while len(out) < count and t is not None:
             t = timing.next_after(t)

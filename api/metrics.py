@@ -61,6 +61,11 @@ class ApiMetrics:
         )
         for change in JOB_CHANGES:
             self.job_changes.labels(change=change)
+        # The watchdog and the notification dispatcher, when a worker of this process leads them.
+        self.occurrences_late = Counter(
+            "cronman_occurrences_late", "Occurrences nobody took up within late_after_seconds"
+        )
+        self.notifications = Counter("cronman_notifications", "Notification attempts, by result", ["result"])
 
 
 @functools.cache

@@ -10,17 +10,58 @@ from pydantic.json_schema import models_json_schema
 
 from api.batch import MAX_BATCH
 from api.jobs import MAX_SEARCH
+from api.openapi_schedules import SCHEDULE_MODELS, schedule_paths
 from cronman import __version__
 from cronman.apikeys import NAMESPACE_PATTERN
 from cronman.commands import COMMAND_ID_PATTERN
+from cronman.health import HealthState
 from cronman.labels import MAX_SELECTOR
 from cronman.misfire import MisfirePolicy
-from cronman.spec import JOB_ID_PATTERN, THROTTLE_NAME_PATTERN, JobSpec, OverlapPolicy, RetryPolicy, Schedule, Target
+from cronman.notifications import EventKind, NotificationSpec
+from cronman.spec import (
+    JOB_ID_PATTERN,
+    THROTTLE_NAME_PATTERN,
+    FailurePolicy,
+    JobSpec,
+    OverlapPolicy,
+    RetryPolicy,
+    Schedule,
+    Target,
+)
 from cronman.throttles import ThrottlePolicySpec
 
 
 class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class JobHealth(_Out):
+    """Computed by the system, kept up to date as outcomes are written."""
+
+    state: HealthState = Field(
+        description="paused; late: an occurrence nobody took up within late_after_seconds, and none attempted "
+        "since; failing: the latest execution(s) ended permanently_failed; completed: nothing left to fire; ok."
+    )
+    last_success_at: str | None = Field(json_schema_extra={"format": "date-time"})
+    last_failure_at: str | None = Field(
+        json_schema_extra={"format": "date-time"}, description="The last failed attempt, retried or not."
+    )
+    consecutive_failures: int = Field(description="Executions in a row that ended permanently_failed.")
+    last_lag_ms: int | None = Field(description="Fired time minus due time of the latest first attempt.")
+    late_since: str | None = Field(
+        json_schema_extra={"format": "date-time"}, description="While late: the first late occurrence's due time."
+    )
+
+
+class PausedReason(_Out):
+    reason: Literal["paused", "consecutive_failures"] = Field(
+        description="paused: by a user (the pause endpoint, or the definition); consecutive_failures: the job "
+        "paused itself (failure_policy)."
+    )
+    message: str
+    by: str | None = Field(description="Who paused it: a caller (admin, key:<prefix>) or scheduler.")
+    since: str | None = Field(json_schema_extra={"format": "date-time"})
+    consecutive_failures: int | None = None
 
 
 class Job(_Out):
@@ -37,12 +78,18 @@ class Job(_Out):
     paused: bool
     events_per_trigger: int
     throttle: str | None
+    calendars: list[str]
     misfire_policy: MisfirePolicy
     catchup_window_seconds: int
     overlap_policy: OverlapPolicy
     delete_after_completion: bool
     dead_letter_queue_url: str | None
+    failure_policy: FailurePolicy | None
+    late_after_seconds: int
+    capture_response_bytes: int
     state: Literal["active", "paused", "completed"]
+    health: JobHealth
+    paused_reason: PausedReason | None = Field(description="Why and since when the job is paused; null if it is not.")
     created_at: str = Field(json_schema_extra={"format": "date-time"})
     updated_at: str = Field(json_schema_extra={"format": "date-time"})
     version: int
@@ -60,8 +107,14 @@ class Execution(_Out):
     scheduled_for: str = Field(json_schema_extra={"format": "date-time"})
     event_index: int
     attempt: int = Field(description="1-based")
-    trigger: Literal["schedule", "manual"]
-    status: Literal["succeeded", "failed", "permanently_failed", "skipped"]
+    trigger: str = Field(
+        description="schedule, manual (POST .../trigger) or backfill:<backfill id> (a backfill's execution).",
+        examples=["schedule"],
+    )
+    status: Literal["succeeded", "failed", "permanently_failed", "skipped", "cancelled", "late"] = Field(
+        description="cancelled: no further attempt, the job was deleted or paused first; late: a row of attempt 0 "
+        "the watchdog wrote for an occurrence nobody took up in time."
+    )
     node: str | None
     fired_at: str | None
     finished_at: str | None
@@ -72,6 +125,10 @@ class Execution(_Out):
     throttle_wait_ms: int | None = Field(description="How long the attempt waited for a throttle permit.")
     dead_lettered: bool | None = Field(
         description="Whether a permanently failed execution reached its dead-letter queue."
+    )
+    response: str | None = Field(
+        description="The start of the receiver's answer, when the job sets capture_response_bytes (UTF-8, "
+        "invalid bytes replaced, NUL written as \\0)."
     )
 
 
@@ -148,7 +205,18 @@ class JobEvent(_Out):
     job_id: str
     namespace: str
     at: str = Field(json_schema_extra={"format": "date-time"})
-    action: Literal["create", "replace", "update", "delete", "pause", "resume", "trigger", "redeliver"]
+    action: Literal[
+        "create",
+        "replace",
+        "update",
+        "delete",
+        "pause",
+        "resume",
+        "trigger",
+        "redeliver",
+        "backfill",
+        "backfill_cancel",
+    ]
     actor: str | None = Field(
         description="admin, key:<prefix> (a namespace key), queue (the command queue) or scheduler."
     )
@@ -167,6 +235,21 @@ class ThrottlePolicy(_Out):
     max_per_second: float | None
     created_at: str = Field(json_schema_extra={"format": "date-time"})
     updated_at: str = Field(json_schema_extra={"format": "date-time"})
+
+
+class Notification(_Out):
+    name: str
+    namespace: str
+    events: list[EventKind]
+    selector: str
+    target: Target
+    min_interval_seconds: int
+    created_at: str = Field(json_schema_extra={"format": "date-time"})
+    updated_at: str = Field(json_schema_extra={"format": "date-time"})
+
+
+class NotificationList(_Out):
+    notifications: list[Notification]
 
 
 class ThrottlePolicyList(_Out):
@@ -463,6 +546,57 @@ def _paths() -> dict[str, Any]:
                 "responses": {"204": {"description": "Deleted"}, **_ERRORS},
             },
         },
+        "/v1/notifications": {
+            "get": {
+                "summary": "List notification rules",
+                "operationId": "listNotifications",
+                "parameters": [_NAMESPACE],
+                "responses": {
+                    "200": _json(_ref("NotificationList"), "Rules"),
+                    "400": _ERRORS["400"],
+                    **_AUTH_ERRORS,
+                },
+            },
+        },
+        "/v1/notifications/{name}": {
+            "parameters": [_THROTTLE_NAME],
+            "put": {
+                "summary": "Create or replace a notification rule",
+                "description": "Delivered body: {event_id, event, namespace, notification, job_id, at, first_at, "
+                "count, ...}; at least once, the same event_id on every attempt; HTTP targets get a POST signed "
+                "with Cronman-Signature like deliveries. At most one notification per job and event kind per "
+                "min_interval_seconds; the events in between are summarised (count).",
+                "operationId": "putNotification",
+                "parameters": [_NAMESPACE],
+                "requestBody": _body(
+                    _ref("NotificationSpec"),
+                    example={
+                        "events": ["execution.permanently_failed", "job.auto_paused", "job.recovered"],
+                        "selector": "team=payments",
+                        "target": {"type": "http", "url": "https://example.com/alerts"},
+                        "min_interval_seconds": 60,
+                    },
+                ),
+                "responses": {
+                    "200": _json(_ref("Notification"), "Replaced"),
+                    "201": _json(_ref("Notification"), "Created"),
+                    **write_errors,
+                },
+            },
+            "get": {
+                "summary": "Get a notification rule",
+                "operationId": "getNotification",
+                "parameters": [_NAMESPACE],
+                "responses": {"200": _json(_ref("Notification"), "The rule"), **_ERRORS},
+            },
+            "delete": {
+                "summary": "Delete a notification rule",
+                "operationId": "deleteNotification",
+                "parameters": [_NAMESPACE],
+                "responses": {"204": {"description": "Deleted"}, **_ERRORS},
+            },
+        },
+        **schedule_paths(_NAMESPACE, _JOB_ID, _ERRORS, write_errors),
         "/v1/signing-secrets": {
             "post": {
                 "summary": "Rotate the namespace's signing secret",
@@ -589,10 +723,14 @@ def openapi_document() -> dict[str, Any]:
         (ThrottlePolicySpec, "validation"),
         (ThrottlePolicy, "serialization"),
         (ThrottlePolicyList, "serialization"),
+        (NotificationSpec, "validation"),
+        (Notification, "serialization"),
+        (NotificationList, "serialization"),
         (SigningSecret, "serialization"),
         (SigningSecrets, "serialization"),
         (Command, "serialization"),
         (CommandToken, "serialization"),
+        *SCHEDULE_MODELS,
     ]
     _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
     return {

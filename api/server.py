@@ -43,8 +43,11 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
 
     def load(self):  # type: ignore[no-untyped-def]
         from api import create_app
+        from api.watch import start_watch
 
-        return create_app(self._settings)
+        app = create_app(self._settings)
+        start_watch(self._settings)  # in each worker, after the fork
+        return app
 
 
 def prepare_multiprocess_dir(environ: MutableMapping[str, str] = os.environ) -> tuple[Path, bool]:

@@ -28,6 +28,7 @@ from cronman.db import job_events
 # The actions a job_events row records.
 CREATE, REPLACE, UPDATE, DELETE = "create", "replace", "update", "delete"
 PAUSE, RESUME, TRIGGER, REDELIVER = "pause", "resume", "trigger", "redeliver"
+BACKFILL, BACKFILL_CANCEL = "backfill", "backfill_cancel"
 
 
 @dataclass(frozen=True, slots=True)

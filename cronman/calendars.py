@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -161,6 +162,12 @@ class CalendarTiming:
         return None
 
 
+def timing_with(base: Timing, names: Sequence[str], found: Mapping[str, Calendar]) -> Timing:
+    """A job's timing with the calendars it names applied (a name not in ``found`` excludes nothing)."""
+    cals = tuple((n, found[n]) for n in names if n in found)
+    return CalendarTiming(base, cals) if cals else base
+
+
 # ---------------------------------------------------------------------------------------- documents
 def calendar_from_dict(doc: object) -> Calendar:
     """Validate a calendar document (the shape in the module docstring) and build its Calendar."""
@@ -258,5 +265,6 @@ __all__ = [
     "CalendarTiming",
     "calendar_from_dict",
     "calendar_to_dict",
+    "timing_with",
     "WEEKDAYS",
 ]

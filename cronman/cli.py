@@ -96,6 +96,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                 "triggers_purged": report.triggers_purged,
                 "events_purged": report.events_purged,
                 "commands_purged": report.commands_purged,
+                "backfills_purged": report.backfills_purged,
             }
         )
     )
@@ -223,7 +224,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if unknown:
         print(f"cronman sim: unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}", file=sys.stderr)
         return 2
-    base = SimConfig(0, duration=args.duration, faults=faults)
+    base = SimConfig(0, faults=faults) if args.duration is None else SimConfig(0, duration=args.duration, faults=faults)
     if args.trace:
         report, steps, injected = trace(args.seed if args.seed is not None else args.start, args.trace, base)
         print("\n".join(["faults:", *injected, "steps:", *steps]))
@@ -322,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--trace", default=None, metavar="WHAT", help="with --seed: print the steps of a job id, an execution id or '*'"
     )
-    s.add_argument("--duration", type=float, default=40.0, help="seconds of simulated faults per seed (default 40)")
+    s.add_argument("--duration", type=float, default=None, help="seconds of simulated faults per seed (default 35)")
     s.add_argument("--faults", default="all", help="comma-separated fault kinds, or all")
     s.add_argument("--processes", type=int, default=None, help="parallel processes (default: one per core)")
     s.add_argument("--json", default=None, metavar="FILE", help="write every seed's report to FILE")
@@ -337,9 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fail-status", type=int, default=500)
     s.set_defaults(fn=cmd_receive)
 
-    from cronman import cli_apply, cli_config, cli_jobs
+    from cronman import cli_apply, cli_calendars, cli_config, cli_jobs
 
     cli_jobs.add_parsers(sub)
+    cli_calendars.add_parsers(sub)
     cli_apply.add_parsers(sub)
     cli_config.add_parsers(sub)
     return p

@@ -100,7 +100,8 @@ def _files(paths: Iterable[str]) -> Iterator[tuple[str, str]]:
             raise InvalidInput(f"{given}: not UTF-8 text") from None
 
 
-def _documents(name: str, text: str) -> list[Any]:
+def documents(name: str, text: str) -> list[Any]:
+    """The documents of a file (JSON: one; YAML: one or more, separated by ---)."""
     try:
         if name.endswith(".json"):
             return [json.loads(text)]
@@ -139,7 +140,7 @@ def load_sources(paths: Iterable[str], namespace: str | None) -> Sources:
     items = [
         item
         for name, text in _files(paths)
-        for doc in _documents(name, text)
+        for doc in documents(name, text)
         for item in _items_of(name, doc, namespace)
     ]
     return Sources(tuple(items))

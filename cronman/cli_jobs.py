@@ -44,10 +44,18 @@ def _limited(items: Iterator[Any], limit: int, what: str) -> list[Any]:
 
 
 def job_rows(jobs: list[Job]) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = [("ID", "NAMESPACE", "SCHEDULE", "STATE", "NEXT FIRE", "LABELS")]
+    rows: list[tuple[str, ...]] = [("ID", "NAMESPACE", "SCHEDULE", "STATE", "HEALTH", "NEXT FIRE", "LABELS")]
     for j in jobs:
         rows.append(
-            (j.id, j.namespace, cell(schedule_text(j.schedule)), j.state, when(j.next_fire_at), labels_text(j.labels))
+            (
+                j.id,
+                j.namespace,
+                cell(schedule_text(j.schedule)),
+                j.state,
+                str(j.health.get("state", "")),
+                when(j.next_fire_at),
+                labels_text(j.labels),
+            )
         )
     return rows
 
@@ -288,3 +296,65 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("id", metavar="ID")
     c.add_argument("--limit", type=int, default=20, help="at most this many (default 20; 0: all)")
     _output(c)
+    from cronman.cli_calendars import add_job_parsers
+
+    add_job_parsers(command)
+    _notification_parsers(sub)
+
+
+def cmd_notifications_list(args: argparse.Namespace) -> int:
+    with _client(args) as cron:
+        rules = cron.list_notifications()
+    if args.output != "table":
+        print_data(rules, args.output)
+        return 0
+    rows: list[tuple[str, ...]] = [("NAME", "NAMESPACE", "EVENTS", "SELECTOR", "TARGET", "INTERVAL")]
+    for r in rules:
+        where = r.target.get("url") or r.target.get("queue_url") or ""
+        rows.append(
+            (r.name, r.namespace, ",".join(r.events), r.selector or "(all)", cell(where), f"{r.min_interval_seconds}s")
+        )
+    print_table(rows)
+    return 0
+
+
+def cmd_notifications_put(args: argparse.Namespace) -> int:
+    import json
+
+    with open(args.filename) if args.filename != "-" else sys.stdin as f:
+        rule = json.load(f) if args.filename.endswith(".json") else _yaml(f.read())
+    with _client(args) as cron:
+        saved = cron.put_notification(args.name, rule)
+    print_data(saved, args.output if args.output != "table" else "yaml")
+    return 0
+
+
+def cmd_notifications_delete(args: argparse.Namespace) -> int:
+    with _client(args) as cron:
+        cron.delete_notification(args.name)
+    return 0
+
+
+def _yaml(text: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def _notification_parsers(sub: Any) -> None:
+    s = sub.add_parser("notifications", help="list and change the namespace's notification rules")
+    actions = s.add_subparsers(dest="notifications_command", required=True, metavar="ACTION")
+    c = actions.add_parser("list", help="the notification rules")
+    add_connection_arguments(c)
+    c.set_defaults(fn=cmd_notifications_list)
+    _output(c)
+    c = actions.add_parser("put", help="create or replace a rule from a file (YAML or JSON; - for standard input)")
+    add_connection_arguments(c)
+    c.set_defaults(fn=cmd_notifications_put)
+    c.add_argument("name")
+    c.add_argument("-f", "--filename", required=True, metavar="FILE")
+    _output(c)
+    c = actions.add_parser("delete", help="delete a rule")
+    add_connection_arguments(c)
+    c.set_defaults(fn=cmd_notifications_delete)
+    c.add_argument("name")

@@ -72,7 +72,8 @@ def schedule_text(schedule: dict[str, Any]) -> str:
     kind = schedule.get("type")
     if kind == "cron":
         zone = schedule.get("timezone", "UTC")
-        return f"cron {schedule.get('expression')}" + ("" if zone == "UTC" else f" {zone}")
+        expressions = schedule.get("expressions") or [schedule.get("expression")]
+        return f"cron {' | '.join(map(str, expressions))}" + ("" if zone == "UTC" else f" {zone}")
     if kind == "interval":
         return f"every {duration(int(schedule.get('every_seconds', 0)))}"
     if kind == "once":

@@ -154,12 +154,18 @@ class Job(_Answer):
     paused: bool
     events_per_trigger: int = 1
     throttle: str | None = None
+    calendars: list[str] = Field(default_factory=list)
     misfire_policy: str = "fire_once"
     catchup_window_seconds: int = 3600
     overlap_policy: str = "allow"
     delete_after_completion: bool = False
     dead_letter_queue_url: str | None = None
+    failure_policy: dict[str, Any] | None = None
+    late_after_seconds: int = 60
+    capture_response_bytes: int = 0
     state: str
+    health: dict[str, Any] = Field(default_factory=dict)
+    paused_reason: dict[str, Any] | None = None
     created_at: datetime
     updated_at: datetime
     version: int
@@ -194,6 +200,20 @@ class Execution(_Answer):
     duplicates: int = 0
     throttle_wait_ms: int | None = None
     dead_lettered: bool | None = None
+    response: str | None = None
+
+
+class Notification(_Answer):
+    """A notification rule: which events of which jobs go where."""
+
+    name: str
+    namespace: str
+    events: list[str]
+    selector: str = ""
+    target: dict[str, Any]
+    min_interval_seconds: int = 60
+    created_at: datetime
+    updated_at: datetime
 
 
 class JobEvent(_Answer):
@@ -218,6 +238,43 @@ class Redelivered(_Answer):
     job_id: str
     execution_id: str
     attempt: int
+
+
+class CalendarDoc(_Answer):
+    """A business calendar: the local dates it excludes, in its time zone (see cronman.calendars)."""
+
+    name: str
+    namespace: str
+    timezone: str
+    exclude: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+    def document(self) -> dict[str, Any]:
+        """The calendar as a user writes it (what PUT takes)."""
+        return {"timezone": self.timezone, "exclude": self.exclude}
+
+
+class Backfill(_Answer):
+    """A backfill and its progress."""
+
+    id: str
+    job_id: str
+    namespace: str
+    state: str
+    from_: datetime = Field(alias="from")
+    to: datetime
+    max_per_second: float
+    total: int
+    dispatched: int
+    delivered: int
+    failed: int
+    skipped: int = 0
+    pending: int = 0
+    driver: str | None = None
+    reason: str | None = None
+    created_at: datetime
+    updated_at: datetime
 
 
 class ErrorDetail(_Answer):
@@ -504,13 +561,71 @@ class Client:
             results=results, created=created, replaced=replaced, failed=len(results) - created - replaced
         )
 
+    # -- notifications ---------------------------------------------------------------------
+    def list_notifications(self, *, namespace: str | None = None) -> list[Notification]:
+        answer = self._request("GET", "/v1/notifications", params={"namespace": self._ns(namespace)})
+        return [_parse(Notification, n) for n in answer["notifications"]]
+
+    def put_notification(self, name: str, rule: Mapping[str, Any], *, namespace: str | None = None) -> Notification:
+        """PUT /v1/notifications/{name}: create or replace a rule."""
+        path = "/v1/notifications/" + quote(name, safe="")
+        return self._get_model(Notification, "PUT", path, params={"namespace": self._ns(namespace)}, body=dict(rule))
+
+    def delete_notification(self, name: str, *, namespace: str | None = None) -> None:
+        path = "/v1/notifications/" + quote(name, safe="")
+        self._request("DELETE", path, params={"namespace": self._ns(namespace)})
+
     def cluster(self) -> Cluster:
         """The live scheduler nodes (needs the admin key)."""
         return self._get_model(Cluster, "GET", "/v1/cluster")
 
+    # -- calendars ---------------------------------------------------------------------------
+    def put_calendar(self, name: str, calendar: Mapping[str, Any], *, namespace: str | None = None) -> CalendarDoc:
+        """PUT /v1/calendars/{name}: create or replace (``{"timezone": ..., "exclude": {...}}``)."""
+        params = {"namespace": self._ns(namespace)}
+        return self._get_model(CalendarDoc, "PUT", _calendar_path(name), params=params, body=dict(calendar))
+
+    def get_calendar(self, name: str, *, namespace: str | None = None) -> CalendarDoc:
+        params = {"namespace": self._ns(namespace)}
+        return self._get_model(CalendarDoc, "GET", _calendar_path(name), params=params)
+
+    def list_calendars(self, *, namespace: str | None = None) -> list[CalendarDoc]:
+        answer = self._request("GET", "/v1/calendars", params={"namespace": self._ns(namespace)})
+        return [_parse(CalendarDoc, c) for c in answer["calendars"]]
+
+    def delete_calendar(self, name: str, *, namespace: str | None = None) -> None:
+        """ConflictError while live jobs name it."""
+        self._request("DELETE", _calendar_path(name), params={"namespace": self._ns(namespace)})
+
+    # -- backfills ---------------------------------------------------------------------------
+    def backfill(self, job_id: str, start: datetime, end: datetime, max_per_second: float | None = None) -> Backfill:
+        """POST /v1/jobs/{id}/backfill: deliver the job's occurrences in [start, end] again."""
+        body: dict[str, Any] = {"from": iso_dt(start), "to": iso_dt(end)}
+        if max_per_second is not None:
+            body["max_per_second"] = max_per_second
+        return self._get_model(Backfill, "POST", _job_path(job_id, "backfill"), body=body)
+
+    def get_backfill(self, backfill_id: str) -> Backfill:
+        return self._get_model(Backfill, "GET", _backfill_path(backfill_id))
+
+    def cancel_backfill(self, backfill_id: str) -> Backfill:
+        return self._get_model(Backfill, "DELETE", _backfill_path(backfill_id))
+
+    def job_backfills(self, job_id: str, *, limit: int = 20) -> list[Backfill]:
+        answer = self._request("GET", _job_path(job_id, "backfills"), params={"limit": limit})
+        return [_parse(Backfill, b) for b in answer["backfills"]]
+
 
 def _job_path(job_id: str, *rest: str) -> str:
     return "/".join(["/v1/jobs", *(quote(part, safe="") for part in (job_id, *rest))])
+
+
+def _calendar_path(name: str) -> str:
+    return "/v1/calendars/" + quote(name, safe="")
+
+
+def _backfill_path(backfill_id: str) -> str:
+    return "/v1/backfills/" + quote(backfill_id, safe="")
 
 
 def _parse(model: type[T], answer: Any) -> T:

@@ -23,7 +23,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 metadata = MetaData()
 
@@ -72,6 +72,7 @@ jobs = Table(
         server_default=text("'{}'::jsonb"),
         comment="key/value labels for selecting jobs (cronman.labels)",
     ),
+    Column("paused_reason", JSONB, comment="why and since when a paused job is paused"),
     Index("ix_jobs_slot_live", "slot", postgresql_where=text("deleted_at IS NULL")),
     # Label selectors (containment @> and key existence ?: the default jsonb_ops answers both) and
     # ?q= (a substring of the id or the name: pg_trgm).
@@ -80,6 +81,8 @@ jobs = Table(
     Index("ix_jobs_name_trgm", "name", postgresql_using="gin", postgresql_ops={"name": "gin_trgm_ops"}),
     Index("ix_jobs_change_xid", "change_xid"),
     Index("ix_jobs_namespace_id", "namespace", "id"),
+    # The few jobs that name calendars: which jobs use a calendar about to be deleted.
+    Index("ix_jobs_calendars", "namespace", postgresql_where=text("options ? 'calendars' AND deleted_at IS NULL")),
 )
 
 # Manual "fire once now" requests; nodes read them like the job change feed.
@@ -128,7 +131,9 @@ scheduled_jobs = Table(
     Column("dead_lettered", Boolean),
     Column("incarnation", BigInteger),
     Column("namespace", Text),
-    PrimaryKeyConstraint("job_id", "scheduled_for", "event_index", "attempt", name="pk_scheduled_jobs"),
+    Column("response", Text, comment="the start of the receiver's answer (opt-in)"),
+    # trigger too: a manual trigger or a backfill at an occurrence's instant is an execution of its own
+    PrimaryKeyConstraint("job_id", "scheduled_for", "event_index", "attempt", "trigger", name="pk_scheduled_jobs"),
     # Failures across jobs, newest first, and the jobs whose latest execution failed (the dashboard).
     Index(
         "ix_scheduled_jobs_failed",
@@ -242,4 +247,130 @@ cluster_outages = Table(
     Column("recorded_by", Text),
     Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_cluster_outages_until", "until"),
+)
+
+
+# Each job's health, kept up to date by the nodes' history writers as final outcomes are written
+# (and by the watchdog for late occurrences), so that a page of jobs reads it by key.
+job_health = Table(
+    "job_health",
+    metadata,
+    Column("job_id", Text, primary_key=True),
+    Column("incarnation", BigInteger, nullable=False),
+    Column("namespace", Text, nullable=False),
+    Column("last_success_at", DateTime(timezone=True)),
+    Column("last_failure_at", DateTime(timezone=True)),
+    Column("consecutive_failures", Integer, nullable=False, server_default="0"),
+    Column("failures_toward_pause", Integer, nullable=False, server_default="0"),
+    Column("last_lag_ms", BigInteger),
+    Column("last_delivered_for", DateTime(timezone=True), comment="the latest occurrence an attempt was made for"),
+    Column("late_since", DateTime(timezone=True), comment="the first occurrence of a late spell"),
+    Column("last_late_at", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Notifications: the rules of a namespace, the events writers record for them, one summary per
+# (rule, job, event kind), and the outbox of notifications to send (at least once).
+notification_rules = Table(
+    "notification_rules",
+    metadata,
+    Column("namespace", Text, primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("events", ARRAY(Text), nullable=False),
+    Column("selector", Text, nullable=False, server_default=""),
+    Column("target", JSONB, nullable=False),
+    Column("min_interval_seconds", Integer, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+notification_events = Table(
+    "notification_events",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("namespace", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("event", Text, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("detail", JSONB),
+)
+
+notification_state = Table(
+    "notification_state",
+    metadata,
+    Column("namespace", Text, primary_key=True),
+    Column("rule", Text, primary_key=True),
+    Column("job_id", Text, primary_key=True),
+    Column("event", Text, primary_key=True),
+    Column("last_sent_at", DateTime(timezone=True)),
+    Column("pending", Integer, nullable=False, server_default="0"),
+    Column("pending_first_at", DateTime(timezone=True)),
+    Column("pending_detail", JSONB),
+    Index("ix_notification_state_pending", "last_sent_at", postgresql_where=text("pending > 0")),
+)
+
+notification_outbox = Table(
+    "notification_outbox",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("event_id", UUID(as_uuid=False), nullable=False),
+    Column("namespace", Text, nullable=False),
+    Column("rule", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("event", Text, nullable=False),
+    Column("body", Text, nullable=False, comment="the JSON sent, the same bytes on every attempt"),
+    Column("target", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("sent_at", DateTime(timezone=True)),
+    Column("given_up_at", DateTime(timezone=True)),
+    Column("last_error", Text),
+    UniqueConstraint("event_id", name="uq_notification_outbox_event_id"),
+    Index(
+        "ix_notification_outbox_due",
+        "next_attempt_at",
+        postgresql_where=text("sent_at IS NULL AND given_up_at IS NULL"),
+    ),
+)
+
+
+# Business calendars (cronman.calendars): the days a namespace's jobs that name them do not fire.
+calendars = Table(
+    "calendars",
+    metadata,
+    Column("namespace", Text, primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("document", JSONB, nullable=False, comment="timezone and exclude, as cronman.calendars writes them"),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Backfills: a job's occurrences in a past range delivered again, as executions of their own (trigger
+# "backfill:<id>"), at a bounded rate. One owner of the job's slot drives a running backfill at a time
+# (``driver`` holds a lease until ``lease_until``, in database time) and records how far it got.
+backfills = Table(
+    "backfills",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("namespace", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("incarnation", BigInteger, nullable=False),
+    Column("from_at", DateTime(timezone=True), nullable=False),
+    Column("to_at", DateTime(timezone=True), nullable=False),
+    Column("max_per_second", Float, nullable=False),
+    Column("events", Integer, nullable=False, server_default="1", comment="executions per occurrence"),
+    Column("timing", JSONB, nullable=False, comment="the schedule and calendars when it was asked for"),
+    Column("total", Integer, nullable=False, comment="executions in all"),
+    Column("state", Text, nullable=False, comment="running, dispatched (all handed out) or cancelled"),
+    Column("cursor_at", DateTime(timezone=True), comment="every occurrence up to here is claimed"),
+    Column("dispatched", Integer, nullable=False, server_default="0", comment="executions handed out"),
+    Column("driver", Text),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("reason", Text),
+    Column("created_by", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_backfills_active", "state", postgresql_where=text("state <> 'dispatched'")),
+    Index("ix_backfills_job", "job_id", "created_at"),
 )

@@ -92,7 +92,8 @@ def describe_schedule(schedule: dict[str, Any]) -> str:
     kind = schedule.get("type")
     if kind == "cron":
         zone = schedule.get("timezone") or "UTC"
-        head = f"{cron_words(schedule['expression'])} ({zone})"
+        expressions = schedule.get("expressions") or [schedule["expression"]]
+        head = f"{'; or '.join(cron_words(e) for e in expressions)} ({zone})"
     elif kind == "interval":
         head = _interval(schedule)
     elif kind == "once":
@@ -106,4 +107,3 @@ def describe_schedule(schedule: dict[str, Any]) -> str:
 def zone_of(schedule: dict[str, Any]) -> str:
     """The time zone a schedule is read in (cron has one; the others are instants, shown in UTC)."""
     return str(schedule.get("timezone") or "UTC") if schedule.get("type") == "cron" else "UTC"
-

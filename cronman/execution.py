@@ -24,6 +24,18 @@ class Trigger(enum.StrEnum):
     MANUAL = "manual"
 
 
+BACKFILL = "backfill:"  # a backfill's executions carry the trigger "backfill:<backfill id>"
+
+
+def backfill_trigger(backfill_id: str) -> str:
+    return BACKFILL + backfill_id
+
+
+def backfill_of(trigger: str) -> str | None:
+    """The backfill id of an execution's trigger, or None when it is not a backfill's."""
+    return trigger[len(BACKFILL) :] if trigger.startswith(BACKFILL) else None
+
+
 def execution_id(job_id: str, scheduled_ms: int, event_index: int = 0, trigger: str = Trigger.SCHEDULE) -> str:
     """The id of one occurrence: the same on every node, attempt, takeover and redelivery.
 

@@ -54,6 +54,16 @@ class Keys:
         return f"{self.prefix}{{m}}nodes"
 
     @property
+    def epoch(self) -> str:
+        """A token set once per life of the Redis data: a new one means Redis lost its keys."""
+        return f"{self.prefix}{{m}}epoch"
+
+    @property
+    def progress(self) -> str:
+        """The furthest any ready node has fired (ms, the nodes' clocks)."""
+        return f"{self.prefix}{{m}}progress"
+
+    @property
     def layout(self) -> str:
         return f"{self.prefix}{{m}}layout"
 

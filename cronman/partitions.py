@@ -82,11 +82,13 @@ class MaintenanceReport:
     triggers_purged: int = 0
     events_purged: int = 0
     commands_purged: int = 0
+    backfills_purged: int = 0
 
 
 def maintain(conn: Connection, today: date, retention_days: int, ahead_days: int) -> MaintenanceReport:
     """Create partitions from yesterday to ``ahead_days`` ahead, drop expired ones, purge old
-    tombstones and triggers, and job events and queued commands older than the retention."""
+    tombstones and triggers, and job events, queued commands and finished backfills older than the
+    retention."""
     report = MaintenanceReport()
     report.created = ensure_partitions(conn, (today + timedelta(days=d) for d in range(-1, ahead_days + 1)))
     report.dropped = drop_expired(conn, today, retention_days)
@@ -104,6 +106,11 @@ def maintain(conn: Connection, today: date, retention_days: int, ahead_days: int
     ).rowcount
     report.commands_purged = conn.execute(
         text("DELETE FROM commands WHERE received_at < now() - make_interval(days => :days)"), cutoff
+    ).rowcount
+    # A finished backfill's history is gone with its partitions by then.
+    report.backfills_purged = conn.execute(
+        text("DELETE FROM backfills WHERE state <> 'running' AND updated_at < now() - make_interval(days => :days)"),
+        cutoff,
     ).rowcount
     return report
 

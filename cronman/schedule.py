@@ -110,6 +110,22 @@ def validate_cron(expression: str) -> str | None:
     return cron_error(expression)
 
 
+@lru_cache(maxsize=1024)
+def cron_spacing_seconds(expressions: tuple[str, ...]) -> int:
+    """The shortest time between two wall times the expressions name together (86400 when they name
+    one time of day): the most a jitter may be, so that jittered occurrences keep their order and a
+    search for the next one looks at a bounded number of them (`JitteredTiming`)."""
+    times: set[int] = set()
+    for expression in expressions:
+        e = parse_cron(expression, stored=True)
+        times.update(h * 3600 + m * 60 + s for h in e.hours for m in e.minutes for s in e.seconds)
+    ordered = sorted(times)
+    if len(ordered) < 2:
+        return 86_400
+    gaps = (b - a for a, b in zip(ordered, ordered[1:], strict=False))
+    return min(min(gaps), 86_400 - ordered[-1] + ordered[0])
+
+
 def validate_timezone(name: str) -> str | None:
     if not name or len(name) > 64 or name.startswith(("/", ".")) or ".." in name:
         return "unknown time zone; use an IANA name such as America/New_York"
@@ -393,6 +409,7 @@ __all__ = [
     "OnceTiming",
     "Timing",
     "cron_expressions",
+    "cron_spacing_seconds",
     "cron_rule",
     "next_times",
     "phase_for",

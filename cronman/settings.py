@@ -95,6 +95,15 @@ class Settings(BaseSettings):
     # A delivered row its writer has not recorded by then (it died) is written by a slot owner.
     history_recover_after_seconds: float = Field(30.0, gt=0)
 
+    # Job health and notifications (scheduler_node.watch): whether this process takes part in the
+    # watchdog for late occurrences and the notification dispatcher (one process of the API and
+    # the nodes runs them at a time, under a PostgreSQL advisory lock), and how often they look.
+    watch_enabled: bool = True
+    watch_seconds: float = Field(2.0, gt=0, le=60)
+    notification_timeout_seconds: float = Field(10.0, gt=0, le=60)
+    # Tracing: an OTLP/HTTP endpoint (http://collector:4318) nodes export delivery spans to.
+    otlp_endpoint: str | None = None
+
     # History
     history_retention_days: int = Field(45, ge=1)
     partitions_ahead_days: int = Field(7, ge=1, le=60)

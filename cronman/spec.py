@@ -28,7 +28,14 @@ from cronman.errors import InvalidInput
 from cronman.labels import KEY_PATTERN, MAX_KEY, MAX_LABELS, MAX_NAME, MAX_PREFIX, VALUE_PATTERN, labels_error
 from cronman.misfire import MisfirePolicy
 from cronman.queues import parse_queue
-from cronman.schedule import FoldPolicy, GapPolicy, timing_from_dict, validate_cron, validate_timezone
+from cronman.schedule import (
+    FoldPolicy,
+    GapPolicy,
+    cron_spacing_seconds,
+    timing_from_dict,
+    validate_cron,
+    validate_timezone,
+)
 from cronman.timeutil import MAX_INSTANT, MAX_INSTANT_MS, MIN_INSTANT, iso, to_ms
 from cronman.urls import wire_url
 
@@ -85,7 +92,9 @@ class _Bounds(_Model):
         le=3600,
         allow_inf_nan=False,
         description="Moves each occurrence later by a fixed-per-occurrence offset in [0, jitter_seconds), derived "
-        "from the job id and the occurrence, so many jobs due at one instant spread out and every node agrees.",
+        "from the job id and the occurrence, so many jobs due at one instant spread out and every node agrees. At "
+        "most every_seconds for an interval; for cron, at most the shortest time between two times of day the "
+        "expressions name (1 s for '* * * * * *', 300 s for '*/5 * * * *', a day for a daily one).",
     )
 
     @model_validator(mode="after")
@@ -95,12 +104,28 @@ class _Bounds(_Model):
         return self
 
 
+MAX_EXPRESSIONS = 10
+
+
 class CronSchedule(_Bounds):
     type: Literal["cron"]
-    expression: PlainStr = Field(
+    expression: PlainStr | None = Field(
+        None,
         max_length=200,
-        description="5 fields (minute hour day-of-month month day-of-week), or 6 with a leading seconds field.",
+        description="5 fields (minute hour day-of-month month day-of-week), or 6 with a leading seconds field, "
+        "or an alias (@yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly). Day fields take L "
+        "(last day), LW (last weekday), 15W (weekday nearest the 15th), 6#3 (third Saturday) and 5L (last "
+        "Friday). Exactly one of expression and expressions.",
         examples=["0 7 * * *"],
+    )
+    expressions: list[Annotated[PlainStr, Field(max_length=200)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_EXPRESSIONS,
+        description=f"Several expressions (at most {MAX_EXPRESSIONS}), in the same syntax as expression: an "
+        "occurrence is the earliest next of any of them, and an instant several name fires once. The time zone "
+        "and the DST policies apply to each. Exactly one of expression and expressions.",
+        examples=[["0 9 * * 1-5", "0 12 L * *"]],
     )
     timezone: PlainStr = Field("UTC", max_length=64, description="IANA time zone name.")
     dst_gap: GapPolicy = Field(
@@ -116,11 +141,24 @@ class CronSchedule(_Bounds):
 
     @field_validator("expression")
     @classmethod
-    def _cron(cls, v: str) -> str:
+    def _cron(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
         error = validate_cron(v)
         if error:
             raise PydanticCustomError("invalid_cron", error)
         return " ".join(v.split())
+
+    @field_validator("expressions")
+    @classmethod
+    def _crons(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        for i, expression in enumerate(v):
+            error = validate_cron(expression)
+            if error:
+                raise PydanticCustomError("invalid_cron", "{message}", {"message": error, "field": str(i)})
+        return [" ".join(e.split()) for e in v]
 
     @field_validator("timezone")
     @classmethod
@@ -132,10 +170,27 @@ class CronSchedule(_Bounds):
 
     @model_validator(mode="after")
     def _fires(self) -> CronSchedule:
+        if (self.expression is None) == (self.expressions is None):
+            raise PydanticCustomError(
+                "missing_field" if self.expression is None else "invalid_value",
+                "a cron schedule has exactly one of expression and expressions",
+                {"field": "expression"},
+            )
+        which = "expression" if self.expression is not None else "expressions"
+        listed = tuple(self.expressions or [self.expression or ""])
+        if self.jitter_seconds:
+            spacing = cron_spacing_seconds(listed)
+            if self.jitter_seconds > spacing:
+                raise PydanticCustomError(
+                    "invalid_value",
+                    "jitter_seconds must not exceed the shortest time between two occurrences of the schedule "
+                    "({spacing} s here): a larger jitter would reorder occurrences",
+                    {"field": "jitter_seconds", "spacing": spacing},
+                )
         timing = timing_from_dict(self.model_dump(mode="json", exclude_none=True), "")
         after = to_ms(self.start_at) - 1 if self.start_at else to_ms(datetime(2000, 1, 1, tzinfo=UTC))
         if timing.next_after(after) is None:
-            raise PydanticCustomError("invalid_cron", "this cron expression never fires", {"field": "expression"})
+            raise PydanticCustomError("invalid_cron", "this cron schedule never fires", {"field": which})
         return self
 
 
@@ -312,6 +367,21 @@ class OverlapPolicy(enum.StrEnum):
 
 
 THROTTLE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+CALENDAR_NAME_PATTERN = THROTTLE_NAME_PATTERN
+MAX_JOB_CALENDARS = 10
+
+
+MAX_CAPTURE_BYTES = 4096
+
+
+class FailurePolicy(_Model):
+    pause_after_consecutive_failures: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="Pause the job after this many executions in a row ended permanently_failed (the job's "
+        "paused_reason says why and since when; resuming clears it). null: never.",
+    )
 
 
 class JobSpec(_Model):
@@ -343,6 +413,13 @@ class JobSpec(_Model):
     throttle: str | None = Field(
         None, pattern=THROTTLE_NAME_PATTERN, description="Name of a throttle policy of the job's namespace."
     )
+    calendars: list[Annotated[str, Field(pattern=CALENDAR_NAME_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=MAX_JOB_CALENDARS,
+        description="Names of calendars of the job's namespace (PUT /v1/calendars/{name}): an occurrence on a day "
+        "any of them excludes is not delivered but recorded as skipped, with the calendar's name.",
+        examples=[["holidays"]],
+    )
     misfire_policy: MisfirePolicy = Field(
         MisfirePolicy.FIRE_ONCE,
         description="Occurrences no scheduler could fire on time (all were down): fire_once = the latest, late; "
@@ -363,10 +440,37 @@ class JobSpec(_Model):
         "as target.queue_url).",
     )
 
+    failure_policy: FailurePolicy | None = Field(None, description="What repeated failures do to the job.")
+    late_after_seconds: int = Field(
+        60,
+        ge=5,
+        le=7 * 86400,
+        description="An occurrence no scheduler has taken up this long after its due time is recorded late (a "
+        "history row with status late), health.state is late until one is delivered, and execution.late "
+        "notifications go out.",
+    )
+    capture_response_bytes: int = Field(
+        0,
+        ge=0,
+        le=MAX_CAPTURE_BYTES,
+        description="Keep the start of the receiver's answer (HTTP targets), up to this many bytes, in each "
+        "execution's response. 0: keep none.",
+    )
+
     @field_validator("dead_letter_queue_url")
     @classmethod
     def _dlq(cls, v: str | None) -> str | None:
         return None if v is None else _queue_url(v, "dead_letter_queue_url")
+
+    @field_validator("calendars")
+    @classmethod
+    def _distinct_calendars(cls, v: list[str]) -> list[str]:
+        for i, name in enumerate(v):
+            if name in v[:i]:
+                raise PydanticCustomError(
+                    "invalid_value", "calendar {name!r} is named twice", {"name": name, "field": str(i)}
+                )
+        return v
 
     @field_validator("labels")
     @classmethod
@@ -400,11 +504,15 @@ class JobSpec(_Model):
 OPTION_FIELDS = (
     "events_per_trigger",
     "throttle",
+    "calendars",
     "misfire_policy",
     "catchup_window_seconds",
     "overlap_policy",
     "delete_after_completion",
     "dead_letter_queue_url",
+    "failure_policy",
+    "late_after_seconds",
+    "capture_response_bytes",
 )
 
 
@@ -419,7 +527,8 @@ def options_with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
     """A stored options document with every option present (jobs stored before an option existed)."""
     out = {}
     for k in OPTION_FIELDS:
-        default = JobSpec.model_fields[k].default
+        model_field = JobSpec.model_fields[k]
+        default = model_field.get_default(call_default_factory=True)
         out[k] = stored.get(k, default.value if isinstance(default, enum.Enum) else default)
     return out
 

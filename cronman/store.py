@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -36,10 +37,12 @@ from sqlalchemy.pool import NullPool
 from cronman import audit
 from cronman.apikeys import DEFAULT_NAMESPACE
 from cronman.audit import NOBODY, Actor, audited
+from cronman.calendar_store import missing_calendars, unknown_calendar
 from cronman.db import job_triggers, jobs, scheduled_jobs
 from cronman.errors import Conflict, CronmanError, InvalidInput, NotFound
 from cronman.execution import Trigger, execution_id
 from cronman.hashing import slot_of
+from cronman.health import paused_by
 from cronman.labels import Op, Selector
 from cronman.pgurl import sqlalchemy_url
 from cronman.spec import JobSpec, options_of
@@ -64,6 +67,7 @@ _RETURNING = (
     jobs.c.options,
     jobs.c.incarnation,
     jobs.c.labels,
+    jobs.c.paused_reason,
 )
 
 
@@ -126,6 +130,7 @@ class JobRecord:
     options: dict[str, Any]
     incarnation: int
     labels: dict[str, str]
+    paused_reason: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any]) -> JobRecord:
@@ -187,7 +192,7 @@ WITH created AS (
         options = EXCLUDED.options, labels = EXCLUDED.labels, version = EXCLUDED.version,
         change_xid = EXCLUDED.change_xid,
         created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, deleted_at = NULL,
-        incarnation = EXCLUDED.incarnation
+        incarnation = EXCLUDED.incarnation, paused_reason = NULL
     WHERE jobs.deleted_at IS NOT NULL
     RETURNING {_RETURNED}
 ), event AS (
@@ -236,22 +241,44 @@ def _require_throttle(conn: Connection, spec: JobSpec, namespace: str) -> None:
         raise unknown_throttle(spec.throttle, namespace)
 
 
+def _landing(conn: Connection, ids: list[str], namespace: str | None) -> dict[str, str]:
+    """The namespace each job lands in. Without a namespace (the admin), a job's namespace is that
+    of the live job it replaces, else the default."""
+    existing: dict[str, str] = {}
+    if namespace is None:
+        rows = conn.execute(select(jobs.c.id, jobs.c.namespace).where(jobs.c.id.in_(ids), jobs.c.deleted_at.is_(None)))
+        existing = {r[0]: r[1] for r in rows}
+    return {job_id: namespace or existing.get(job_id, DEFAULT_NAMESPACE) for job_id in ids}
+
+
 def _unknown_throttles(
     conn: Connection, items: Sequence[tuple[JobSpec, str]], namespace: str | None
 ) -> dict[int, CronmanError]:
-    """The items (by index) naming a throttle policy their namespace lacks. Without a namespace
-    (the admin), a job's namespace is that of the live job it replaces, else the default."""
+    """The items (by index) naming a throttle policy their namespace lacks."""
     named = [(k, spec.throttle, job_id) for k, (spec, job_id) in enumerate(items) if spec.throttle is not None]
     if not named:
         return {}
-    existing: dict[str, str] = {}
-    if namespace is None:
-        ids = [job_id for _, _, job_id in named]
-        rows = conn.execute(select(jobs.c.id, jobs.c.namespace).where(jobs.c.id.in_(ids), jobs.c.deleted_at.is_(None)))
-        existing = {r[0]: r[1] for r in rows}
-    where = {job_id: namespace or existing.get(job_id, DEFAULT_NAMESPACE) for _, _, job_id in named}
+    where = _landing(conn, [job_id for _, _, job_id in named], namespace)
     missing = missing_policies(conn, {(where[job_id], name) for _, name, job_id in named})
     return {k: unknown_throttle(name, where[job_id]) for k, name, job_id in named if (where[job_id], name) in missing}
+
+
+def _unknown_calendars(
+    conn: Connection, items: Sequence[tuple[JobSpec, str]], namespace: str | None
+) -> dict[int, CronmanError]:
+    """The items (by index) naming a calendar their namespace lacks; the calendars found stay
+    locked until the write commits, so that a delete cannot slip in between."""
+    named = [(k, spec.calendars, job_id) for k, (spec, job_id) in enumerate(items) if spec.calendars]
+    if not named:
+        return {}
+    where = _landing(conn, [job_id for _, _, job_id in named], namespace)
+    missing = missing_calendars(conn, {(where[j], n) for _, names, j in named for n in names}, lock=True)
+    out: dict[int, CronmanError] = {}
+    for k, names, job_id in named:
+        gone = [n for n in names if (where[job_id], n) in missing]
+        if gone:
+            out[k] = unknown_calendar(gone[0], where[job_id])
+    return out
 
 
 # Create-or-replace of many jobs in one statement: the rows travel as arrays (one bind parameter
@@ -276,7 +303,8 @@ WITH v AS (
         labels = excluded.labels, slot = excluded.slot, version = excluded.version, change_xid = excluded.change_xid,
         created_at = CASE WHEN jobs.deleted_at IS NULL THEN jobs.created_at ELSE now() END,
         updated_at = excluded.updated_at, deleted_at = NULL,
-        incarnation = CASE WHEN jobs.deleted_at IS NULL THEN jobs.incarnation ELSE excluded.incarnation END
+        incarnation = CASE WHEN jobs.deleted_at IS NULL THEN jobs.incarnation ELSE excluded.incarnation END,
+        paused_reason = CASE WHEN excluded.paused AND jobs.deleted_at IS NULL THEN jobs.paused_reason END
     {where}
     RETURNING {returning}
 ), event AS (
@@ -404,6 +432,24 @@ def decode_cursor(cursor: str, shape: tuple[type, ...]) -> list[Any]:
         raise InvalidInput("cursor is not one this API returned", field="cursor", code="invalid_cursor") from None
 
 
+def _history_cursor(cursor: str) -> tuple[int, int, int, str]:
+    """(scheduled ms, event index, attempt, trigger) of the last row of a page; a cursor from before
+    history was keyed by trigger has no trigger ("" sorts first: the same rows follow)."""
+    try:
+        ms, ev, att, trig = decode_cursor(cursor, (int, int, int, str))
+    except InvalidInput:
+        (ms, ev, att), trig = decode_cursor(cursor, (int, int, int)), ""
+    if not (
+        MIN_INSTANT_MS <= ms < MAX_INSTANT_MS
+        and 0 <= ev < 2**31
+        and 0 <= att < 2**31
+        and len(trig) <= 200
+        and "\x00" not in trig
+    ):
+        raise InvalidInput("cursor is not one this API returned", field="cursor", code="invalid_cursor")
+    return ms, ev, att, trig
+
+
 def _history_of(record: JobRecord) -> ColumnElement[bool]:
     """The history rows of a job's current incarnation. Rows written before history carried the
     incarnation (NULL) count when they are not older than the incarnation itself."""
@@ -442,6 +488,7 @@ class ExecutionRecord:
     duplicates: int
     throttle_wait_ms: int | None
     dead_lettered: bool | None
+    response: str | None = None
 
 
 class JobStore:
@@ -503,8 +550,11 @@ class JobStore:
             "actor": actor.name,
             "detail": None if actor.detail is None else json.dumps(actor.detail),
         }
-        with self._single_statement() as conn:
+        with self._begin() if spec.calendars else self._single_statement() as conn:
             _require_throttle(conn, spec, namespace)
+            refused = _unknown_calendars(conn, [(spec, job_id)], namespace)
+            if refused:
+                raise refused[0]
             row = conn.exec_driver_sql(_CREATE_SQL, params).mappings().first()
         if row is None:  # a live job has this id: a tombstoned one would have been revived
             raise Conflict(f"a job with id {job_id!r} already exists", field="id")
@@ -518,7 +568,9 @@ class JobStore:
         A live job of another namespace is a Conflict. ``namespace=None`` (the admin) replaces a
         live job in its own namespace and creates a new one in the default namespace."""
         with self._begin() as conn:
-            refused = _unknown_throttles(conn, [(spec, job_id)], namespace)
+            refused = _unknown_throttles(conn, [(spec, job_id)], namespace) or _unknown_calendars(
+                conn, [(spec, job_id)], namespace
+            )
             if refused:
                 raise refused[0]
             row = conn.execute(_upsert(namespace, full=True), _upsert_params([(spec, job_id)], namespace, actor, None))
@@ -552,7 +604,8 @@ class JobStore:
         written: dict[str, bool] = {}
         with self._begin() as conn:
             candidates = [i for i in range(len(items)) if i not in refused]
-            unknown = _unknown_throttles(conn, [items[i] for i in candidates], namespace)
+            wanted = [items[i] for i in candidates]
+            unknown = {**_unknown_calendars(conn, wanted, namespace), **_unknown_throttles(conn, wanted, namespace)}
             refused.update({candidates[k]: err for k, err in unknown.items()})
             rows = [items[i] for i in range(len(items)) if i not in refused]
             if rows:
@@ -611,14 +664,19 @@ class JobStore:
         values = _values(spec, job_id, namespace or "default")
         for k in ("id", "namespace", "created_at", "deleted_at"):
             values.pop(k)
+        if not spec.paused:
+            values["paused_reason"] = None
         cond = and_(jobs.c.id == job_id, jobs.c.version == version, jobs.c.deleted_at.is_(None))
         if namespace is not None:
             cond = and_(cond, jobs.c.namespace == namespace)
         stmt = update(jobs).where(cond).values(values).returning(*_RETURNING)
         with self._begin() as conn:
-            if spec.throttle is not None:
+            if spec.throttle is not None or spec.calendars:
                 current = conn.execute(select(jobs.c.namespace).where(jobs.c.id == job_id)).scalar()
                 _require_throttle(conn, spec, current or namespace or "default")
+                refused = _unknown_calendars(conn, [(spec, job_id)], current or namespace or "default")
+                if refused:
+                    raise refused[0]
             row = conn.execute(audited(stmt, audit.UPDATE, actor, detail)).mappings().first()
         if row is None:
             raise Conflict(
@@ -627,10 +685,18 @@ class JobStore:
         return JobRecord.from_row(row)
 
     def set_paused(self, job_id: str, namespace: str | None, paused: bool, actor: Actor = NOBODY) -> JobRecord:
+        """Pause (recording who and when in ``paused_reason``) or resume (clearing it)."""
+        reason = paused_by(actor.name, iso(int(time.time() * 1000))) if paused else None
         stmt = (
             update(jobs)
             .where(_live(job_id, namespace))
-            .values(paused=paused, version=_NEXT_VERSION, change_xid=_CURRENT_XID, updated_at=_NOW)
+            .values(
+                paused=paused,
+                paused_reason=reason,
+                version=_NEXT_VERSION,
+                change_xid=_CURRENT_XID,
+                updated_at=_NOW,
+            )
             .returning(*_RETURNING)
         )
         with self._begin() as conn:
@@ -742,14 +808,13 @@ class JobStore:
         c = scheduled_jobs.c
         q = select(*(getattr(c, f) for f in ExecutionRecord.__slots__))
         if cursor:
-            ms, ev, att = decode_cursor(cursor, (int, int, int))
-            if not (MIN_INSTANT_MS <= ms < MAX_INSTANT_MS and 0 <= ev < 2**31 and 0 <= att < 2**31):
-                raise InvalidInput("cursor is not one this API returned", field="cursor", code="invalid_cursor")
+            ms, ev, att, trig = _history_cursor(cursor)
             q = q.where(
-                tuple_(c.scheduled_for, c.event_index, c.attempt)
-                < tuple_(literal(from_ms(ms)), literal(ev), literal(att))
+                tuple_(c.scheduled_for, c.event_index, c.attempt, c.trigger)
+                < tuple_(literal(from_ms(ms)), literal(ev), literal(att), literal(trig))
             )
-        q = q.order_by(c.scheduled_for.desc(), c.event_index.desc(), c.attempt.desc()).limit(limit + 1)
+        q = q.order_by(c.scheduled_for.desc(), c.event_index.desc(), c.attempt.desc(), c.trigger.desc())
+        q = q.limit(limit + 1)
         with self._connect() as conn:
             record = _get(conn, job_id, namespace)
             rows = [ExecutionRecord(**r) for r in conn.execute(q.where(_history_of(record))).mappings()]
@@ -757,7 +822,7 @@ class JobStore:
         if len(rows) > limit:
             rows = rows[:limit]
             last = rows[-1]
-            next_cursor = encode_cursor([to_ms(last.scheduled_for), last.event_index, last.attempt])
+            next_cursor = encode_cursor([to_ms(last.scheduled_for), last.event_index, last.attempt, last.trigger])
         return rows, next_cursor
 
     def ping(self) -> None:

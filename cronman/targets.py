@@ -81,10 +81,15 @@ def _resolve(host: str) -> list[str]:
 def check_callback(spec: JobSpec, settings: Settings, resolved: dict[str, list[str]] | None = None) -> None:
     """Refuse (400 ``forbidden_address``) an HTTP target the SSRF rules do not allow. ``resolved``
     caches host lookups across the jobs of one request (a batch names few distinct hosts)."""
-    if not isinstance(spec.target, HttpTarget):
-        return
+    if isinstance(spec.target, HttpTarget):
+        check_url(spec.target.url, settings, resolved)
+
+
+def check_url(
+    url: str, settings: Settings, resolved: dict[str, list[str]] | None = None, field: str = "target.url"
+) -> None:
+    """Refuse (400 ``forbidden_address``) a callback URL the SSRF rules do not allow."""
     policy = CallbackPolicy(settings.dev_mode, settings.allowlist)
-    url = spec.target.url
     host = wire_url(url).host  # the name looked up and connected to: punycode for an IDN
     addresses: list[str] = []
     if parse_address(host) is None and not policy.allowlist.allows_host(host) and policy.host_refusal(host) is None:
@@ -96,9 +101,7 @@ def check_callback(spec: JobSpec, settings: Settings, resolved: dict[str, list[s
             addresses = resolved[host] = _resolve(host)
     reason = policy.refusal(url, addresses)
     if reason:
-        raise InvalidInput(
-            f"target.url: {explain(reason, settings.dev_mode)}", field="target.url", code="forbidden_address"
-        )
+        raise InvalidInput(f"{field}: {explain(reason, settings.dev_mode)}", field=field, code="forbidden_address")
 
 
 def check_queues(spec: JobSpec, settings: Settings, namespace: str) -> None:

@@ -105,8 +105,8 @@ class Execution:
         return self.d.trigger
 
     @property
-    def ident(self) -> tuple[str, int, int]:
-        return (self.d.job_id, self.d.scheduled_ms, self.d.event_index)
+    def ident(self) -> tuple[str, int, int, str]:
+        return (self.d.job_id, self.d.scheduled_ms, self.d.event_index, str(self.d.trigger))
 
     @property
     def active(self) -> bool:

@@ -31,7 +31,7 @@ from typing import Any
 
 from cronman import signing
 from cronman.errors import TransientError
-from cronman.execution import Status, Trigger, backoff_ms, execution_id
+from cronman.execution import Status, Trigger, backfill_of, backoff_ms, execution_id
 from cronman.hashing import slot_of
 from cronman.timeutil import iso
 from scheduler_node.execution import Descriptor, Execution, Stage
@@ -52,6 +52,7 @@ from scheduler_node.parts import (
 from scheduler_node.senders import Senders
 from scheduler_node.store import Attempts, NodeStore
 from scheduler_node.throttle import ThrottleGate
+from scheduler_node.tracing import Tracing
 
 log = logging.getLogger("cronman.node")
 
@@ -70,6 +71,7 @@ class FirerConfig:
     max_in_flight: int = 1000
     namespace_share: float = 0.5
     tick_seconds: float = 0.02  # timer passes are at least this far apart under load
+    idle_seconds: float = 0.1  # and at most this far apart when nothing is due
     sweep_seconds: float = 1.0
     unrecorded_after_ms: int = 30_000  # a delivered row not written by then: an owner writes it
     faults: frozenset[str] = frozenset()
@@ -99,9 +101,12 @@ class Firer:
         metrics: NodeMetrics,
         throttle: ThrottleGate | None = None,
         secrets: Callable[[str], tuple[str, ...] | None] = lambda namespace: None,
+        screen: Callable[[Execution], tuple[Status, str] | None] = lambda e: None,
         rng: random.Random | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.cfg = cfg
+        self.tracing = tracing or Tracing()
         self.clock = clock
         self.claims = claims
         self.senders = senders
@@ -110,6 +115,9 @@ class Firer:
         self.metrics = metrics
         self.throttle = throttle
         self.secrets = secrets
+        # What the cluster's configuration says of a won execution before it is sent: skip it (a
+        # calendar excludes its day) or cancel it (its backfill was cancelled); None: send it.
+        self.screen = screen
         self.rng = rng or random.Random()
         self.lease_s = cfg.lease_ms / 1000
         # What happens to executions, step by step, for whoever watches (the simulation's --trace).
@@ -221,7 +229,8 @@ class Firer:
             ok = await self._pass(due, retries)
             if ok:
                 head = fires[0][0] if fires else now + 1
-                pending = min((e.scheduled_ms for e in self.due), default=now + 1)
+                # (a backfill's occurrences lie in the past on purpose: they say nothing of progress)
+                pending = min((e.scheduled_ms for e in self.due if not backfill_of(e.trigger)), default=now + 1)
                 self.progress_ms = min(now, head - 1, pending - 1)
             await self._sleep(started + self.cfg.tick_seconds - loop.time())
 
@@ -268,7 +277,7 @@ class Firer:
             await asyncio.sleep(max(0.0, rest_of_tick))
             return
         heads = [h[0][0] for h in (self.fires, self.retries) if h]
-        cap = 0.05 if self.throttle is not None and self.throttle.waiting else 0.1
+        cap = 0.05 if self.throttle is not None and self.throttle.waiting else self.cfg.idle_seconds
         delay = cap if not heads else max(0.0, min(cap, (min(heads) - self.clock()) / 1000))
         delay = max(delay, rest_of_tick)
         if delay <= 0:
@@ -313,8 +322,7 @@ class Firer:
                 self._won(e)
             elif r is ClaimResult.SKIPPED:
                 m.claim["won"].inc()
-                e.stage = Stage.OVER
-                self._record_skip(e.job, e.scheduled_ms, e.event_index, _OVERLAP, e.id, e.trigger)
+                self._finish_with(e, Status.SKIPPED, _OVERLAP)  # its row kept in Redis until written
             else:
                 m.claim["lost"].inc()
                 e.stage = Stage.OVER
@@ -346,7 +354,9 @@ class Firer:
                         extra={"job_id": e.d.job_id, "execution_id": e.id, "attempt": took.attempt},
                     )
                 e.attempt = max(e.attempt, took.attempt)
-                e.verify = took.state is TakeState.TAKEN_UNKNOWN
+                # A claim taken from another holder may be behind what it did (it died before
+                # parking its next attempt): history says which attempt comes next, or that it ended.
+                e.verify = took.state is TakeState.TAKEN_UNKNOWN or not ours
                 self._hold(e, asked)
                 self._won(e)
             elif took.state is TakeState.UNKNOWN and ours:
@@ -365,10 +375,21 @@ class Firer:
                 self._won(e)
 
     def _won(self, e: Execution) -> None:
-        """A claim is ours: check it is still wanted, then queue it for delivery."""
+        """A claim is ours: first learn from history where it stands if it must (a takeover, a
+        claim Redis had lost), then check it is still wanted, then queue it for delivery."""
+        if e.verify:
+            self.to_verify.append(e)
+            if len(self.to_verify) == 1:
+                self._spawn(self._verify())
+            return
+        self._proceed(e)
+
+    def _proceed(self, e: Execution) -> None:
         current = self.jobs.get(e.d.job_id)
         if e.job.slot not in self.slots:
             # The slot moved to other nodes while this one was claiming: theirs to do.
+            if self.trace:
+                self.trace("release", e, "the slot moved")
             self.held.pop(e.ticket.name, None)
             e.stage = Stage.OVER
             self._spawn(self._release([e]))
@@ -388,16 +409,15 @@ class Firer:
             if e.scheduled_ms in plan.skip:  # nothing of the missed window is fired
                 self._finish_with(e, Status.SKIPPED, plan.reason)
                 return
-        if e.verify:
-            self.to_verify.append(e)
-            if len(self.to_verify) == 1:
-                self._spawn(self._verify())
+        verdict = self.screen(e)  # e.g. an occurrence on a day one of the job's calendars excludes
+        if verdict is not None:
+            self._finish_with(e, *verdict)
             return
         self._dispatch(e)
 
     async def _verify(self) -> None:
-        """Executions whose claim record was lost (or catch-up older than the finished marks): ask
-        history whether they already ran, and from which attempt to go on."""
+        """Executions whose claim record was lost, taken over, or caught up after their finished
+        marks expired: ask history whether they already ended, and from which attempt to go on."""
         await asyncio.sleep(0)
         items, self.to_verify = self.to_verify, []
         try:
@@ -421,7 +441,7 @@ class Firer:
             elif seen is not None and seen.final and seen.last_attempt >= e.attempt:
                 self._close(e, "done", "")  # a redelivery that already ran
                 continue
-            self._dispatch(e)
+            self._proceed(e)
 
     # ------------------------------------------------------------------ sweeping
     async def run_sweeper(self, ready: Callable[[], bool]) -> None:
@@ -663,15 +683,27 @@ class Firer:
         job = e.job
         secrets = self.secrets(job.namespace)
         signature = signing.sign(secrets, job.payload, now_ms // 1000) if secrets else None
+        trace = self.tracing.begin(e.ticket.name, e.id, e.attempt, job.id, now_ms)
+        backfill = backfill_of(e.trigger)
         return Delivery(
-            job.id, e.id, iso(e.scheduled_ms), e.attempt, job.payload, e.event_index, signature, (), job.namespace
+            job.id,
+            e.id,
+            iso(e.scheduled_ms),
+            e.attempt,
+            job.payload,
+            e.event_index,
+            signature,
+            (("Cronman-Backfill-Id", backfill),) if backfill else (),
+            job.namespace,
+            trace,
+            job.opts.capture,
         )
 
     # ------------------------------------------------------------------ outcomes
     def _finish(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
         job = e.job
         m = self.metrics
-        if e.attempt == 1:
+        if e.attempt == 1 and not backfill_of(e.trigger):  # a backfill is late on purpose
             lag = max(0, fired - e.scheduled_ms - e.throttle_wait_ms)
             m.lag.observe(lag / 1000)
             self._lags.append(lag)
@@ -690,41 +722,50 @@ class Firer:
         else:
             fraction = self.rng.uniform(0.5, 1.0) if retry.jitter else 1.0
             delay = backoff_ms(e.attempt, retry.backoff_seconds, retry.max_backoff_seconds, fraction)
-            if retry.max_age_ms is not None and finished + delay - e.scheduled_ms > retry.max_age_ms:
+            aged = retry.max_age_ms is not None and not backfill_of(e.trigger)  # a backfill is old on purpose
+            if aged and finished + delay - e.scheduled_ms > (retry.max_age_ms or 0):
                 status = Status.PERMANENTLY_FAILED
                 error = f"{error} (no retry: older than max_event_age_seconds)"
             else:
                 status = Status.FAILED
+        self.tracing.end(e.ticket.name, e.attempt, outcome.ok, outcome.http_status, error, finished)
+        if status is not Status.FAILED:
+            self.tracing.finish(e.id, job.id, e.scheduled_ms, status.value, finished)
         if status is Status.PERMANENTLY_FAILED and job.opts.dead_letter and not e.superseded:
             e.stage = Stage.FINISHING
             self._spawn(self._dead_letter(e, outcome.http_status, error, fired, finished))
             return
-        row = self._record(e, status, outcome.http_status, error, fired, finished)
+        row = self._record(e, status, outcome.http_status, error, fired, finished, response=outcome.response)
         if e.superseded:  # another node has it now; it records its own attempts
             e.stage = Stage.OVER
             self.held.pop(e.ticket.name, None)
             return
         if status is Status.FAILED:
-            if gone or (current is not None and current.paused):
-                e.attempt += 1
-                self._finish_with(e, Status.CANCELLED, "no retry: the job was " + ("deleted" if gone else "paused"))
-                return
             e.attempt += 1
-            self._park(e, finished + delay)
+            if job.slot not in self.slots:  # the slot moved meanwhile: its new owners retry it
+                self._park(e, finished + delay, here=False)
+            elif gone or (current is not None and current.paused):
+                self._finish_with(e, Status.CANCELLED, "no retry: the job was " + ("deleted" if gone else "paused"))
+            else:
+                self._park(e, finished + delay)
             return
         self._close(e, status.value, row_to_text(row))
 
-    def _park(self, e: Execution, due_ms: int) -> None:
+    def _park(self, e: Execution, due_ms: int, here: bool = True) -> None:
         """Wait to retry: the claim is parked in the claim store until then (so that whoever owns
-        the slot may take it if this node is gone), and this node takes it back at that time."""
+        the slot may take it if this node is gone), and this node takes it back at that time
+        (unless ``here`` is False: the slot is someone else's now)."""
         if self.trace:
-            self.trace("park", e, f"attempt {e.attempt} at {due_ms}")
-        e.stage = Stage.PARKED
+            self.trace("park", e, f"attempt {e.attempt} at {due_ms}" + ("" if here else " (for the slot's owners)"))
         self.held.pop(e.ticket.name, None)
-        self.parked[e.ticket.member] = e
-        self._later(due_ms, e)
+        if here:
+            e.stage = Stage.PARKED
+            self.parked[e.ticket.member] = e
+            self._later(due_ms, e)
+            self._wake.set()
+        else:
+            e.stage = Stage.OVER
         self._spawn(self._park_now([e], max(0, due_ms - self.clock())))
-        self._wake.set()
 
     def _repark_all(self) -> None:
         if self.parked:
@@ -778,6 +819,7 @@ class Firer:
         fired: int | None,
         finished: int | None,
         dead_lettered: bool | None = None,
+        response: bytes | None = None,
     ) -> HistoryRow:
         self.metrics.status_of(status.value).inc()
         row = self.history.add(
@@ -799,6 +841,7 @@ class Firer:
                 dead_lettered,
                 e.d.incarnation,
                 e.job.namespace or None,
+                None if response is None else response.decode("utf-8", "replace"),
             )
         )
         self.metrics.history_buffered.set(len(self.history))
@@ -806,6 +849,8 @@ class Firer:
 
     def _finish_with(self, e: Execution, status: Status, reason: str) -> None:
         """A final outcome without an attempt (skipped, cancelled)."""
+        if self.trace:
+            self.trace(status.value, e, reason)
         row = self._record(e, status, None, reason, None, None)
         self._close(e, status.value, row_to_text(row))
 
@@ -858,6 +903,9 @@ class Firer:
         extra: tuple[tuple[str, str], ...] = (("Cronman-Error", (error or "")[:256]),)
         if http_status is not None:
             extra += (("Cronman-Http-Status", str(http_status)),)
+        backfill = backfill_of(e.trigger)
+        if backfill:
+            extra += (("Cronman-Backfill-Id", backfill),)
         d = Delivery(
             job.id, e.id, iso(e.scheduled_ms), e.attempt, job.payload, e.event_index, None, extra, job.namespace
         )

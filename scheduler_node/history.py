@@ -25,6 +25,7 @@ from cronman.errors import TransientError
 log = logging.getLogger("cronman.node.history")
 
 MAX_ERROR = 1000  # characters of an error kept in history
+MAX_RESPONSE = 4096  # characters of a captured response kept in history
 _INT64 = (1 << 63) - 1
 _INT32 = (1 << 31) - 1
 _QUARANTINE_MAX = 10_000
@@ -49,10 +50,12 @@ class HistoryRow(NamedTuple):
     dead_lettered: bool | None = None
     incarnation: int | None = None
     namespace: str | None = None
+    response: str | None = None  # the start of the receiver's answer (capture_response_bytes)
 
     @property
-    def key(self) -> tuple[str, int, int, int]:
-        return (self.job_id, self.scheduled_ms, self.event_index, self.attempt)
+    def key(self) -> tuple[str, int, int, int, str]:
+        """History's primary key: one row per attempt of an execution."""
+        return (self.job_id, self.scheduled_ms, self.event_index, self.attempt, str(self.trigger))
 
 
 def clean_text(text: str | None, limit: int = MAX_ERROR) -> str | None:
@@ -80,6 +83,7 @@ def clean_row(row: HistoryRow) -> HistoryRow:
     """The row as it will be stored: every value within what its column holds."""
     return row._replace(
         error=clean_text(row.error),
+        response=clean_text(row.response, MAX_RESPONSE),
         node=clean_text(row.node, 200) or "",
         lag_ms=_clamp(row.lag_ms, _INT64),
         throttle_wait_ms=_clamp(row.throttle_wait_ms, _INT64),

@@ -32,6 +32,8 @@ class Options:
     overlap_skip: bool = False
     delete_after: bool = False
     dead_letter: str | None = None
+    capture: int = 0  # bytes of the receiver's answer kept in history
+    calendars: tuple[str, ...] = ()  # names of calendars of the job's namespace
 
 
 class OwnedJob:
@@ -158,6 +160,8 @@ class Decoder:
                 overlap_skip=d.get("overlap_policy") == "skip",
                 delete_after=bool(d.get("delete_after_completion")),
                 dead_letter=d.get("dead_letter_queue_url") or None,
+                capture=int(d.get("capture_response_bytes") or 0),
+                calendars=tuple(d.get("calendars") or ()),
             )
             if len(self._options) > 10_000:
                 self._options.clear()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -11,7 +12,7 @@ from redis.exceptions import RedisError
 from cronman.cluster import parse_members
 from cronman.errors import TransientError
 from cronman.keys import Keys, lua
-from scheduler_node.parts import Member, Membership
+from scheduler_node.parts import Beat, Member, Membership
 
 
 class RedisMembership(Membership):
@@ -23,11 +24,23 @@ class RedisMembership(Membership):
         self._beat = client.register_script(lua("beat"))
         self._members = client.register_script(lua("members"))
 
-    async def beat(self, info: dict[str, Any]) -> None:
+    async def beat(self, info: dict[str, Any], progress_ms: int | None = None) -> Beat:
         try:
-            await self._beat(keys=[self.keys.members], args=[self.node_id, self.ttl_ms, json.dumps(info)])
+            epoch, progress = await self._beat(
+                keys=[self.keys.members, self.keys.epoch, self.keys.progress],
+                args=[
+                    self.node_id,
+                    self.ttl_ms,
+                    json.dumps(info),
+                    secrets.token_hex(8),
+                    "" if progress_ms is None else progress_ms,
+                ],
+            )
         except (RedisError, OSError) as exc:
             raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+        epoch = epoch.decode() if isinstance(epoch, bytes) else str(epoch)
+        progress = progress.decode() if isinstance(progress, bytes) else str(progress)
+        return Beat(epoch, int(progress) if progress.isdigit() else None)
 
     async def live(self) -> list[Member]:
         try:

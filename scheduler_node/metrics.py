@@ -58,6 +58,13 @@ class NodeMetrics:
         self.history_poison = Counter(
             "cronman_history_rows_refused", "History rows the database refused, set aside and retried", registry=r
         )
+        # The watchdog and the notification dispatcher (scheduler_node.watch), when this node leads them.
+        self.occurrences_late = Counter(
+            "cronman_occurrences_late", "Occurrences nobody took up within late_after_seconds", registry=r
+        )
+        self.notifications = Counter(
+            "cronman_notifications", "Notification attempts, by result", ["result"], registry=r
+        )
         self._status: dict[str, Any] = {}
         self._latency: dict[str, Any] = {}
         for k in ("succeeded", "failed", "permanently_failed", "skipped", "cancelled"):

@@ -31,12 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cronman import misfire
+from cronman.calendars import timing_with
 from cronman.errors import TransientError
-from cronman.execution import Trigger
+from cronman.execution import Status, Trigger, backfill_of
 from cronman.hashing import owned_slots
 from cronman.keys import LAYOUT_VERSION
+from cronman.schedule import Timing
 from cronman.settings import Settings
 from cronman.timeutil import iso
+from scheduler_node.backfill import BackfillDriver
 from scheduler_node.execution import Descriptor, Execution
 from scheduler_node.firer import Firer, FirerConfig, wait_event
 from scheduler_node.history import HistoryRow, HistoryWriter
@@ -46,10 +49,11 @@ from scheduler_node.parts import Claims, Membership
 from scheduler_node.senders import Senders
 from scheduler_node.store import ClusterConfig, NodeStore, TriggerRow, bitmap
 from scheduler_node.throttle import ThrottleGate
+from scheduler_node.tracing import make_tracing
 
 log = logging.getLogger("cronman.node")
 
-_CONFIG_SECONDS = 5.0  # throttle policies and signing secrets
+_CONFIG_SECONDS = 5.0  # throttle policies, signing secrets and calendars
 TRIGGER_LOOKBACK_MS = 3_600_000  # a slot taken over still fires triggers asked for this recently
 MAX_CATCH_UP_MS = 86_400_000  # a slot taken over delivers at most this far back
 
@@ -80,6 +84,7 @@ class Node:
         slots: int | None = None,
         incarnation: str | None = None,
         rng: random.Random | None = None,
+        tuning: dict[str, Any] | None = None,
     ) -> None:
         from cronman.hashing import SLOTS
 
@@ -91,6 +96,7 @@ class Node:
         self.slot_count = slots or SLOTS
         self.parts = parts
         self.rng = rng or random.Random()
+        self.tuning = tuning or {}  # FirerConfig fields to override (the simulation's coarser timer)
         self.metrics = NodeMetrics(self.node_id)
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.config = ClusterConfig({}, {})
@@ -106,6 +112,9 @@ class Node:
         self._pending_catch_up: dict[str, int] = {}  # job id -> from when, until this node is ready
         self._outages: list[tuple[int, int]] = []
         self._stopping = False
+        self._epoch: str | None = None  # the Redis data's epoch token, as last seen
+        self._epoch_ok_ms = 0
+        self._cluster_progress_ms: int | None = None  # as Redis last reported it
         self.firer: Firer | None = None
         self.history: HistoryWriter | None = None
 
@@ -146,6 +155,7 @@ class Node:
                 unrecorded_after_ms=int(s.history_recover_after_seconds * 1000),
                 faults=s.faults,
                 slots=self.slot_count,
+                **self.tuning,
             ),
             clock=self.now_ms,
             claims=parts.claims,
@@ -155,8 +165,11 @@ class Node:
             metrics=m,
             throttle=parts.throttle,
             secrets=lambda ns: self.config.secrets.get(ns),
+            screen=self._screen,
             rng=self.rng,
+            tracing=make_tracing(s.otlp_endpoint, self.node_id),
         )
+        self.backfills = BackfillDriver(firer, parts.store, self.holder, max(3 * self.lease_ms, 5000))
         self.decoder = Decoder(parts.senders.decode)
         await parts.senders.start()
         self._sync_wake = asyncio.Event()
@@ -178,6 +191,7 @@ class Node:
                 self._config_loop(),
                 self._sync_loop(),
                 self._progress_loop(),
+                self.backfills.run(lambda: self.ready),
             )
         ]
         # The firing loops finish the pass they are in when the node stops (a claim made in Redis
@@ -199,6 +213,10 @@ class Node:
         firer.stop()
         await asyncio.wait(firing, timeout=10)
         await _cancel_all(loops + firing, "loop")
+        try:  # what it drove goes on from where it got, driven by another owner of the slot
+            await asyncio.wait_for(self.backfills.release_all(), 10)
+        except TimeoutError:
+            log.warning("could not release the backfills this node drove")
         await firer.drain(timeout=15.0)
         await self._save_progress()
         history_stop.set()
@@ -217,6 +235,7 @@ class Node:
         if web is not None:
             await web.cleanup()
         await parts.senders.close()
+        firer.tracing.close()
         if parts.close is not None:
             await parts.close()
         log.info("node stopped", extra={"node": self.node_id, "history_unwritten": len(history)})
@@ -237,6 +256,8 @@ class Node:
         """A change notification: read the feed and the configuration at once."""
         self._sync_wake.set()
         self._config_wake.set()
+        if self.firer is not None:
+            self.backfills.wake.set()
 
     # ------------------------------------------------------------------ history bookkeeping
     def _history_written(self, rows: list[HistoryRow], duplicates: int) -> None:
@@ -266,11 +287,46 @@ class Node:
         assert self.parts is not None
         while not self._stopping:
             try:
-                await self.parts.membership.beat(self._info())
+                progress = self.firer.progress_ms if self.firer is not None and self.ready else None
+                beat = await self.parts.membership.beat(self._info(), progress)
                 self.metrics.heartbeat_age.set(0)
+                if self._epoch is not None and beat.epoch != self._epoch:
+                    self._redis_lost(self._epoch_ok_ms)
+                self._epoch = beat.epoch
+                self._epoch_ok_ms = self.now_ms()
+                self._cluster_progress_ms = beat.progress_ms
             except TransientError as exc:
                 log.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(self.s.heartbeat_interval_seconds)
+
+    def _redis_lost(self, intact_ms: int) -> None:
+        """Redis restarted empty (its epoch token changed): the claims it held are gone. What this
+        node holds itself it claims again (renewals, parked retries); what nobody held in memory
+        (claims of nodes that died or handed work over) is found again here: every occurrence of
+        the owned jobs since shortly before Redis was last seen intact is claimed once more,
+        checked against history first, so what was delivered is not delivered again."""
+        firer = self.firer
+        if firer is None or not self.ready:
+            return
+        s = self.s
+        since = intact_ms - int((s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2) * 1000)
+        now = self.now_ms()
+        again: list[Execution] = []
+        for job in list(firer.jobs.values()):
+            if job.paused:
+                continue
+            t = _next_of(job, max(since, 0))
+            while t is not None and t <= now and len(again) < 100_000:
+                for e in firer.occurrence(job, t):
+                    e.verify = True
+                    again.append(e)
+                t = _next_of(job, t)
+        log.warning(
+            "Redis lost its data: claiming recent occurrences again, checked against history",
+            extra={"since": iso(since), "executions": len(again)},
+        )
+        firer._repark_all()
+        firer.enqueue(again)
 
     async def _membership_loop(self) -> None:
         """Track the live set. A node counts as gone only after it has been missing for a heartbeat
@@ -342,9 +398,15 @@ class Node:
             self.metrics.slots_moved.labels("dropped").inc(len(removed))
         loaded = 0
         if added:
-            loaded = await self._load(sorted(added))
+            # The firer owns the slots before their jobs are installed: a catch-up occurrence its
+            # timer claims meanwhile must not look like one of a slot that moved away.
+            self.firer.set_slots(self.owned | added)
+            try:
+                loaded = await self._load(sorted(added))
+            except BaseException:
+                self.firer.set_slots(self.owned)
+                raise
             self.owned = self.owned | added
-            self.firer.set_slots(self.owned)
             self.metrics.slots_moved.labels("loaded").inc(len(added))
         self.metrics.slots_owned.set(len(self.owned))
         self.metrics.jobs_owned.set(len(self.jobs))
@@ -364,6 +426,8 @@ class Node:
         """Load the jobs of slots taken over, with what each slot still owes."""
         assert self.parts is not None and self.firer is not None
         store = self.parts.store
+        # calendars decide what fires: know the current ones before firing what is loaded
+        self._set_config(await store.cluster_config())
         cursor, loaded = await store.load_slots(added, self.decoder)
         marks, _ = await store.slot_marks()
         now = self.now_ms()
@@ -401,7 +465,8 @@ class Node:
             firer.install(job, start)
             return
         end = min(now, max(b for _, b in hit))
-        plan = misfire.plan(job.timing, start, end, job.opts.misfire, job.opts.catchup_ms)
+        # with its calendars: an occurrence on an excluded day was never due, so never missed
+        plan = misfire.plan(self.timing_of(job), start, end, job.opts.misfire, job.opts.catchup_ms)
         if plan.last_missed is not None:
             executions = [Execution.of(job, t, i) for t in plan.fire for i in range(job.opts.events)] or [
                 Execution.of(job, plan.last_missed)
@@ -423,6 +488,8 @@ class Node:
         store = self.parts.store
         now = self.now_ms()
         _, cluster_mark = await store.slot_marks()
+        if self._cluster_progress_ms is not None:  # nodes kept firing while PostgreSQL was away
+            cluster_mark = max(cluster_mark or 0, self._cluster_progress_ms)
         since = min(self._pending_catch_up.values(), default=now)
         self._outages = await store.outages(since)
         if cluster_mark is not None and now - cluster_mark > self.s.outage_after_seconds * 1000:
@@ -466,14 +533,57 @@ class Node:
         assert self.parts is not None
         while not self._stopping:
             try:
-                self.config = await self.parts.store.cluster_config()
-                if self.parts.throttle is not None:
-                    self.parts.throttle.policies = self.config.throttles
+                self._set_config(await self.parts.store.cluster_config())
             except TransientError as exc:
-                log.warning("could not refresh throttle policies and signing secrets: %s", exc)
+                log.warning("could not refresh throttle policies, signing secrets and calendars: %s", exc)
             await wait_event(self._config_wake, _CONFIG_SECONDS)  # a change notification wakes it early
             self._config_wake.clear()
             await asyncio.sleep(0.2)
+
+    def _set_config(self, config: ClusterConfig) -> None:
+        assert self.parts is not None
+        self.config = config
+        if self.parts.throttle is not None:
+            self.parts.throttle.policies = config.throttles
+
+    # ------------------------------------------------------------------ calendars and backfills
+    def timing_of(self, job: OwnedJob) -> Timing:
+        """The job's timing with its calendars: the occurrences that are due at all."""
+        names = job.opts.calendars
+        if not names:
+            return job.timing
+        found = {n: c for n in names if (c := self.config.calendars.get((job.namespace, n))) is not None}
+        return timing_with(job.timing, names, found)
+
+    def _screen(self, e: Execution) -> tuple[Status, str] | None:
+        """Before a won execution is sent: an occurrence on a day a calendar of its job excludes is
+        skipped (a redelivery, asked for by a user, is not); one of a cancelled backfill is cancelled."""
+        d = e.d
+        if d.trigger == Trigger.SCHEDULE:
+            if not e.job.opts.calendars or d.suffix:
+                return None
+            why = self._excluded_by(e.job, d.scheduled_ms)
+            return None if why is None else (Status.SKIPPED, why)
+        backfill = backfill_of(d.trigger)
+        if backfill is not None and backfill in self.backfills.cancelled:
+            return Status.CANCELLED, f"the backfill {backfill} was cancelled"
+        return None
+
+    def _names_unknown_calendar(self, row: JobRow) -> bool:
+        if row.deleted or '"calendars"' not in row.options_text:
+            return False
+        try:
+            names = self.decoder.options(row.options_text).calendars
+        except (ValueError, TypeError):
+            return False
+        return any((row.namespace, n) not in self.config.calendars for n in names)
+
+    def _excluded_by(self, job: OwnedJob, t: int) -> str | None:
+        for name in job.opts.calendars:
+            cal = self.config.calendars.get((job.namespace, name))
+            if cal is not None and cal.excludes(t):
+                return f"calendar {name}: {cal.local_date(t).isoformat()} is excluded ({cal.timezone})"
+        return None
 
     # ------------------------------------------------------------------ jobs and the change feed
     def _apply_row(self, row: JobRow) -> bool:
@@ -504,6 +614,9 @@ class Node:
         if self.feed_cursor is None:
             return
         cursor, rows, triggers = await self.parts.store.poll_changes(self.feed_cursor)
+        if any(self._names_unknown_calendar(row) for row in rows if row.slot in self.owned):
+            # a calendar made just before the job that names it: know it before the job fires
+            self._set_config(await self.parts.store.cluster_config())
         for row in rows:
             if row.slot in self.owned and self._apply_row(row):
                 self.metrics.changes_applied.inc()
@@ -564,6 +677,13 @@ class Node:
             await wait_event(self._sync_wake, self.s.change_poll_seconds)
             self._sync_wake.clear()
             await asyncio.sleep(0.02)
+
+
+def _next_of(job: OwnedJob, after_ms: int) -> int | None:
+    try:
+        return job.timing.next_after(after_ms)
+    except Exception:  # noqa: BLE001 - one job's schedule never stops the others
+        return None
 
 
 def _merged(outages: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -134,6 +134,7 @@ class Outcome:
     ok: bool
     http_status: int | None = None
     error: str | None = None
+    response: bytes | None = None  # the start of the answer, when the delivery asked to capture it
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +150,16 @@ class Delivery:
     signature: str | None = None  # Cronman-Signature, when the namespace has a signing secret
     extra: tuple[tuple[str, str], ...] = ()  # e.g. the failure, for a dead-letter message
     namespace: str = "default"
+    traceparent: str | None = None  # W3C trace context (scheduler_node.tracing)
+    capture: int = 0  # bytes of the answer to keep (capture_response_bytes)
+    meta: tuple[tuple[str, str], ...] | None = None  # not an execution (a notification): its own metadata
 
     def metadata(self) -> dict[str, str]:
+        if self.meta is not None:
+            meta = dict(self.meta)
+            if self.signature:
+                meta["Cronman-Signature"] = self.signature
+            return meta
         meta = {
             "Cronman-Job-Id": self.job_id,
             "Cronman-Execution-Id": self.execution_id,
@@ -160,6 +169,8 @@ class Delivery:
         }
         if self.signature:
             meta["Cronman-Signature"] = self.signature
+        if self.traceparent:
+            meta["traceparent"] = self.traceparent
         meta.update(self.extra)
         return meta
 
@@ -206,9 +217,15 @@ class Member:
     info: dict[str, Any]
 
 
+class Beat(NamedTuple):
+    epoch: str  # the data's epoch token: a new one after Redis lost its keys
+    progress_ms: int | None  # the furthest any ready node has reported firing
+
+
 class Membership(abc.ABC):
     @abc.abstractmethod
-    async def beat(self, info: dict[str, Any]) -> None: ...
+    async def beat(self, info: dict[str, Any], progress_ms: int | None = None) -> Beat:
+        """Refresh this node's heartbeat (with how far it has fired, once it fires)."""
 
     @abc.abstractmethod
     async def live(self) -> list[Member]: ...

@@ -16,10 +16,11 @@ from __future__ import annotations
 import abc
 import asyncio
 import gc
+import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import psycopg2
@@ -28,10 +29,12 @@ from psycopg2 import errors as pg_errors
 from psycopg2.extras import execute_values
 from sqlalchemy import Engine, text
 
+from cronman.calendars import Calendar, calendar_from_dict
 from cronman.errors import TransientError
 from cronman.partitions import day_of_ms, ensure_partitions
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, OwnedJob
+from scheduler_node.outcomes import record_outcomes
 
 log = logging.getLogger("cronman.node.store")
 
@@ -40,7 +43,7 @@ _MS = "floor(extract(epoch from {}) * 1000)::bigint"
 _TS = "(timestamptz 'epoch' + %s * interval '1 millisecond')"
 T = TypeVar("T")
 
-Ident = tuple[str, int, int]  # (job id, scheduled ms, event index)
+Ident = tuple[str, int, int, str]  # (job id, scheduled ms, event index, trigger)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +62,29 @@ class TriggerRow:
 
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
-    """Small tables every node keeps whole: throttle policies and signing secrets."""
+    """Small tables every node keeps whole: throttle policies, signing secrets and calendars."""
 
     throttles: dict[tuple[str, str], tuple[int, float | None]]
     secrets: dict[str, tuple[str, ...]]  # newest first; the previous one for a day after a rotation
+    calendars: dict[tuple[str, str], Calendar] = field(default_factory=dict)  # (namespace, name)
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillRow:
+    """A backfill as a node drives it (see scheduler_node.backfill)."""
+
+    id: str
+    job_id: str
+    incarnation: int
+    from_ms: int
+    to_ms: int
+    rate: float  # executions per second
+    events: int
+    timing: str  # JSON: {"schedule": ..., "calendars": [[name, document], ...]} (cronman.backfills)
+    state: str  # running or cancelled
+    cursor_ms: int | None  # every occurrence up to here is claimed
+    dispatched: int
+    live_incarnation: int | None  # the job's incarnation, while it is live
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +133,35 @@ class NodeStore(abc.ABC):
     @abc.abstractmethod
     async def delete_completed(self, job_id: str, version: int) -> bool: ...
 
+    # -- backfills: a lease (database time) says which owner of the job's slot drives one
+    @abc.abstractmethod
+    async def backfills(self) -> list[BackfillRow]:
+        """Running backfills, and those cancelled in the last day."""
+
+    @abc.abstractmethod
+    async def lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
+        """Drive a running backfill nobody else drives: (cursor ms, executions dispatched), or None."""
+
+    @abc.abstractmethod
+    async def renew_backfill(
+        self,
+        backfill_id: str,
+        holder: str,
+        lease_ms: int,
+        cursor_ms: int | None,
+        dispatched: int,
+        *,
+        done: bool,
+        release: bool,
+    ) -> bool:
+        """Record how far the driver got (even of a backfill cancelled meanwhile) and keep driving
+        (False: no longer ours, or no longer running). ``done``: every execution is handed out;
+        ``release``: stop driving (another owner may go on)."""
+
+    @abc.abstractmethod
+    async def end_backfill(self, backfill_id: str, reason: str) -> None:
+        """Cancel a running backfill (its job is gone)."""
+
     @abc.abstractmethod
     def write_history(self, rows: list[HistoryRow]) -> int:
         """Blocking: insert rows; returns how many were second deliveries. Raises TransientError
@@ -131,20 +182,26 @@ def bitmap_slots(data: bytes) -> list[int]:
 # --------------------------------------------------------------------------- PostgreSQL
 _HISTORY_COLUMNS = (
     "INSERT INTO scheduled_jobs (job_id, scheduled_for, event_index, attempt, execution_id, trigger, status, node, "
-    "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace) "
+    "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, "
+    "response) "
     "VALUES %s "
 )
 # A second row for one attempt from a different delivery counts a duplicate; the same row written
 # again (a retried write, or a survivor recovering a dead node's rows) does not, nor does a
 # "skipped" or "cancelled" row for an occurrence that turns out to have been delivered.
 _INSERT = (
-    _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt) DO UPDATE SET duplicates = "
+    _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt, trigger) DO UPDATE SET duplicates = "
     "scheduled_jobs.duplicates "
     "+ CASE WHEN EXCLUDED.status IN ('skipped', 'cancelled') OR (scheduled_jobs.node IS NOT DISTINCT FROM "
     "EXCLUDED.node AND scheduled_jobs.fired_at IS NOT DISTINCT FROM EXCLUDED.fired_at) THEN 0 ELSE 1 END "
     "RETURNING duplicates"
 )
-_TEMPLATE = f"(%s, {_TS}, %s, %s, %s::uuid, %s, %s, %s, {_TS}, {_TS}, %s, %s, %s, %s, %s, %s, %s)"
+# Rows written for the first time (the others, already there, go through _INSERT).
+_INSERT_NEW = (
+    _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt, trigger) DO NOTHING "
+    f"RETURNING job_id, {_MS.format('scheduled_for')}, event_index, attempt, trigger"
+)
+_TEMPLATE = f"(%s, {_TS}, %s, %s, %s::uuid, %s, %s, %s, {_TS}, {_TS}, %s, %s, %s, %s, %s, %s, %s, %s)"
 _UNAVAILABLE = (
     psycopg2.OperationalError,
     psycopg2.InterfaceError,
@@ -155,7 +212,7 @@ _UNAVAILABLE = (
 
 
 def _dedupe(batch: list[HistoryRow]) -> list[HistoryRow]:
-    seen: dict[tuple[str, int, int, int], HistoryRow] = {}
+    seen: dict[tuple[str, int, int, int, str], HistoryRow] = {}
     for r in batch:
         seen[r.key] = r
     return list(seen.values())
@@ -166,6 +223,7 @@ class PgNodeStore(NodeStore):
         self.engine = engine
         self.executor = executor
         self._days: set[Any] = set()
+        self._calendars: dict[str, Calendar] = {}  # parsed, by document text
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -254,16 +312,21 @@ class PgNodeStore(NodeStore):
         with self.engine.connect() as conn:
             rows = conn.execute(
                 text(
-                    f"SELECT s.job_id, {_MS.format('s.scheduled_for')}, s.event_index, max(s.attempt), "
+                    f"SELECT s.job_id, {_MS.format('s.scheduled_for')}, s.event_index, s.trigger, max(s.attempt), "
                     "bool_or(s.status IN ('succeeded', 'permanently_failed', 'skipped', 'cancelled')) "
-                    "FROM scheduled_jobs s JOIN unnest(CAST(:j AS text[]), CAST(:t AS bigint[]), CAST(:e AS int[])) "
-                    "AS w(job_id, ms, ev) ON s.job_id = w.job_id "
+                    "FROM scheduled_jobs s JOIN unnest(CAST(:j AS text[]), CAST(:t AS bigint[]), CAST(:e AS int[]), "
+                    "CAST(:g AS text[])) AS w(job_id, ms, ev, tr) ON s.job_id = w.job_id "
                     "AND s.scheduled_for = timestamptz 'epoch' + w.ms * interval '1 millisecond' "
-                    "AND s.event_index = w.ev GROUP BY 1, 2, 3"
+                    "AND s.event_index = w.ev AND s.trigger = w.tr GROUP BY 1, 2, 3, 4"
                 ),
-                {"j": [i[0] for i in items], "t": [i[1] for i in items], "e": [i[2] for i in items]},
+                {
+                    "j": [i[0] for i in items],
+                    "t": [i[1] for i in items],
+                    "e": [i[2] for i in items],
+                    "g": [i[3] for i in items],
+                },
             )
-            return {(r[0], int(r[1]), int(r[2])): Attempts(int(r[3]), bool(r[4])) for r in rows}
+            return {(r[0], int(r[1]), int(r[2]), r[3]): Attempts(int(r[4]), bool(r[5])) for r in rows}
 
     async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, int]:
         return await self._call(self._live_incarnations, list(job_ids))
@@ -303,7 +366,24 @@ class PgNodeStore(NodeStore):
                     newest_recent[namespace] = bool(recent)
                 elif len(have) == 1 and newest_recent[namespace]:
                     have.append(secret)  # still within a day of the rotation
-        return ClusterConfig(throttles, {k: tuple(v) for k, v in secrets.items()})
+            calendars = self._read_calendars(conn)
+        return ClusterConfig(throttles, {k: tuple(v) for k, v in secrets.items()}, calendars)
+
+    def _read_calendars(self, conn: Any) -> dict[tuple[str, str], Calendar]:
+        """Every calendar; a document parsed once for as long as it stays the same."""
+        out: dict[tuple[str, str], Calendar] = {}
+        seen: dict[str, Calendar] = {}
+        for namespace, name, doc in conn.execute(text("SELECT namespace, name, document::text FROM calendars")):
+            cal = self._calendars.get(doc)
+            if cal is None:
+                try:
+                    cal = calendar_from_dict(json.loads(doc))
+                except ValueError as exc:  # stored by an older version with other limits: fire as if absent
+                    log.error("cannot use calendar %s/%s: %s", namespace, name, exc)
+                    continue
+            seen[doc] = out[(namespace, name)] = cal
+        self._calendars = seen
+        return out
 
     # -- progress and outages
     async def save_progress(self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes) -> None:
@@ -391,14 +471,81 @@ class PgNodeStore(NodeStore):
             )
         return True
 
+    # -- backfills
+    async def backfills(self) -> list[BackfillRow]:
+        return await self._call(self._backfills)
+
+    def _backfills(self) -> list[BackfillRow]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(_BACKFILLS)
+            return [BackfillRow(*r) for r in rows]
+
+    async def lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
+        return await self._call(self._lease_backfill, backfill_id, holder, lease_ms)
+
+    def _lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
+        with self.engine.begin() as conn:
+            row = conn.execute(_LEASE_BACKFILL, {"id": backfill_id, "h": holder, "ms": lease_ms}).first()
+        return None if row is None else (None if row[0] is None else int(row[0]), int(row[1]))
+
+    async def renew_backfill(
+        self,
+        backfill_id: str,
+        holder: str,
+        lease_ms: int,
+        cursor_ms: int | None,
+        dispatched: int,
+        *,
+        done: bool,
+        release: bool,
+    ) -> bool:
+        params = {
+            "id": backfill_id,
+            "h": holder,
+            "ms": 0 if release else lease_ms,
+            "c": cursor_ms,
+            "d": dispatched,
+            "done": done,
+            "release": release or done,
+        }
+        return await self._call(self._renew_backfill, params)
+
+    def _renew_backfill(self, params: dict[str, Any]) -> bool:
+        with self.engine.begin() as conn:
+            row = conn.execute(_RENEW_BACKFILL, params).first()
+        return row is not None and bool(row[0])
+
+    async def end_backfill(self, backfill_id: str, reason: str) -> None:
+        await self._call(self._end_backfill, backfill_id, reason)
+
+    def _end_backfill(self, backfill_id: str, reason: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE backfills SET state = 'cancelled', reason = :r, driver = NULL, updated_at = now() "
+                    "WHERE id = :id AND state = 'running'"
+                ),
+                {"id": backfill_id, "r": reason},
+            )
+
     # -- history
     def write_history(self, rows: list[HistoryRow]) -> int:
         try:
-            return self._write(rows)
+            return self._write(rows)[0]
         except _UNAVAILABLE as exc:
             raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
 
-    def _write(self, batch: list[HistoryRow]) -> int:
+    def write_late(self, rows: list[HistoryRow]) -> int:
+        """Blocking: the watchdog's rows for late occurrences; returns how many are new."""
+        try:
+            return self._write(rows)[1]
+        except _UNAVAILABLE as exc:
+            raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
+
+    def _write(self, batch: list[HistoryRow]) -> tuple[int, int]:
+        """Insert rows, and apply those written for the first time to health, auto-pause and
+        notification events (scheduler_node.outcomes) in the same transaction; returns (second
+        deliveries, rows new)."""
         days = {day_of_ms(r.scheduled_ms) for r in batch}
         raw = self.engine.raw_connection()
         try:
@@ -408,13 +555,26 @@ class PgNodeStore(NodeStore):
                         self._ensure_days(days)
                     cur = raw.cursor()
                     try:
-                        returned = execute_values(
-                            cur, _INSERT, _dedupe(batch), template=_TEMPLATE, page_size=len(batch), fetch=True
-                        )
+                        rows = _dedupe(batch)
+                        new = {
+                            (r[0], int(r[1]), r[2], r[3], r[4])
+                            for r in execute_values(
+                                cur, _INSERT_NEW, rows, template=_TEMPLATE, page_size=len(rows), fetch=True
+                            )
+                        }
+                        fresh = [r for r in rows if r.key in new]
+                        again = [r for r in rows if r.key not in new]
+                        returned = []
+                        if again:
+                            returned = execute_values(
+                                cur, _INSERT, again, template=_TEMPLATE, page_size=len(again), fetch=True
+                            )
+                        if fresh:
+                            record_outcomes(cur, fresh)
                     finally:
                         cur.close()
                     raw.commit()
-                    return sum(1 for (d,) in returned if d)
+                    return sum(1 for (d,) in returned if d), len(fresh)
                 except pg_errors.CheckViolation:
                     # "no partition of relation found for row": a day nobody created yet
                     raw.rollback()
@@ -436,6 +596,27 @@ class PgNodeStore(NodeStore):
         self._days |= days
 
 
+_BACKFILLS = text(
+    f"SELECT b.id, b.job_id, b.incarnation, {_MS.format('b.from_at')}, {_MS.format('b.to_at')}, b.max_per_second, "
+    f"b.events, b.timing::text, b.state, {_MS.format('b.cursor_at')}, b.dispatched, j.incarnation "
+    "FROM backfills b LEFT JOIN jobs j ON j.id = b.job_id AND j.deleted_at IS NULL "
+    "WHERE b.state = 'running' OR (b.state = 'cancelled' AND b.updated_at > now() - interval '1 day') "
+    "ORDER BY b.created_at LIMIT 10000"
+)
+_LEASE_BACKFILL = text(
+    "UPDATE backfills SET driver = :h, lease_until = now() + :ms * interval '1 millisecond', updated_at = now() "
+    "WHERE id = :id AND state = 'running' AND (driver IS NULL OR driver = :h OR lease_until < now()) "
+    f"RETURNING {_MS.format('cursor_at')}, dispatched"
+)
+_RENEW_BACKFILL = text(
+    "UPDATE backfills SET "
+    "cursor_at = CASE WHEN CAST(:c AS bigint) IS NULL THEN cursor_at "
+    "ELSE GREATEST(cursor_at, timestamptz 'epoch' + CAST(:c AS bigint) * interval '1 millisecond') END, "
+    "dispatched = GREATEST(dispatched, :d), lease_until = now() + :ms * interval '1 millisecond', "
+    "state = CASE WHEN :done AND state = 'running' THEN 'dispatched' ELSE state END, "
+    "driver = CASE WHEN :release OR state <> 'running' THEN NULL ELSE driver END, updated_at = now() "
+    "WHERE id = :id AND driver = :h RETURNING state = 'running' OR :done"
+)
 _TRIGGERS = (
     f"SELECT t.id, t.job_id, {_MS.format('t.requested_at')}, t.kind, {_MS.format('t.scheduled_for')}, "
     "t.event_index, t.attempt, t.execution_id::text, t.trigger, t.incarnation FROM job_triggers t "

@@ -100,6 +100,20 @@ async def production_parts(node: Node) -> NodeParts:
             await asyncio.sleep(s.maintain_interval_seconds)
 
     loops = [maintenance]
+    if s.watch_enabled:  # the watchdog and notifications, led by one process at a time
+        from scheduler_node.watch import Watch, watch_senders
+
+        m = node.metrics
+        watch = Watch(
+            s,
+            engine,
+            executor,
+            watch_senders(s, executor),
+            holder=node.holder,
+            on_late=m.occurrences_late.inc,
+            on_sent=lambda result: m.notifications.labels(result).inc(),
+        )
+        loops.append(watch.run)
     if s.command_queue_url:  # job commands arriving through SQS (scheduler_node.commands)
         from scheduler_node.commands import CommandConsumer
 

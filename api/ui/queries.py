@@ -45,6 +45,7 @@ from cronman import audit
 from cronman.audit import Actor, audited
 from cronman.db import jobs, scheduled_jobs
 from cronman.errors import InvalidInput
+from cronman.health import Health, health_of
 from cronman.labels import Selector
 from cronman.schedule import timing_from_dict
 from cronman.store import (
@@ -236,9 +237,7 @@ def _complete(conn: Connection, raw: Sequence[Any], now_ms: int) -> list[JobRow]
     rows = []
     for r in raw:
         nxt = None if r.paused else timing_from_dict(r.schedule, r.id).next_after(now_ms)
-        rows.append(
-            JobRow(r.id, r.namespace, r.name, r.schedule, r.paused, r.updated_at, r.incarnation, r.labels, nxt)
-        )
+        rows.append(JobRow(r.id, r.namespace, r.name, r.schedule, r.paused, r.updated_at, r.incarnation, r.labels, nxt))
     last = last_results(conn, rows)
     return [replace(r, last=last.get(r.id)) for r in rows]
 
@@ -334,6 +333,7 @@ class Attempt:
     error: str | None
     duplicates: int
     dead_lettered: bool | None
+    response: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +376,7 @@ def _attempt_columns() -> tuple[Any, ...]:
         s.error,
         s.duplicates,
         s.dead_lettered,
+        s.response,
     )
 
 
@@ -407,6 +408,12 @@ def group_attempts(attempts: Sequence[Attempt]) -> list[Execution]:
         else:
             groups.append([a])
     return [Execution(tuple(g)) for g in groups]
+
+
+def health_states(engine: Engine, rows: Sequence[JobRow]) -> dict[str, Health]:
+    """The health rows of the jobs shown (one query by key)."""
+    with engine.connect() as conn:
+        return health_of(conn, [(r.id, r.incarnation) for r in rows])
 
 
 def get_job(engine: Engine, job_id: str, namespace: str | None) -> JobRow | None:
@@ -448,6 +455,7 @@ def failures(
         later.c.job_id == s.c.job_id,
         later.c.scheduled_for == s.c.scheduled_for,
         later.c.event_index == s.c.event_index,
+        later.c.trigger == s.c.trigger,
         later.c.attempt > s.c.attempt,
     )
     on = and_(
@@ -495,9 +503,7 @@ def failures(
 # -- bulk pause and resume -----------------------------------------------------------------------
 
 
-def set_paused_many(
-    engine: Engine, ids: Sequence[str], namespace: str | None, paused: bool, actor: Actor
-) -> list[str]:
+def set_paused_many(engine: Engine, ids: Sequence[str], namespace: str | None, paused: bool, actor: Actor) -> list[str]:
     """Pause (or resume) the live jobs among ``ids`` in ``namespace`` that are not so already, in one
     statement that also records a job event for each; returns the ids changed."""
     if not ids:

@@ -32,14 +32,17 @@ from api.ui.web import (
     settings,
 )
 from cronman.apikeys import check_namespace
+from cronman.backfill_store import BackfillStore
+from cronman.calendar_store import CalendarStore, job_timing, names_of
 from cronman.cluster import live_nodes
 from cronman.describe import describe_schedule, zone_of
 from cronman.errors import Forbidden, InvalidInput, NotFound
+from cronman.health import NO_HEALTH, health_json, paused_reason_of, state_of
 from cronman.labels import parse_selector
-from cronman.schedule import next_times, timing_from_dict
+from cronman.schedule import next_times
 from cronman.spec import JOB_ID_RE, options_with_defaults
 from cronman.targets import redact_target
-from cronman.timeutil import from_ms, to_ms
+from cronman.timeutil import from_ms, iso_dt, to_ms
 
 PAGE_SIZES = (25, 50, 100)
 HISTORY_ATTEMPTS = 200
@@ -61,6 +64,9 @@ MESSAGES = {
 
 def services():  # type: ignore[no-untyped-def]
     return current_app.extensions["cronman"]
+
+
+BACKFILLS_SHOWN = 5
 
 
 def _engine():  # type: ignore[no-untyped-def]
@@ -185,6 +191,7 @@ def jobs() -> Response:
         status, filter_error = 400, exc.message
         query, page = JobQuery(namespace(), sort=_choice("sort", Sort, Sort.ID)), queries.EMPTY_PAGE
     template = "ui/_jobs_results.html" if request.headers.get("HX-Target") == "results" else "ui/jobs.html"
+    health = queries.health_states(_engine(), page.rows)
     args = {k: v for k, v in request.args.items() if k not in ("cursor", "done", "n") and v}
     html = render_template(
         template,
@@ -192,6 +199,10 @@ def jobs() -> Response:
         query=query,
         args=args,
         now=now,
+        health={
+            r.id: state_of(health.get(r.id, NO_HEALTH), paused=r.paused, completed=r.next_fire_ms is None).value
+            for r in page.rows
+        },
         describe=describe_schedule,
         message=message(),
         states=list(State),
@@ -236,17 +247,25 @@ def job(job_id: str) -> Response:
     record = services().store.get(job_id, namespace())
     now = now_ms()
     zone_name = zone_of(record.schedule)
-    upcoming = next_times(timing_from_dict(record.schedule, record.id), now, 10)
+    names = names_of(record.options)
+    found = CalendarStore(_engine()).named({(record.namespace, n) for n in names})
+    upcoming = next_times(job_timing(record.id, record.namespace, record.schedule, record.options, found), now, 10)
+    calendars = [(n, found.get((record.namespace, n))) for n in names]
     events, events_next = services().store.events(job_id, namespace(), EVENTS_SHOWN, request.args.get("events"))
     history = _history_context(row, now)
+    health = queries.health_states(_engine(), [row]).get(row.id, NO_HEALTH)
     html = render_template(
         "ui/job.html",
         job=row,
+        health=health_json(health, paused=row.paused, completed=not upcoming),
+        paused_reason=paused_reason_of(record.paused, record.paused_reason, iso_dt(record.updated_at)),
         state=_state(row, upcoming, history["executions"]),
         record=record,
         words=describe_schedule(record.schedule),
         zone_name=zone_name,
         upcoming=upcoming,
+        calendars=calendars,
+        backfills=BackfillStore(_engine()).of_job(record, BACKFILLS_SHOWN),
         target=redact_target(record.target),
         payload=json.loads(record.payload),
         delivery={"retry": record.retry, **options_with_defaults(record.options)},

@@ -171,7 +171,7 @@ def fmt_in_zone(value: int, zone_name: str) -> str:
 
 
 def relative(value: datetime | int | None, now: int | None = None) -> str:
-    """"in 3 min", "12 s ago"."""
+    """ "in 3 min", "12 s ago"."""
     if value is None:
         return ""
     ms = value if isinstance(value, int) else to_ms(value)
@@ -190,4 +190,3 @@ def relative(value: datetime | int | None, now: int | None = None) -> str:
 def pretty_json(value: Any, limit: int = 64 * 1024) -> str:
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
     return text if len(text) <= limit else text[:limit] + f"\n… ({len(text) - limit} more characters)"
-

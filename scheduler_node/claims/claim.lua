@@ -38,8 +38,9 @@ for i = 1, #KEYS / 3 do
     end
   else
     local v = redis.call('GET', key)
-    -- our own claim, made by a call whose answer we never got: still ours
-    if v and string.sub(v, 1, #mine) == mine then out[i] = 1 else out[i] = 0 end
+    -- our own first-attempt claim, made by a call whose answer we never got: still ours (a retry
+    -- of ours parked there is not: it is taken when its time comes)
+    if v and string.sub(v, 1, #mine + 2) == mine .. '1|' then out[i] = 1 else out[i] = 0 end
   end
 end
 return out

@@ -7,6 +7,7 @@
 -- ARGV[1]: holder. ARGV[2]: how long a finished mark is kept (ms). Then four per execution:
 --   index member, finished value, history row ('' for none), '1' if it has a guard.
 -- Returns per execution: 1 marked, 0 superseded (another node had taken it over: a duplicate).
+-- (A mark of this holder's own, e.g. the claim's "skipped", counts as held: it is replaced.)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local holder, keep = ARGV[1], tonumber(ARGV[2])
@@ -17,7 +18,7 @@ for i = 1, #KEYS / 4 do
   local base = 2 + 4 * (i - 1)
   local member, value, row, guarded = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4] == '1'
   local v = redis.call('GET', key)
-  if v == false or string.sub(v, 1, #mine) == mine then
+  if v == false or string.sub(v, 1, #mine) == mine or string.sub(v, 1, #holder + 3) == 'd|' .. holder .. '|' then
     redis.call('SET', key, value, 'PX', keep)
     redis.call('ZREM', open, member)
     if guarded then

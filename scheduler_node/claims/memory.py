@@ -92,7 +92,7 @@ class MemoryClaims(Claims):
             key = _claim_key(t)
             v = sp.get(key)
             if v is not None:
-                out.append(ClaimResult.WON if v.startswith(self._mine) else ClaimResult.LOST)
+                out.append(ClaimResult.WON if v.startswith(self._mine + "1|") else ClaimResult.LOST)
                 continue
             busy = False
             if t.guard is not None:
@@ -141,7 +141,7 @@ class MemoryClaims(Claims):
             t = f.ticket
             key = _claim_key(t)
             v = sp.get(key)
-            if v is None or v.startswith(self._mine):
+            if v is None or v.startswith(self._mine) or v.startswith(f"d|{self.holder}|"):
                 sp.set(key, f"d|{self.holder}|{f.status}|{f.attempt}", self.keep_ms)
                 self._index(t.slot).pop(t.member, None)
                 if t.guard is not None:

@@ -76,10 +76,11 @@ class _Request:
     """One request: its bytes, its future, the timer bounding the whole attempt, and the
     connection it is on once sent."""
 
-    __slots__ = ("data", "future", "timeout", "timer", "conn")
+    __slots__ = ("data", "future", "timeout", "timer", "conn", "capture")
 
-    def __init__(self, data: bytes, future: asyncio.Future[Outcome], timeout: float) -> None:
+    def __init__(self, data: bytes, future: asyncio.Future[Outcome], timeout: float, capture: int = 0) -> None:
         self.data = data
+        self.capture = capture
         self.future = future
         self.timeout = timeout
         self.timer: asyncio.TimerHandle | None = None
@@ -110,6 +111,7 @@ class _Connection(asyncio.Protocol):
         "closed",
         "idle_since",
         "busy",
+        "keep",
     )
 
     def __init__(self, pool: Pool) -> None:
@@ -124,6 +126,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.busy = False  # counted in its origin's busy connections
+        self.keep = _SNIPPET  # bytes of the body kept: for the error message, or as asked (capture)
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -156,8 +159,8 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks
     def on_body(self, body: bytes) -> None:
         self.body_bytes += len(body)
-        if len(self.snippet) < _SNIPPET:
-            self.snippet += body[: _SNIPPET - len(self.snippet)]
+        if len(self.snippet) < self.keep:
+            self.snippet += body[: self.keep - len(self.snippet)]
 
     def on_message_complete(self) -> None:
         self._finish(self._result(), reusable=self.parser.should_keep_alive())
@@ -171,14 +174,17 @@ class _Connection(asyncio.Protocol):
         self.done = False
         self.snippet = b""
         self.body_bytes = 0
+        self.keep = max(_SNIPPET, request.capture)
         self.transport.write(request.data)
 
     def _result(self) -> Outcome:
         status = self.parser.get_status_code()
+        capture = self.request.capture if self.request is not None else 0
+        response = self.snippet[:capture] if capture else None
         if 200 <= status < 300:
-            return Outcome(True, status, None)
-        text = self.snippet.decode("utf-8", "replace").strip()
-        return Outcome(False, status, f"HTTP {status}" + (f": {text}" if text else ""))
+            return Outcome(True, status, None, response)
+        text = self.snippet[:_SNIPPET].decode("utf-8", "replace").strip()
+        return Outcome(False, status, f"HTTP {status}" + (f": {text}" if text else ""), response)
 
     def timed_out(self, timeout: float) -> None:
         self._finish(Outcome(False, None, f"timed out after {timeout:g}s"), reusable=False)
@@ -238,11 +244,14 @@ class Pool:
         self._dns: dict[tuple[str, int], tuple[float, list[tuple[int, str]]]] = {}
         self._tls = ssl.create_default_context()
 
-    def request(self, prepared: Prepared, extra_head: bytes, body: bytes, timeout: float) -> asyncio.Future[Outcome]:
-        """Send ``prepared.head + extra_head`` (per-request headers, CRLF-terminated) and the body."""
+    def request(
+        self, prepared: Prepared, extra_head: bytes, body: bytes, timeout: float, capture: int = 0
+    ) -> asyncio.Future[Outcome]:
+        """Send ``prepared.head + extra_head`` (per-request headers, CRLF-terminated) and the body;
+        keep the first ``capture`` bytes of the answer in the outcome."""
         future: asyncio.Future[Outcome] = self.loop.create_future()
         data = b"".join((prepared.head, extra_head, b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body))
-        request = _Request(data, future, timeout)
+        request = _Request(data, future, timeout, capture)
         request.timer = self.loop.call_later(timeout, request.expire)
         origin = prepared.origin
         op = self._origins.get(origin)
@@ -449,4 +458,4 @@ class HttpSender(Sender):
                 self._prepared.clear()
             prepared = self._prepared[target] = prepare(target.method, target.url, target.headers)
         head = "".join(f"{k}: {v}\r\n" for k, v in delivery.metadata().items()).encode("ascii")
-        return self._pool.request(prepared, head, delivery.body, target.timeout)
+        return self._pool.request(prepared, head, delivery.body, target.timeout, delivery.capture)

@@ -4,8 +4,9 @@ states it):
 1. every occurrence due while any node was alive is delivered at least once, late or not;
 2. every extra delivery of one attempt is attributable to a named fault (a process killed after
    delivering, a process paused past its lease, Redis losing its keys or being unreachable);
-3. retries, manual triggers and redeliveries survive every handover (Redis losing its data loses
-   the retries parked there whose holder has stopped since: that is the one named exception);
+3. retries, manual triggers, redeliveries and backfills survive every handover (Redis losing its
+   data loses the retries parked there whose holder has stopped since, and the claims of a
+   backfill's executions not sent yet: that is the one named exception);
 4. occurrences due while no node ran at all get their job's misfire policy, in every slot;
 5. a deleted or paused job gets no further attempt once the change has reached the nodes;
 6. every execution delivered ends with a final row in history (unless Redis lost it in between);
@@ -22,7 +23,8 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from cronman.execution import Trigger, execution_id
+from cronman.backfills import occurrences
+from cronman.execution import Trigger, backfill_trigger, execution_id
 from cronman.schedule import timing_from_dict
 from scheduler_node.sim.parts import Arrival
 from scheduler_node.sim.world import EPOCH, JobPlan, Sim
@@ -110,7 +112,11 @@ def check(sim: Sim) -> Report:
                 for ev in range(events):
                     report.occurrences += 1
                     eid = execution_id(plan.id, t_ms, ev, Trigger.SCHEDULE)
-                    if not arrivals.get(eid) and not (overlap and _skipped(sim, plan.id, t_ms, ev)):
+                    if (
+                        not arrivals.get(eid)
+                        and not (overlap and _ended(sim, plan.id, t_ms, ev, "skipped"))
+                        and not _stopped_after(plan, t)
+                    ):
                         report.violations.append(f"missed: {plan.id} at {_at(t)} event {ev} (execution {eid})")
             elif not active and not _near(t, edges):
                 for ev in range(events):
@@ -142,15 +148,26 @@ def check(sim: Sim) -> Report:
                         )
         # 3: manual triggers
         for asked, requested_ms in plan.triggers:
-            gone = [d for d in plan.deleted if asked - FUZZ < d]
-            if gone and min(gone) < asked + 10:
-                continue
+            if _stopped_after(plan, asked - FUZZ):
+                continue  # deleted or paused before it could be delivered: cancelled
             if asked > hi:
                 continue
             for ev in range(events):
                 eid = execution_id(plan.id, requested_ms, ev, Trigger.MANUAL)
                 if not arrivals.get(eid):
                     report.violations.append(f"trigger lost: {plan.id} asked at {_at(asked)} (execution {eid})")
+        # 3: backfills: every execution handed out, unless the job went or Redis lost its claims
+        for asked, backfill_id, from_ms, to_ms in plan.backfills:
+            if any(d >= asked - FUZZ for d in plan.deleted) or any(x >= asked for x in sim.redis.losses):
+                continue
+            trigger = backfill_trigger(backfill_id)
+            for t_ms in occurrences(timing, from_ms, to_ms, 10_000):
+                for ev in range(events):
+                    eid = execution_id(plan.id, t_ms, ev, trigger)
+                    if not arrivals.get(eid):
+                        report.violations.append(
+                            f"backfill lost: {plan.id} {backfill_id} at {_at(t_ms / 1000)} event {ev} (execution {eid})"
+                        )
         # 3: retries of a receiver that fails every first attempt
         if sim.receivers.behaviour.get(plan.receiver) == "fail_first":
             for eid, got in arrivals.items():
@@ -159,6 +176,9 @@ def check(sim: Sim) -> Report:
                 first = min(a.at for a in got)
                 if first > hi or _near(first, edges) or any(first - 1 <= b and a <= first + 15 for a, b in edges):
                     continue
+                due = got[0].scheduled_ms / 1000
+                if _stopped_after(plan, due - FUZZ) or not any(a <= due < b for a, b in windows):
+                    continue  # deleted or paused after it fell due: what it still owed is cancelled
                 if any(first <= x for x in sim.redis.losses):
                     continue  # Redis lost the parked retry (a named fault: its holder may be gone)
                 report.violations.append(f"retry lost: {plan.id} execution {eid} never succeeded")
@@ -196,11 +216,17 @@ def _last_change(plan: JobPlan, t: float) -> float:
     return max([d for d in plan.deleted if d <= t] + [p for p, _ in plan.paused if p <= t], default=t)
 
 
-def _skipped(sim: Sim, job_id: str, t_ms: int, ev: int) -> bool:
+def _ended(sim: Sim, job_id: str, t_ms: int, ev: int, status: str) -> bool:
     return any(
-        r.status == "skipped" and (r.job_id, r.scheduled_ms, r.event_index) == (job_id, t_ms, ev)
+        r.status == status and (r.job_id, r.scheduled_ms, r.event_index) == (job_id, t_ms, ev)
         for r in sim.db.history.values()
     )
+
+
+def _stopped_after(plan: JobPlan, t: float) -> bool:
+    """The job was paused or deleted after ``t``: an occurrence that faults held back until then
+    is rightly not delivered any more (a pause or a delete cancels what is still owed)."""
+    return any(d > t for d in plan.deleted) or any(p > t for p, _ in plan.paused)
 
 
 def _duplicates(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) -> None:

@@ -86,12 +86,17 @@ class SimLoop(asyncio.SelectorEventLoop):
             self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
         return scheduled[0]._when if scheduled else None
 
-    def step(self) -> None:
+    def step(self, limit: int = 1000) -> int:
+        """Run this loop's work due now (at most ``limit`` iterations); returns how many ran."""
         asyncio.events._set_running_loop(self)
+        ran = 0
         try:
-            self._run_once()  # type: ignore[attr-defined]
+            while ran < limit and self.due():
+                self._run_once()  # type: ignore[attr-defined]
+                ran += 1
         finally:
             asyncio.events._set_running_loop(None)
+        return ran
 
 
 class World:
@@ -146,10 +151,11 @@ class World:
                     heapq.heappop(self._events)[2]()
                     progressed = True
                 for loop in list(self.loops):
-                    if loop not in self.paused and loop in self.loops and loop.due():
-                        loop.step()
-                        progressed = True
-                        steps += 1
+                    if loop not in self.paused and loop in self.loops:
+                        ran = loop.step()
+                        if ran:
+                            progressed = True
+                            steps += ran
                 if steps > max_steps:
                     raise RuntimeError(f"simulation did not settle after {max_steps} steps at t={self.t:.3f}")
             nxt = [t for loop in self.loops if loop not in self.paused for t in (loop.next_timer(),) if t is not None]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cronman.errors import TransientError
@@ -16,6 +16,7 @@ from scheduler_node.claims.memory import ClaimSpace, MemoryClaims
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder, JobRow, OwnedJob
 from scheduler_node.parts import (
+    Beat,
     ClaimResult,
     Claims,
     Delivery,
@@ -31,7 +32,7 @@ from scheduler_node.parts import (
     Took,
 )
 from scheduler_node.sim.loop import World
-from scheduler_node.store import Attempts, ClusterConfig, Ident, NodeStore, TriggerRow, bitmap_slots
+from scheduler_node.store import Attempts, BackfillRow, ClusterConfig, Ident, NodeStore, TriggerRow, bitmap_slots
 
 LATENCY = 0.001  # a round trip to Redis or PostgreSQL
 
@@ -46,6 +47,8 @@ class SimRedis:
     members: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # id -> (expires, beat, info)
     down_until: float = 0.0
     losses: list[float] = field(default_factory=list)  # when it lost everything
+    epoch: str = ""
+    progress: int | None = None
 
     def __post_init__(self) -> None:
         self.space = ClaimSpace(now=self.now_ms)
@@ -56,6 +59,8 @@ class SimRedis:
     def lose_everything(self) -> None:
         self.space.lose_everything()
         self.members.clear()
+        self.epoch = ""
+        self.progress = None
         self.losses.append(self.world.now)
 
     async def call(self) -> None:
@@ -123,11 +128,17 @@ class SimMembership(Membership):
         self.node_id = node_id
         self.ttl_ms = ttl_ms
 
-    async def beat(self, info: dict[str, Any]) -> None:
+    async def beat(self, info: dict[str, Any], progress_ms: int | None = None) -> Beat:
         await self.redis.call()
         now = self.redis.now_ms()
         self.redis.members[self.node_id] = (now + self.ttl_ms, now, json.dumps(info))
+        if not self.redis.epoch:
+            self.redis.epoch = f"e{len(self.redis.losses)}"
+        if progress_ms is not None and progress_ms > (self.redis.progress or 0):
+            self.redis.progress = progress_ms
+        beat = Beat(self.redis.epoch, self.redis.progress)
         await asyncio.sleep(LATENCY / 2)
+        return beat
 
     async def live(self) -> list[Member]:
         await self.redis.call()
@@ -193,10 +204,11 @@ class SimDb:
     slots: int
     jobs: dict[str, SimJob] = field(default_factory=dict)
     triggers: list[tuple[int, TriggerRow, int]] = field(default_factory=list)  # (change, row, slot)
-    history: dict[tuple[str, int, int, int], HistoryRow] = field(default_factory=dict)
-    duplicates: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
+    history: dict[tuple[str, int, int, int, str], HistoryRow] = field(default_factory=dict)
+    duplicates: dict[tuple[str, int, int, int, str], int] = field(default_factory=dict)
     progress: dict[tuple[str, str], tuple[int, bytes]] = field(default_factory=dict)
     outages: list[tuple[int, int]] = field(default_factory=list)
+    backfills: dict[str, SimBackfill] = field(default_factory=dict)
     down_until: float = 0.0
     polls: dict[str, list[float]] = field(default_factory=dict)  # holder -> when its feed reads succeeded
     change: int = 1
@@ -245,6 +257,16 @@ class SimDb:
         job.version, job.change, job.updated_ms = self.version, self.change, self.now_ms()
         return job
 
+    def backfill(self, backfill_id: str, job_id: str, from_ms: int, to_ms: int, rate: float) -> None:
+        """A backfill as the API writes it (cronman.backfill_store)."""
+        job = self.jobs[job_id]
+        events = int(job.options.get("events_per_trigger") or 1)
+        timing = json.dumps({"schedule": job.schedule, "calendars": []})
+        row = BackfillRow(
+            backfill_id, job_id, job.incarnation, from_ms, to_ms, rate, events, timing, "running", None, 0, None
+        )
+        self.backfills[backfill_id] = SimBackfill(row)
+
     def trigger(self, job_id: str) -> TriggerRow:
         job = self.jobs[job_id]
         self.change += 1
@@ -274,6 +296,15 @@ class SimDb:
                 self.duplicates[r.key] = self.duplicates.get(r.key, 0) + 1
                 dups += 1
         return dups
+
+
+@dataclass
+class SimBackfill:
+    """A backfill row: what the API wrote, and the lease and cursor its driver keeps."""
+
+    row: BackfillRow
+    driver: str | None = None
+    lease_until: int = 0
 
 
 class SimStore(NodeStore):
@@ -306,8 +337,8 @@ class SimStore(NodeStore):
         await self.db.call()
         wanted = set(idents)
         found: dict[Ident, Attempts] = {}
-        for (job_id, ms, ev, attempt), row in self.db.history.items():
-            ident = (job_id, ms, ev)
+        for (job_id, ms, ev, attempt, trigger), row in self.db.history.items():
+            ident = (job_id, ms, ev, trigger)
             if ident in wanted:
                 old = found.get(ident, Attempts(0, False))
                 final = row.status in ("succeeded", "permanently_failed", "skipped", "cancelled")
@@ -352,6 +383,54 @@ class SimStore(NodeStore):
             return False
         self.db.change_job(job_id, deleted=True)
         return True
+
+    async def backfills(self) -> list[BackfillRow]:
+        await self.db.call()
+        out = []
+        for b in self.db.backfills.values():
+            job = self.db.jobs.get(b.row.job_id)
+            live = None if job is None or job.deleted else job.incarnation
+            out.append(replace(b.row, live_incarnation=live))
+        return out
+
+    async def lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
+        await self.db.call()
+        b = self.db.backfills.get(backfill_id)
+        now = self.db.now_ms()
+        if b is None or b.row.state != "running" or (b.driver not in (None, holder) and b.lease_until >= now):
+            return None
+        b.driver, b.lease_until = holder, now + lease_ms
+        return b.row.cursor_ms, b.row.dispatched
+
+    async def renew_backfill(
+        self,
+        backfill_id: str,
+        holder: str,
+        lease_ms: int,
+        cursor_ms: int | None,
+        dispatched: int,
+        *,
+        done: bool,
+        release: bool,
+    ) -> bool:
+        await self.db.call()
+        b = self.db.backfills.get(backfill_id)
+        if b is None or b.driver != holder:
+            return False
+        running = b.row.state == "running"
+        cursor = b.row.cursor_ms if cursor_ms is None else max(cursor_ms, b.row.cursor_ms or cursor_ms)
+        state = "dispatched" if done and running else b.row.state
+        b.row = replace(b.row, cursor_ms=cursor, dispatched=max(dispatched, b.row.dispatched), state=state)
+        b.lease_until = self.db.now_ms() + (0 if release else lease_ms)
+        if release or not running or done:
+            b.driver = None
+        return running
+
+    async def end_backfill(self, backfill_id: str, reason: str) -> None:
+        await self.db.call()
+        b = self.db.backfills.get(backfill_id)
+        if b is not None and b.row.state == "running":
+            b.row = replace(b.row, state="cancelled")
 
     def write_history(self, rows: list[HistoryRow]) -> int:
         return self.db.write(rows)

@@ -36,8 +36,8 @@ FAULTS = (
 @dataclass(frozen=True)
 class SimConfig:
     seed: int
-    duration: float = 40.0  # faults happen in (warmup, duration)
-    settle: float = 20.0  # then every node is up and nothing fails
+    duration: float = 35.0  # faults happen in (warmup, duration)
+    settle: float = 18.0  # then every node is up and nothing fails
     warmup: float = 3.0
     slots: int = 64
     faults: frozenset[str] = frozenset(FAULTS)
@@ -65,6 +65,7 @@ class JobPlan:
     deleted: list[float] = field(default_factory=list)
     paused: list[tuple[float, float]] = field(default_factory=list)  # (from, to)
     triggers: list[tuple[float, int]] = field(default_factory=list)  # (when asked, requested ms)
+    backfills: list[tuple[float, str, int, int]] = field(default_factory=list)  # (when asked, id, from, to ms)
 
 
 class Process:
@@ -93,6 +94,7 @@ class Process:
             slots=sim.cfg.slots,
             incarnation=self.incarnation,
             rng=random.Random(sim.rng.random()),
+            tuning={"idle_seconds": 0.5},
         )
         self.stop = asyncio.Event()
         self.task = self.loop.create_task(self._run(sim))
@@ -131,14 +133,14 @@ class Sim:
             node_id="sim",
             database_url="postgresql://sim/sim",
             redis_url="redis://sim",
-            heartbeat_interval_seconds=0.5,
-            heartbeat_ttl_seconds=3.0,
-            membership_poll_seconds=0.3,
+            heartbeat_interval_seconds=1.0,
+            heartbeat_ttl_seconds=4.0,
+            membership_poll_seconds=0.5,
             lease_seconds=cfg.lease_seconds,
-            change_poll_seconds=0.5,
+            change_poll_seconds=1.0,
             history_flush_seconds=0.2,
             load_grace_seconds=2.0,
-            progress_seconds=0.5,
+            progress_seconds=1.0,
             outage_after_seconds=5.0,
             history_recover_after_seconds=3.0,
             done_ttl_seconds=60.0,
@@ -152,6 +154,7 @@ class Sim:
         self.skew: dict[str, float] = {}
         self.node_ids: list[str] = []
         self.stopped_all: list[tuple[float, float]] = []  # (stop, restart) of the whole cluster
+        self.held_until = 0.0  # while the whole cluster is stopped, no node starts
 
     # ------------------------------------------------------------------ processes
     def start(self, node_id: str) -> None:
@@ -180,7 +183,7 @@ class Sim:
     def _workload(self) -> None:
         rng = self.rng
         receivers = {"ok": 0.6, "fail_first": 0.2, "flaky": 0.12, "slow": 0.08}
-        for i in range(rng.randint(12, 24)):
+        for i in range(rng.randint(10, 20)):
             job_id = f"job-{i}"
             kind = rng.choices(list(receivers), weights=list(receivers.values()))[0]
             receiver = f"r-{i}"
@@ -251,6 +254,24 @@ class Sim:
                 again = now + self.rng.uniform(1, 5)
                 self.world.at(again, lambda: self._recreate(job_id))
 
+    def _backfills(self) -> None:
+        """A few backfills of the last seconds of repeating jobs, drawn from a generator of their own
+        (the other events of a seed stay what they were)."""
+        rng = random.Random(self.cfg.seed * 7919 + 1)
+        repeating = sorted(j for j, p in self.jobs.items() if p.doc["schedule"]["type"] != "once")
+        for n in range(rng.randint(1, 3)):
+            at = rng.uniform(self.cfg.warmup + 8, self.cfg.duration - 5)
+            job_id, rate = rng.choice(repeating), rng.choice([2.0, 5.0, 20.0])
+            self.world.at(EPOCH + at, functools.partial(self._backfill, f"bf-{n}", job_id, rate))
+
+    def _backfill(self, backfill_id: str, job_id: str, rate: float) -> None:
+        if self.db.jobs[job_id].deleted:
+            return
+        now_ms = int(self.world.now * 1000)
+        from_ms, to_ms = now_ms - 15_000, now_ms - 1000
+        self.db.backfill(backfill_id, job_id, from_ms, to_ms, rate)
+        self.jobs[job_id].backfills.append((self.world.now, backfill_id, from_ms, to_ms))
+
     def _recreate(self, job_id: str) -> None:
         plan = self.jobs[job_id]
         self.db.put_job(job_id, **plan.doc)
@@ -289,7 +310,7 @@ class Sim:
             self.faults.append(Fault("restart", now, now, victim, self.processes[victim].holder))
             self.terminate(victim)
             self.world.at(now + rng.uniform(0.3, 2.0), lambda: self._revive(victim))
-        elif kind == "join":
+        elif kind == "join" and now >= self.held_until:
             node_id = f"node-j{joined}"
             self.node_ids.append(node_id)
             self.faults.append(Fault("join", now, now, node_id))
@@ -312,6 +333,7 @@ class Sim:
             d = min(rng.uniform(8, 20), EPOCH + self.cfg.duration - now)  # everything is back by then
             self.faults.append(Fault("cluster_stop", now, now + d))
             self.stopped_all.append((now, now + d))
+            self.held_until = now + d
             for n in alive:
                 if rng.random() < 0.5:
                     self.kill(n)
@@ -324,6 +346,8 @@ class Sim:
             self._revive(n)
 
     def _revive(self, node_id: str) -> None:
+        if self.world.now < self.held_until:  # the whole cluster is stopped: nobody comes back early
+            return
         if node_id not in self.alive() and node_id in self.node_ids:
             self.start(node_id)
 
@@ -341,10 +365,12 @@ class Sim:
             for n in self.node_ids:
                 self.world.at(EPOCH + rng.uniform(0, 1), functools.partial(self.start, n))
             self._job_events()
+            self._backfills()
             self._nemesis()
             self.world.run_until(EPOCH + cfg.duration)
             # the nemesis rests: everything comes back and nothing fails any more
             self.redis.down_until = self.db.down_until = 0
+            self.held_until = 0.0
             self.world.paused.clear()
             for n in self.node_ids:
                 self._revive(n)

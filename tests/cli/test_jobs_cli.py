@@ -44,10 +44,10 @@ def test_create_and_list(cli: Any, two_jobs: Path) -> None:
     r = cli("jobs", "list")
     assert r.rc == 0
     lines = r.out.splitlines()
-    assert lines[0].split() == ["ID", "NAMESPACE", "SCHEDULE", "STATE", "NEXT", "FIRE", "LABELS"]
+    assert lines[0].split() == ["ID", "NAMESPACE", "SCHEDULE", "STATE", "HEALTH", "NEXT", "FIRE", "LABELS"]
     assert lines[1].split()[:2] == ["invoice-reminder", "default"]
     assert "cron 0 7 * * 1-5 America/New_York" in lines[1] and lines[1].endswith("env=prod,team=payments")
-    assert lines[2].split()[:5] == ["settle", "default", "every", "15m", "active"]
+    assert lines[2].split()[:6] == ["settle", "default", "every", "15m", "active", "ok"]
     assert len(lines) == 3
     assert [ln.split()[0] for ln in cli("jobs", "list", "-l", "env!=dev").out.splitlines()[1:]] == ["invoice-reminder"]
     assert [ln.split()[0] for ln in cli("jobs", "list", "-q", "REMIND").out.splitlines()[1:]] == ["invoice-reminder"]
@@ -167,3 +167,15 @@ def test_no_traceback_from_the_real_command(api_url: str, tmp_path: Path) -> Non
         )
         assert p.returncode == 1 and p.stdout == "", p.stderr
         assert len(p.stderr.splitlines()) == 1 and says in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_notification_rules(cli: Any, tmp_path: Path) -> None:
+    rule = tmp_path / "rule.yaml"
+    rule.write_text("events: [job.recovered]\nselector: team=a\ntarget: {type: http, url: 'https://example.com/n'}\n")
+    assert cli("notifications", "put", "oncall", "-f", str(rule)).rc == 0
+    lines = cli("notifications", "list").out.splitlines()
+    assert lines[0].split() == ["NAME", "NAMESPACE", "EVENTS", "SELECTOR", "TARGET", "INTERVAL"]
+    assert lines[1].split() == ["oncall", "default", "job.recovered", "team=a", "https://example.com/n", "60s"]
+    assert json.loads(cli("notifications", "list", "-o", "json").out)[0]["min_interval_seconds"] == 60
+    assert cli("notifications", "delete", "oncall").rc == 0
+    assert cli("notifications", "list").out.splitlines()[1:] == []

@@ -160,15 +160,16 @@ class Cluster:
     def claims_held_by(self, node_id: str) -> set[str]:
         """Execution ids whose claim in Redis is held (claimed, not marked done) by ``node_id``."""
         client = redis.Redis.from_url(self.redis_url, socket_timeout=5, decode_responses=True)
-        prefix, mine = f"{self.redis_prefix}x:", f"c|{node_id}|"
+        # claim keys are "<prefix>{s<slot>}x:<execution id>", valued "c|<node>/<process>|..." while held
+        mine = f"c|{node_id}/"
         try:
-            keys = [str(k) for k in client.scan_iter(match=f"{prefix}*", count=5000)]
+            keys = [str(k) for k in client.scan_iter(match=f"{self.redis_prefix}{{s*}}x:*", count=5000)]
             held: set[str] = set()
             for i in range(0, len(keys), 5000):
                 chunk = keys[i : i + 5000]
                 for key, value in zip(chunk, client.mget(chunk), strict=True):
                     if isinstance(value, str) and value.startswith(mine):
-                        held.add(key[len(prefix) :])
+                        held.add(key.rpartition("x:")[2].partition(":")[0])
             return held
         finally:
             client.close()

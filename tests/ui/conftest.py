@@ -100,9 +100,11 @@ def add_history(
         ensure_partitions(conn, [scheduled_for.astimezone(UTC).date()])  # past days have none by default
         conn.execute(
             text(
+                # written by the job's current incarnation (history before its creation counts then)
                 "INSERT INTO scheduled_jobs (job_id, scheduled_for, attempt, execution_id, status, node, fired_at, "
-                "finished_at, lag_ms, http_status, error, dead_lettered) VALUES (:j, :t, :a, :x, :s, 'node-a', :t, "
-                ":t, :lag, :code, :err, :dl)"
+                "finished_at, lag_ms, http_status, error, dead_lettered, incarnation, namespace) "
+                "SELECT :j, :t, :a, :x, :s, 'node-a', :t, :t, :lag, :code, :err, :dl, "
+                "(SELECT incarnation FROM jobs WHERE id = :j), (SELECT namespace FROM jobs WHERE id = :j)"
             ),
             {
                 "j": job_id,

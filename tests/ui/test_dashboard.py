@@ -208,11 +208,16 @@ def test_states_search_and_sorts(
         job("active-late", name="Nightly report", schedule=hourly),
         job("active-soon", schedule=soon),
         job("paused-1", paused=True),
-        job("done-once", schedule={"type": "once", "at": _at(-7200)}),
+        job("done-once", schedule={"type": "once", "at": _at(60)}),  # moved into the past below
         job("failing-1", schedule={"type": "cron", "expression": "0 7 * * *", "timezone": "America/New_York"}),
         job("recovered", schedule={"type": "cron", "expression": "*/5 * * * *"}),
     ):
         assert send(api, "post", "/v1/jobs", doc).status_code == 201
+    with engine.begin() as conn:  # a once job that fired two hours ago (the API refuses one in the past)
+        conn.execute(
+            text("UPDATE jobs SET schedule = jsonb_set(schedule, '{at}', to_jsonb(CAST(:at AS text))) WHERE id = :id"),
+            {"at": _at(-7200), "id": "done-once"},
+        )
     now = datetime.now(UTC)
     add_history(engine, "failing-1", "succeeded", now - timedelta(hours=2))
     add_history(engine, "failing-1", "permanently_failed", now - timedelta(hours=1))
@@ -426,9 +431,11 @@ def test_the_cluster_page_shows_what_each_node_reports(
     full = {"ts": time.time(), "ready": True, "jobs": 1200, "slots": 2731, "in_flight": 7, "fires_per_s": 41.5,
             "lag_p99_ms": 18.2, "started_at": time.time() - 60}
     bare = {"ts": time.time() - 4}
+    from cronman.keys import lua
+
+    beat = svc.redis.register_script(lua("beat"))  # what a node's heartbeat writes
     for node_id, info in (("node-full", full), ("node-bare", bare)):
-        svc.redis.set(svc.keys.heartbeat(node_id), json.dumps(info), ex=30)
-        svc.redis.sadd(svc.keys.members, node_id)
+        beat(keys=[svc.keys.members], args=[node_id, 30_000, json.dumps(info)])
     b = browser()
     b.login(ADMIN_KEY)
     html = b.get("/ui/cluster").text

@@ -1,0 +1,71 @@
+"""/v1/calendars: business calendars per namespace (the days their jobs do not fire).
+
+The scheduler nodes read every calendar and re-read them on a change notification. A job names
+calendars of its own namespace; deleting one that live jobs still name is a 409 naming them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, jsonify
+
+from api.common import json_body, own_namespace, requested_namespace, services, target_namespace
+from cronman.calendar_store import CALENDAR_NAME_RE, CalendarStore, StoredCalendar, check_name, parse_calendar
+from cronman.calendars import calendar_to_dict
+from cronman.errors import NotFound
+from cronman.timeutil import iso_dt
+
+bp = Blueprint("calendars", __name__, url_prefix="/v1/calendars")
+
+
+def _store() -> CalendarStore:
+    return CalendarStore(services().store.engine)
+
+
+def calendar_json(c: StoredCalendar) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "namespace": c.namespace,
+        **calendar_to_dict(c.calendar),
+        "created_at": iso_dt(c.created_at),
+        "updated_at": iso_dt(c.updated_at),
+    }
+
+
+def _known_name(name: str) -> str:
+    if not CALENDAR_NAME_RE.match(name):
+        raise NotFound(f"no calendar {name!r}", field="name")
+    return name
+
+
+@bp.put("/<name>")
+def put_calendar(name: str) -> Response:
+    _, doc = json_body()
+    check_name(name)
+    stored, created = _store().put(target_namespace(), name, parse_calendar(doc))
+    services().notify_change()
+    resp = jsonify(calendar_json(stored))
+    resp.status_code = 201 if created else 200
+    if created:
+        resp.headers["Location"] = f"/v1/calendars/{name}"
+    return resp
+
+
+@bp.get("")
+def list_calendars() -> Response:
+    """The caller's namespace's calendars; the admin key sees every namespace unless it names one."""
+    namespace = requested_namespace() or own_namespace()
+    return jsonify({"calendars": [calendar_json(c) for c in _store().list(namespace)]})
+
+
+@bp.get("/<name>")
+def get_calendar(name: str) -> Response:
+    return jsonify(calendar_json(_store().get(target_namespace(), _known_name(name))))
+
+
+@bp.delete("/<name>")
+def delete_calendar(name: str) -> Response:
+    _store().delete(target_namespace(), _known_name(name))
+    services().notify_change()
+    return Response(status=204)

@@ -1,0 +1,174 @@
+"""What a batch of new history rows changes besides history, in the transaction that writes them:
+each job's health (:mod:`cronman.health`), jobs that pause themselves after too many failures in a
+row (``failure_policy``), and the events notification rules may want (:mod:`cronman.notifications`).
+
+Only rows written for the first time count (a row written again, by a retried write or by a node
+recovering a dead node's rows, changes nothing), so the counts stay exact whoever writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg2.extras import Json, execute_values
+
+from cronman.health import LATE, HealthDelta, fold
+from cronman.notifications import EventKind
+from cronman.timeutil import iso
+from scheduler_node.history import HistoryRow
+
+_TS = "timestamptz 'epoch' + {} * interval '1 millisecond'"
+
+_HEALTH = f"""
+WITH v(job_id, incarnation, namespace, success_ms, failure_ms, failures, lag_ms, delivered_ms, late_ms, late_last_ms)
+AS (VALUES %s),
+old AS (SELECT h.job_id, h.incarnation, h.consecutive_failures FROM job_health h JOIN v ON h.job_id = v.job_id),
+up AS (
+    INSERT INTO job_health AS h (job_id, incarnation, namespace, last_success_at, last_failure_at,
+        consecutive_failures, failures_toward_pause, last_lag_ms, last_delivered_for, late_since, last_late_at)
+    SELECT job_id, incarnation, namespace, {_TS.format("success_ms")}, {_TS.format("failure_ms")}, failures, failures,
+        lag_ms, {_TS.format("delivered_ms")}, {_TS.format("late_ms")}, {_TS.format("late_last_ms")} FROM v
+    ON CONFLICT (job_id) DO UPDATE SET
+        incarnation = excluded.incarnation,
+        namespace = excluded.namespace,
+        last_success_at = CASE WHEN h.incarnation = excluded.incarnation
+            THEN GREATEST(h.last_success_at, excluded.last_success_at) ELSE excluded.last_success_at END,
+        last_failure_at = CASE WHEN h.incarnation = excluded.incarnation
+            THEN GREATEST(h.last_failure_at, excluded.last_failure_at) ELSE excluded.last_failure_at END,
+        consecutive_failures = CASE WHEN h.incarnation <> excluded.incarnation OR excluded.last_success_at IS NOT NULL
+            THEN excluded.consecutive_failures ELSE h.consecutive_failures + excluded.consecutive_failures END,
+        failures_toward_pause = CASE WHEN h.incarnation <> excluded.incarnation OR excluded.last_success_at IS NOT NULL
+            THEN excluded.failures_toward_pause ELSE h.failures_toward_pause + excluded.failures_toward_pause END,
+        last_lag_ms = CASE WHEN excluded.last_lag_ms IS NOT NULL OR h.incarnation <> excluded.incarnation
+            THEN excluded.last_lag_ms ELSE h.last_lag_ms END,
+        last_delivered_for = CASE WHEN h.incarnation = excluded.incarnation
+            THEN GREATEST(h.last_delivered_for, excluded.last_delivered_for) ELSE excluded.last_delivered_for END,
+        late_since = CASE
+            WHEN h.incarnation <> excluded.incarnation THEN excluded.late_since
+            WHEN h.late_since > COALESCE(GREATEST(h.last_delivered_for, excluded.last_delivered_for),
+                '-infinity') THEN h.late_since
+            WHEN excluded.late_since > COALESCE(GREATEST(h.last_delivered_for, excluded.last_delivered_for),
+                '-infinity') THEN excluded.late_since
+            ELSE h.late_since END,
+        last_late_at = CASE WHEN h.incarnation = excluded.incarnation
+            THEN GREATEST(h.last_late_at, excluded.last_late_at) ELSE excluded.last_late_at END,
+        updated_at = now()
+    RETURNING h.job_id, h.incarnation, h.failures_toward_pause
+)
+SELECT up.job_id, up.incarnation, up.failures_toward_pause,
+    COALESCE(CASE WHEN old.incarnation = up.incarnation THEN old.consecutive_failures END, 0)
+FROM up LEFT JOIN old ON old.job_id = up.job_id
+"""
+_HEALTH_TEMPLATE = (
+    "(%s, %s::bigint, %s, %s::bigint, %s::bigint, %s::int, %s::bigint, %s::bigint, %s::bigint, %s::bigint)"
+)
+
+# Jobs whose failures in a row reached their failure_policy pause themselves: the same change a
+# pause through the API makes (a new version on the change feed, a job event), with the reason.
+_PAUSE = """
+WITH v(job_id, incarnation, n) AS (VALUES %s),
+p AS (
+    UPDATE jobs j SET paused = true, version = nextval('jobs_version_seq'),
+        change_xid = pg_current_xact_id()::text::bigint, updated_at = now(),
+        paused_reason = jsonb_build_object(
+            'reason', 'consecutive_failures',
+            'message', v.n || ' executions in a row ended permanently_failed',
+            'by', 'scheduler',
+            'since', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
+            'consecutive_failures', v.n)
+    FROM v
+    WHERE j.id = v.job_id AND j.incarnation = v.incarnation AND j.deleted_at IS NULL AND NOT j.paused
+        AND v.n >= (j.options -> 'failure_policy' ->> 'pause_after_consecutive_failures')::int
+    RETURNING j.id, j.namespace, v.n, j.paused_reason
+),
+e AS (
+    INSERT INTO job_events (job_id, namespace, action, actor, detail)
+    SELECT id, namespace, 'pause', 'scheduler', paused_reason FROM p
+),
+r AS (UPDATE job_health h SET failures_toward_pause = 0 FROM p WHERE h.job_id = p.id)
+SELECT id, namespace, n, paused_reason FROM p
+"""
+
+# Only events some rule of the namespace asks for are kept (rules are few; the selector is the
+# dispatcher's to apply).
+_EVENTS = f"""
+INSERT INTO notification_events (namespace, job_id, event, at, detail)
+SELECT v.namespace, v.job_id, v.event, {_TS.format("v.at_ms")}, v.detail
+FROM (VALUES %s) AS v(namespace, job_id, event, at_ms, detail)
+WHERE EXISTS (SELECT 1 FROM notification_rules r WHERE r.namespace = v.namespace AND v.event = ANY(r.events))
+"""
+_EVENTS_TEMPLATE = "(%s, %s, %s, %s::bigint, %s::jsonb)"
+
+Event = tuple[str, str, str, int, Any]  # namespace, job id, event kind, at (ms), detail
+
+
+def record_outcomes(cur: Any, rows: list[HistoryRow]) -> None:
+    """Apply rows written for the first time: health, auto-pause, notification events."""
+    # In job id order: two nodes writing outcomes of the same jobs lock their rows in one order.
+    deltas = sorted(fold(rows), key=lambda d: d.job_id)
+    if not deltas:
+        return
+    by_job = {d.job_id: d for d in deltas}
+    changed = execute_values(cur, _HEALTH, [_values(d) for d in deltas], template=_HEALTH_TEMPLATE, fetch=True)
+    events = execution_events(rows)
+    pause: list[tuple[str, int, int]] = []
+    for job_id, incarnation, toward_pause, before in changed:
+        d = by_job[job_id]
+        if d.succeeded and before > 0:
+            detail = {"consecutive_failures": before, "last_success_at": iso(d.last_success_ms or 0)}
+            events.append((d.namespace, job_id, EventKind.JOB_RECOVERED.value, d.last_success_ms or 0, Json(detail)))
+        if d.failures and toward_pause > 0:
+            pause.append((job_id, incarnation, toward_pause))
+    if pause:
+        pause.sort()
+        for job_id, namespace, n, reason in execute_values(cur, _PAUSE, pause, fetch=True):
+            at = by_job[job_id].last_failure_ms or 0
+            detail = {"consecutive_failures": n, "paused_reason": reason}
+            events.append((namespace, job_id, EventKind.JOB_AUTO_PAUSED.value, at, Json(detail)))
+    if events:
+        execute_values(cur, _EVENTS, events, template=_EVENTS_TEMPLATE)
+
+
+def _values(d: HealthDelta) -> tuple[Any, ...]:
+    late = d.late_first_ms
+    if late is not None and d.delivered_ms is not None and late <= d.delivered_ms:
+        late = d.late_last_ms if d.late_last_ms is not None and d.late_last_ms > d.delivered_ms else None
+    return (
+        d.job_id,
+        d.incarnation,
+        d.namespace,
+        d.last_success_ms,
+        d.last_failure_ms,
+        d.failures,
+        d.last_lag_ms,
+        d.delivered_ms,
+        late,
+        d.late_last_ms,
+    )
+
+
+_KINDS = {
+    "failed": EventKind.EXECUTION_FAILED.value,
+    "permanently_failed": EventKind.EXECUTION_PERMANENTLY_FAILED.value,
+    LATE: EventKind.EXECUTION_LATE.value,
+}
+
+
+def execution_events(rows: list[HistoryRow]) -> list[Event]:
+    out: list[Event] = []
+    for r in rows:
+        kind = _KINDS.get(r.status)
+        if kind is None:
+            continue
+        detail: dict[str, Any] = {
+            "execution_id": r.execution_id,
+            "scheduled_for": iso(r.scheduled_ms),
+            "attempt": r.attempt,
+        }
+        if r.status != LATE:
+            detail.update(http_status=r.http_status, error=(r.error or "")[:500] or None)
+        else:
+            detail["reason"] = r.error
+        at = r.finished_ms if r.finished_ms is not None else r.scheduled_ms
+        out.append((r.namespace or "default", r.job_id, kind, at, Json(detail)))
+    return out

@@ -1,0 +1,502 @@
+"""The watchdog for late occurrences and the notification dispatcher.
+
+Both run in one process of the deployment at a time: every scheduler node and every API worker
+takes part, and whichever holds a PostgreSQL advisory lock (session-level, on a connection of its
+own) does the work; when it dies its connection closes and another process takes over within a
+pass. Neither depends on the node that should have fired, nor on Redis: when every node is down
+the API's workers keep watching, and when the API is down a node does.
+
+Watchdog. Nodes record how far they have fired each slot (``node_progress``). A slot whose mark
+lags more than a job's ``late_after_seconds`` behind now has occurrences nobody took up: each of
+them is recorded late (a history row, status ``late``, attempt 0, node ``watchdog``), the job's
+health turns ``late`` until an occurrence at or after it is attempted, ``execution.late`` events
+go to the notification rules, and ``cronman_occurrences_late_total`` counts them. A healthy
+cluster costs one small query per pass; during an outage, each pass reads the jobs of the stalled
+slots.
+
+Dispatcher. Events recorded by the history writers and the watchdog are matched against the
+rules (namespace, kinds, label selector), summarised per rule, job and kind (one notification per
+``min_interval_seconds`` at most, with a count) and put in the outbox, in one transaction that
+also deletes the events. The outbox is sent from here, at least once: a notification is marked
+sent only after its target accepted it, and is retried with backoff otherwise (the same event id
+each time). HTTP targets go through the callback guard, queues through the queue guard, exactly
+as deliveries do, and are signed with the namespace's secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg2.extras import Json, execute_values
+from sqlalchemy import Engine, text
+
+from cronman import signing
+from cronman.errors import TransientError
+from cronman.execution import execution_id
+from cronman.health import LATE, WATCHDOG
+from cronman.labels import parse_selector
+from cronman.notifications import Emit, Summary, body, new_event_id, on_event, on_tick
+from cronman.settings import Settings
+from cronman.timeutil import iso
+from scheduler_node.history import HistoryRow
+from scheduler_node.jobs import Decoder
+from scheduler_node.parts import Delivery, Outcome
+from scheduler_node.senders import Senders
+from scheduler_node.store import PgNodeStore
+
+log = logging.getLogger("cronman.watch")
+
+LOCK_KEY = 0x63726F6E6D616E  # "cronman": the advisory lock of the watch
+LOOKBACK_MS = 86_400_000  # the watchdog looks at most this far back (as far as a node catches up)
+MAX_LATE_PER_JOB = 1000  # late rows recorded per job and pass (a 1 s job down for a day...)
+MAX_ATTEMPTS = 25  # a notification is retried this often (backoff up to 5 min: about 1.5 h)
+_EVENTS_PER_PASS = 2000
+_SENDS_PER_PASS = 500
+
+
+@dataclass
+class _Job:
+    id: str
+    slot: int
+    incarnation: int
+    namespace: str
+    schedule: str
+    options: dict[str, Any]
+    updated_ms: int
+
+
+class Watch:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        executor: Executor,
+        senders: Senders,
+        *,
+        holder: str,
+        on_late: Callable[[int], None] = lambda n: None,
+        on_sent: Callable[[str], None] = lambda result: None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        import time
+
+        self.s = settings
+        self.engine = engine
+        self.executor = executor
+        self.senders = senders
+        self.store = PgNodeStore(engine, executor)
+        self.holder = holder
+        self.on_late = on_late
+        self.on_sent = on_sent
+        self.clock = clock or time.time
+        self._conn: Any = None  # the connection that holds (or tries for) the advisory lock
+        self._leading = False
+        self._watched: dict[str, int] = {}  # job id -> the watchdog looked up to here
+        self._decoder = Decoder(lambda doc: doc)  # type: ignore[arg-type,return-value]
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        except TransientError:
+            raise
+        except Exception as exc:
+            from scheduler_node.store import _UNAVAILABLE
+
+            if isinstance(exc, _UNAVAILABLE):
+                raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
+            raise
+
+    # ------------------------------------------------------------------ leading
+    async def run(self) -> None:
+        await self.senders.start()
+        try:
+            while True:
+                try:
+                    if await self._io(self._lead):
+                        await self.pass_once()
+                except TransientError as exc:
+                    log.warning("watch pass failed: %s", exc)
+                except Exception:  # noqa: BLE001 - the next pass tries again
+                    log.exception("watch pass failed")
+                await asyncio.sleep(self.s.watch_seconds)
+        finally:
+            self._release()
+            await self.senders.close()
+
+    def _lead(self) -> bool:
+        """Hold the advisory lock (taking it if free); False while another process holds it. The
+        lock lives with a connection of this watch's own, kept open between passes."""
+        try:
+            if self._conn is None:
+                self._conn = self.engine.raw_connection()
+                self._conn.autocommit = True
+            cur = self._conn.cursor()
+            try:
+                if self._leading:
+                    cur.execute("SELECT 1")
+                    return True
+                cur.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,))
+                (got,) = cur.fetchone()
+            finally:
+                cur.close()
+        except Exception:
+            self._release()  # the connection, and any lock it held, is gone
+            raise
+        if got:
+            self._leading = True
+            self._watched.clear()
+            log.info("leading the watchdog and the notification dispatcher", extra={"holder": self.holder})
+        return bool(got)
+
+    def _release(self) -> None:
+        """Close the lock's connection (never back to the pool: the lock would go with it)."""
+        conn, self._conn = self._conn, None
+        self._leading = False
+        if conn is not None:
+            try:
+                conn.invalidate()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+
+    async def pass_once(self) -> None:
+        now = self.now_ms()
+        late = await self.find_late(now)
+        if late:
+            fresh = 0
+            for i in range(0, len(late), 5000):
+                fresh += await self._io(self.store.write_late, late[i : i + 5000])
+            if fresh:
+                self.on_late(fresh)
+                log.warning("occurrences late: nobody took them up in time", extra={"count": fresh})
+        await self._io(self.summarise, self.now_ms())
+        await self.send_outbox()
+
+    # ------------------------------------------------------------------ the watchdog
+    async def find_late(self, now: int) -> list[HistoryRow]:
+        marks, cluster_mark = await self.store.slot_marks()
+        if cluster_mark is None:
+            return []  # no node has ever run: nothing was owed yet
+        slack = int((self.s.progress_seconds + self.s.watch_seconds) * 1000)
+        behind = now - slack - 5000  # (5 s: the least late_after_seconds)
+        stalled = {s: m for s, m in marks.items() if m < behind}
+        # A slot no node has a mark for stands with the cluster's mark; when even that is behind,
+        # no node is firing at all, and every job is looked at.
+        stalled_all = cluster_mark < behind
+        if not stalled and not stalled_all:
+            self._watched.clear()
+            return []
+        jobs = await self._io(self._jobs_of, None if stalled_all else sorted(stalled))
+        rows: list[HistoryRow] = []
+        seen: set[str] = set()
+        for job in jobs:
+            mark = marks.get(job.slot, cluster_mark)
+            if mark >= behind:
+                continue
+            seen.add(job.id)
+            rows.extend(self._late_rows(job, mark, now))
+        self._watched = {k: v for k, v in self._watched.items() if k in seen}
+        return rows
+
+    def _jobs_of(self, slots: list[int] | None) -> list[_Job]:
+        where = "" if slots is None else "AND slot = ANY(:slots)"
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT id, slot, incarnation, namespace, schedule::text, options, "
+                    "floor(extract(epoch from updated_at) * 1000)::bigint FROM jobs "
+                    f"WHERE deleted_at IS NULL AND NOT paused {where}"
+                ),
+                {} if slots is None else {"slots": slots},
+            )
+            return [_Job(r[0], r[1], int(r[2]), r[3], r[4], r[5] or {}, int(r[6])) for r in rows]
+
+    def _late_rows(self, job: _Job, mark: int, now: int) -> list[HistoryRow]:
+        late_after = int(job.options.get("late_after_seconds") or 60) * 1000
+        end = now - late_after
+        start = max(mark, job.updated_ms - 1, now - LOOKBACK_MS, self._watched.get(job.id, mark))
+        if end <= start:
+            return []
+        try:
+            timing = self._decoder.timing(job.schedule, job.id)
+            t = timing.next_after(start)
+        except Exception as exc:  # noqa: BLE001 - one job's schedule never stops the watchdog
+            log.warning("cannot compute the occurrences of a job: %s", exc, extra={"job_id": job.id})
+            return []
+        out: list[HistoryRow] = []
+        reason = (
+            f"late: no scheduler took it up within {late_after // 1000} s of its due time "
+            f"(its slot was last fired through {iso(mark)})"
+        )
+        while t is not None and t <= end and len(out) < MAX_LATE_PER_JOB:
+            out.append(
+                HistoryRow(
+                    job.id,
+                    t,
+                    0,
+                    0,
+                    execution_id(job.id, t),
+                    "schedule",
+                    LATE,
+                    WATCHDOG,
+                    None,
+                    None,
+                    None,
+                    None,
+                    reason,
+                    None,
+                    None,
+                    job.incarnation,
+                    job.namespace,
+                )
+            )
+            t = timing.next_after(t)
+        self._watched[job.id] = end if t is None or t > end else out[-1].scheduled_ms
+        return out
+
+    # ------------------------------------------------------------------ summarising events
+    def summarise(self, now: int) -> int:
+        """Match new events against the rules, summarise, fill the outbox (one transaction);
+        returns how many notifications were queued."""
+        queued = 0
+        raw = self.engine.raw_connection()
+        try:
+            cur = raw.cursor()
+            cur.execute(
+                "SELECT id, namespace, job_id, event, floor(extract(epoch from at) * 1000)::bigint, detail "
+                "FROM notification_events ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
+                (_EVENTS_PER_PASS,),
+            )
+            events = cur.fetchall()
+            outbox: list[tuple[Any, ...]] = []
+            states: dict[tuple[str, str, str, str], Summary] = {}
+            if events:
+                rules = self._rules(cur, sorted({e[1] for e in events}))
+                labels = self._labels(cur, sorted({e[2] for e in events}))
+                keys = {
+                    (ns, r["name"], job, kind)
+                    for _, ns, job, kind, _, _ in events
+                    for r in rules.get(ns, [])
+                    if kind in r["events"] and r["match"](labels.get(job, {}))
+                }
+                states = self._states(cur, keys)
+                by_rule = {(ns, r["name"]): r for ns, rs in rules.items() for r in rs}
+                for _, ns, job, kind, at, detail in events:
+                    for r in rules.get(ns, []):
+                        key = (ns, r["name"], job, kind)
+                        if key not in keys:
+                            continue
+                        state, emit = on_event(states[key], int(at), detail or {}, now, r["interval_ms"])
+                        states[key] = state
+                        if emit is not None:
+                            outbox.append(self._outbox_row(key, emit, by_rule[(ns, r["name"])]["target"]))
+                cur.execute("DELETE FROM notification_events WHERE id = ANY(%s)", ([e[0] for e in events],))
+            for key, state, emit, target in self._due(cur, now):
+                if key in states:
+                    continue  # an event of this very pass has sent (or counted) it already
+                states[key] = state
+                outbox.append(self._outbox_row(key, emit, target))
+            if states:
+                execute_values(
+                    cur,
+                    "INSERT INTO notification_state AS s (namespace, rule, job_id, event, last_sent_at, pending, "
+                    "pending_first_at, pending_detail) SELECT v.ns, v.rule, v.job, v.ev, "
+                    "timestamptz 'epoch' + v.sent * interval '1 millisecond', v.pending, "
+                    "timestamptz 'epoch' + v.first * interval '1 millisecond', v.detail "
+                    "FROM (VALUES %s) AS v(ns, rule, job, ev, sent, pending, first, detail) "
+                    "ON CONFLICT (namespace, rule, job_id, event) DO UPDATE SET last_sent_at = excluded.last_sent_at, "
+                    "pending = excluded.pending, pending_first_at = excluded.pending_first_at, "
+                    "pending_detail = excluded.pending_detail",
+                    [
+                        (*k, st.last_sent_ms, st.pending, st.pending_first_ms, Json(st.pending_detail))
+                        for k, st in states.items()
+                    ],
+                    template="(%s, %s, %s, %s, %s::bigint, %s::int, %s::bigint, %s::jsonb)",
+                )
+            if outbox:
+                execute_values(
+                    cur,
+                    "INSERT INTO notification_outbox (event_id, namespace, rule, job_id, event, body, target) "
+                    "VALUES %s ON CONFLICT (event_id) DO NOTHING",
+                    outbox,
+                    template="(%s::uuid, %s, %s, %s, %s, %s, %s::jsonb)",
+                )
+                queued = len(outbox)
+            cur.close()
+            raw.commit()
+        except Exception:
+            raw.rollback()
+            raise
+        finally:
+            raw.close()
+        return queued
+
+    @staticmethod
+    def _rules(cur: Any, namespaces: list[str]) -> dict[str, list[dict[str, Any]]]:
+        cur.execute(
+            "SELECT namespace, name, events, selector, target, min_interval_seconds FROM notification_rules "
+            "WHERE namespace = ANY(%s)",
+            (namespaces,),
+        )
+        out: dict[str, list[dict[str, Any]]] = {}
+        for ns, name, events, selector, target, interval in cur.fetchall():
+            try:
+                match = parse_selector(selector).matches
+            except Exception:  # noqa: BLE001 - stored rules were validated; a bad one matches nothing
+                continue
+            out.setdefault(ns, []).append(
+                {"name": name, "events": set(events), "match": match, "target": target, "interval_ms": interval * 1000}
+            )
+        return out
+
+    @staticmethod
+    def _labels(cur: Any, job_ids: list[str]) -> dict[str, dict[str, str]]:
+        cur.execute("SELECT id, labels FROM jobs WHERE id = ANY(%s) AND deleted_at IS NULL", (job_ids,))
+        return {r[0]: r[1] or {} for r in cur.fetchall()}
+
+    @staticmethod
+    def _states(cur: Any, keys: set[tuple[str, str, str, str]]) -> dict[tuple[str, str, str, str], Summary]:
+        out = {k: Summary() for k in keys}
+        if not keys:
+            return out
+        ordered = sorted(keys)
+        cur.execute(
+            "SELECT s.namespace, s.rule, s.job_id, s.event, floor(extract(epoch from s.last_sent_at) * 1000)::bigint, "
+            "s.pending, floor(extract(epoch from s.pending_first_at) * 1000)::bigint, s.pending_detail "
+            "FROM notification_state s JOIN unnest(%s::text[], %s::text[], %s::text[], %s::text[]) "
+            "AS w(ns, rule, job, ev) ON (s.namespace, s.rule, s.job_id, s.event) = (w.ns, w.rule, w.job, w.ev) "
+            "FOR UPDATE OF s",
+            tuple([k[i] for k in ordered] for i in range(4)),
+        )
+        for ns, rule, job, ev, sent, pending, first, detail in cur.fetchall():
+            out[(ns, rule, job, ev)] = Summary(
+                None if sent is None else int(sent), int(pending), None if first is None else int(first), detail
+            )
+        return out
+
+    @staticmethod
+    def _due(cur: Any, now: int) -> list[tuple[tuple[str, str, str, str], Summary, Emit, dict[str, Any]]]:
+        """Summaries whose interval is over with events counted meanwhile."""
+        cur.execute(
+            "SELECT s.namespace, s.rule, s.job_id, s.event, floor(extract(epoch from s.last_sent_at) * 1000)::bigint, "
+            "s.pending, floor(extract(epoch from s.pending_first_at) * 1000)::bigint, s.pending_detail, "
+            "r.min_interval_seconds, r.target FROM notification_state s JOIN notification_rules r "
+            "ON r.namespace = s.namespace AND r.name = s.rule WHERE s.pending > 0 "
+            "AND s.last_sent_at <= timestamptz 'epoch' "
+            "+ (%s - r.min_interval_seconds * 1000) * interval '1 millisecond' "
+            "LIMIT 1000 FOR UPDATE OF s SKIP LOCKED",
+            (now,),
+        )
+        out = []
+        for ns, rule, job, ev, sent, pending, first, detail, interval, target in cur.fetchall():
+            state = Summary(int(sent), int(pending), None if first is None else int(first), detail)
+            new, emit = on_tick(state, now, interval * 1000)
+            if emit is not None:
+                out.append(((ns, rule, job, ev), new, emit, target))
+        return out
+
+    @staticmethod
+    def _outbox_row(key: tuple[str, str, str, str], emit: Emit, target: dict[str, Any]) -> tuple[Any, ...]:
+        ns, rule, job, kind = key
+        event_id = new_event_id()
+        return (event_id, ns, rule, job, kind, body(event_id, kind, ns, rule, job, emit).decode(), Json(target))
+
+    # ------------------------------------------------------------------ sending
+    async def send_outbox(self) -> int:
+        due = await self._io(self._due_sends)
+        if not due:
+            return 0
+        secrets = (await self.store.cluster_config()).secrets
+        now = self.now_ms()
+        futures: list[asyncio.Future[Outcome]] = []
+        for _, event_id, ns, rule, job, kind, text_body, target, attempts in due:
+            data = text_body.encode()
+            meta = (
+                ("Cronman-Event-Id", event_id),
+                ("Cronman-Event", kind),
+                ("Cronman-Notification", rule),
+                ("Cronman-Namespace", ns),
+                ("Cronman-Job-Id", job),
+                ("Cronman-Attempt", str(attempts + 1)),
+            )
+            keys = secrets.get(ns)
+            signature = signing.sign(keys, data, now // 1000) if keys else None
+            delivery = Delivery(
+                job, event_id, iso(now), attempts + 1, data, signature=signature, namespace=ns, meta=meta
+            )
+            try:
+                doc = {
+                    **target,
+                    "timeout_seconds": min(
+                        float(target.get("timeout_seconds", 10)), self.s.notification_timeout_seconds
+                    ),
+                }
+                futures.append(self.senders.submit(self.senders.decode(doc), delivery))
+            except Exception as exc:  # noqa: BLE001 - a target that cannot be sent to is this attempt's failure
+                failed: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+                failed.set_result(Outcome(False, None, f"cannot send: {exc}"))
+                futures.append(failed)
+        outcomes = await asyncio.gather(*futures)
+        results = [(row[0], row[8], o) for row, o in zip(due, outcomes, strict=True)]
+        await self._io(self._mark_sent, results)
+        for _, _, o in results:
+            self.on_sent("sent" if o.ok else "failed")
+        return sum(1 for _, _, o in results if o.ok)
+
+    def _due_sends(self) -> list[tuple[Any, ...]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT id, event_id::text, namespace, rule, job_id, event, body, target, attempts "
+                    "FROM notification_outbox WHERE sent_at IS NULL AND given_up_at IS NULL "
+                    "AND next_attempt_at <= now() ORDER BY id LIMIT :n"
+                ),
+                {"n": _SENDS_PER_PASS},
+            )
+            return [tuple(r) for r in rows]
+
+    def _mark_sent(self, results: list[tuple[int, int, Outcome]]) -> None:
+        with self.engine.begin() as conn:
+            sent = [i for i, _, o in results if o.ok]
+            if sent:
+                conn.execute(
+                    text(
+                        "UPDATE notification_outbox SET sent_at = now(), attempts = attempts + 1 WHERE id = ANY(:ids)"
+                    ),
+                    {"ids": sent},
+                )
+            for i, attempts, o in results:
+                if o.ok:
+                    continue
+                delay = min(2 ** min(attempts, 10), 300)
+                error = (o.error or "failed")[:500]
+                log.warning("a notification could not be sent: %s", error, extra={"outbox_id": i})
+                conn.execute(
+                    text(
+                        "UPDATE notification_outbox SET attempts = attempts + 1, last_error = :e, "
+                        "next_attempt_at = now() + :d * interval '1 second', "
+                        "given_up_at = CASE WHEN attempts + 1 >= :max THEN now() END WHERE id = :id"
+                    ),
+                    {"e": error, "d": delay, "max": MAX_ATTEMPTS, "id": i},
+                )
+
+
+def watch_senders(settings: Settings, executor: Executor) -> Senders:
+    """The senders notifications go through: the same guards as deliveries."""
+    from scheduler_node.senders.http import HttpSender
+    from scheduler_node.senders.sqs import SqsSender
+    from scheduler_node.wiring import _queue_refusal
+
+    return Senders(
+        [
+            HttpSender(64, dev_mode=settings.dev_mode, allowlist=settings.callback_allowlist),
+            SqsSender(settings.sqs_endpoint_url, settings.sqs_region, executor, _queue_refusal(settings)),
+        ]
+    )
