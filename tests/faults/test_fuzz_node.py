@@ -5,10 +5,11 @@ delivery ledger in a process of its own. Meanwhile hypothesis writes job documen
 tenant would, through the API: Unicode in every string the API takes (names, payloads, URL paths
 and queries, internationalised hosts), the most awkward ASCII in header values, extreme instants
 within the accepted range, and every option and policy (events per trigger, overlap, misfire,
-daylight-saving rules, jitter, retries, dead-letter queue, throttle, delete after completion;
-once, interval and cron schedules with L, W, # and seconds). Each stored job is triggered, and some
-are paused, updated or deleted while they retry. Targets: the ledger, a path of it that fails, a
-closed port, a black hole, a name that does not resolve, SQS queues (moto) that exist or not.
+daylight-saving rules, jitter, retries, dead-letter queue, throttle, calendars, delete after
+completion; once, interval and cron schedules with L, W, #, seconds and several expressions).
+Each stored job is triggered, and some are paused, updated or deleted while they retry. Targets:
+the ledger, a path of it that fails, a closed port, a black hole, a name that does not resolve,
+SQS queues (moto) that exist or not.
 
 Then: no exception escaped an execution (the node's log has no traceback and no failed pass),
 every triggered execution has its history row, and the ordinary jobs were all delivered, with a
@@ -54,7 +55,7 @@ pytestmark = pytest.mark.cluster
 ORDINARY = 1000
 EVERY = 5
 EXAMPLES = int(os.environ.get("CRONMAN_NODE_FUZZ_EXAMPLES", "400"))
-FUZZ_SECONDS = float(os.environ.get("CRONMAN_NODE_FUZZ_SECONDS", "30"))  # stop generating after this
+FUZZ_SECONDS = float(os.environ.get("CRONMAN_NODE_FUZZ_SECONDS", "20"))  # stop generating after this
 STEADY_SECONDS = 20  # measured with every generated job on the node
 BASELINE_SECONDS = 8  # measured before any is created
 # The lease and the sweeps of a production node (the suite's fast timings, made for failover tests,
@@ -223,12 +224,16 @@ INTERVAL = st.sampled_from([1, 1, 2, 3, 5, 7, 60, 3600, 366 * 86400]).flatmap(
 )
 CRON_SCHEDULE = st.tuples(
     st.fixed_dictionaries(
-        {"type": st.just("cron"), "expression": CRON},
+        {"type": st.just("cron")},
         optional={
             "timezone": ZONES,
             "dst_gap": st.sampled_from(["shift", "skip"]),
             "dst_fold": st.sampled_from(["first", "both"]),
         },
+    ),
+    st.one_of(
+        st.fixed_dictionaries({"expression": CRON}),
+        st.fixed_dictionaries({"expressions": st.lists(CRON, min_size=1, max_size=4)}),
     ),
     _bounds(None),
 ).map(_merge)
@@ -305,6 +310,7 @@ JOB = st.fixed_dictionaries(
         "delete_after_completion": st.booleans(),
         "dead_letter_queue_url": st.builds(lambda: Places.queue),
         "throttle": st.sampled_from(["fz-wide", "fz-narrow"]),
+        "calendars": st.lists(st.sampled_from(["fz-weekends", "fz-holidays", "fz-everything"]), max_size=3),
     },
 )
 
@@ -358,6 +364,17 @@ def test_generated_jobs_beside_a_thousand_ordinary_ones_on_a_real_node(
     Places.closed = f"http://127.0.0.1:{_closed_port()}"
     for policy, body in (("fz-wide", {"max_in_flight": 50}), ("fz-narrow", {"max_in_flight": 3, "max_per_second": 20})):
         r = api.put(f"/v1/throttles/{policy}", data=json.dumps(body), content_type="application/json")
+        assert r.status_code in (200, 201), r.json
+
+    calendars = {
+        "fz-weekends": {"timezone": "Pacific/Chatham", "exclude": {"weekdays": ["sat", "sun"]}},
+        "fz-holidays": {"exclude": {"annual": ["01-01", "12-25", "02-29"], "dates": ["8999-12-31"]}},
+        "fz-everything": {  # no day left: a job naming it never fires (and says why)
+            "exclude": {"weekdays": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"]}
+        },
+    }
+    for calendar, body in calendars.items():
+        r = api.put(f"/v1/calendars/{calendar}", data=json.dumps(body), content_type="application/json")
         assert r.status_code in (200, 201), r.json
 
     with LedgerProcess(fail_prefix="/fail/") as ledger, BlackHole() as hole:
@@ -428,7 +445,8 @@ def test_generated_jobs_beside_a_thousand_ordinary_ones_on_a_real_node(
     )
     assert not problems, "\n".join(problems[:10])
     assert exit_code == 0, f"the node exited with {exit_code}"
-    assert len(stored) >= min(100, EXAMPLES // 3), f"only {len(stored)} generated jobs were stored: strategies drifted"
+    documents = len(stored) + refused
+    assert len(stored) >= max(50, documents // 3), f"{len(stored)} of {documents} stored: strategies drifted"
     missing = sorted(expected_rows - recorded)
     assert not missing, f"triggered executions with no history row: {[(m, triggered[m]) for m in missing[:5]]}"
     assert steady.expected >= ORDINARY * (STEADY_SECONDS - 1) // EVERY
