@@ -101,7 +101,7 @@ def test_a_rolling_restart_while_every_first_attempt_fails(cluster: Cluster) -> 
         succeeded_at_attempt=dict(sorted(attempts.items())),
     )
     assert all(s["exit"] == 0 for s in steps), steps
-    assert figures.expected >= 200 * 10
+    assert figures.expected >= 200 * 8  # a window of 16 s and more
     assert figures.missed == 0, f"never delivered successfully (job, scheduled ms): {figures.missed_sample}"
     assert figures.doubled == 0, f"delivered successfully twice: {figures.doubled_sample}"
     assert figures.unexpected == 0
