@@ -279,7 +279,7 @@ class Node:
             "jobs": len(self.jobs),
             "slots": len(self.owned),
             "ready": self.ready,
-            "port": self.s.node_port,
+            "port": self.port if self.port is not None else self.s.node_port,  # the port bound (for 0)
             **(firer.figures() if firer is not None else {}),
         }
 

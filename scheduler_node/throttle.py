@@ -78,8 +78,14 @@ class ThrottleGate:
                 granted.extend(queue)
                 del self.waiting[p]
                 continue
-            members = [queue[i].ticket.name for i in range(min(len(queue), _MAX_ASK))]
             interval = 1000.0 / per_second if per_second else 0
+            # Ask for no more than one call can grant (at most max_in_flight, and under a rate limit
+            # the permits due within _AHEAD_MS): a deep queue behind a saturated policy would
+            # otherwise send a thousand names to Redis at every timer pass.
+            ask = min(len(queue), _MAX_ASK, max_in_flight)
+            if interval:
+                ask = min(ask, int(_AHEAD_MS / interval) + 2)  # (+1: rounding)
+            members = [queue[i].ticket.name for i in range(ask)]
             asked.append((p, members))
             calls.append(
                 (

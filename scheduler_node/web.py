@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -12,10 +13,13 @@ from cronman.errors import ConfigError
 if TYPE_CHECKING:
     from scheduler_node.node import Node
 
+log = logging.getLogger("cronman.node")
+
 
 async def start_web(node: Node, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve the node's port (0: any free one); returns the runner and the port bound. A port that
-    is taken is one clear error, not a traceback."""
+    """Serve the node's port (0: any free one); returns the runner and the port bound, which is
+    logged (and put in the node's heartbeat by the node). A port that is taken is one clear error,
+    not a traceback."""
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "node": node.node_id})
@@ -55,5 +59,6 @@ async def start_web(node: Node, host: str, port: int) -> tuple[web.AppRunner, in
     bound = port
     server = getattr(site, "_server", None)
     if server is not None and server.sockets:
-        bound = server.sockets[0].getsockname()[1]
+        bound = int(server.sockets[0].getsockname()[1])
+    log.info("serving health and metrics", extra={"node": node.node_id, "host": host, "port": bound})
     return runner, bound

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import socket
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import requests
 
@@ -131,3 +132,257 @@ def start_node_process(
             lambda: requests.get(f"http://127.0.0.1:{port}/readyz", timeout=1).ok, 30, f"{node_id} to be ready"
         )
     return child, port
+
+
+def history_rows(database_url: str, job_id: str) -> list[dict[str, Any]]:
+    """Every history row of ``job_id`` straight from PostgreSQL (a deleted job's included), oldest
+    occurrence and attempt first."""
+    import psycopg2
+    import psycopg2.extras
+
+    conn = psycopg2.connect(database_url)
+    try:
+        with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+            cur.execute(
+                "SELECT job_id, scheduled_for, event_index, attempt, execution_id::text AS execution_id, status, "
+                "node, fired_at, finished_at, lag_ms, http_status, error FROM scheduled_jobs "
+                "WHERE job_id = %s ORDER BY scheduled_for, event_index, attempt, finished_at NULLS LAST",
+                (job_id,),
+            )
+            return [dict(r) for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+class BlackHole:
+    """A TCP address that never answers a connect: a listening socket that never accepts, its accept
+    queue full, so that the kernel drops every further SYN (as a firewall that drops packets does).
+    An outside address such as 10.255.255.1 is no use in a sandbox that answers every connect."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self._server = socket.socket()
+        self._server.bind((host, 0))
+        self._server.listen(0)
+        self.port = int(self._server.getsockname()[1])
+        self._fill: list[socket.socket] = []
+        for _ in range(8):  # fill the accept queue (and the SYN queue's allowance for it)
+            if not self._answers(0.3):
+                return
+        raise RuntimeError("could not fill the accept queue of a local socket")
+
+    def _answers(self, timeout: float) -> bool:
+        s = socket.socket()
+        s.settimeout(timeout)
+        try:
+            s.connect((self.host, self.port))
+        except (TimeoutError, OSError):
+            s.close()
+            return False
+        self._fill.append(s)
+        return True
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def close(self) -> None:
+        for s in self._fill:
+            s.close()
+        self._server.close()
+
+    def __enter__(self) -> BlackHole:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RawRequest(NamedTuple):
+    request_line: str  # as received, e.g. "POST /caf%C3%A9 HTTP/1.1"
+    headers: list[tuple[str, str]]  # as received, in order
+    body: bytes
+    at: float
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k.lower() == name.lower()), None)
+
+
+class RawHttpServer:
+    """An HTTP/1.1 server on a bare socket that keeps each request's head exactly as it arrived
+    (no decoding, no normalising), answers 200 and keeps connections alive."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self._server = socket.socket()
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind((host, 0))
+        self._server.listen(64)
+        self._server.settimeout(0.2)
+        self.port = int(self._server.getsockname()[1])
+        self.requests: list[RawRequest] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="raw-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        conn.settimeout(0.5)
+        buf = b""
+        with conn:
+            while not self._stop.is_set():
+                while b"\r\n\r\n" not in buf:
+                    try:
+                        chunk = conn.recv(65536)
+                    except TimeoutError:
+                        if self._stop.is_set():
+                            return
+                        continue
+                    except OSError:
+                        return
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                headers = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:])]
+                length = int(next((v for k, v in headers if k.lower() == "content-length"), "0") or 0)
+                while len(buf) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buf += chunk
+                body, buf = buf[:length], buf[length:]
+                self.requests.append(RawRequest(lines[0], headers, body, time.time()))
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok")
+
+    def start(self) -> RawHttpServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._server.close()
+        self._thread.join(2)
+
+    def __enter__(self) -> RawHttpServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ------------------------------------------------------------------------------------------------
+# Delivery ledgers that answer with failures on purpose, in this process or in a process of their own
+
+
+def scripted_ledger(fail_attempts: int = 0, fail_prefix: str | None = None) -> Any:
+    """A :class:`tests.cluster.ledger.LedgerReceiver` that answers 500 to the first
+    ``fail_attempts`` attempts of every execution (by its Cronman-Attempt header: a takeover that
+    sends attempt 1 again fails again) and to every path starting with ``fail_prefix``. Only
+    successful deliveries are in ``arrivals`` (what the ledger's analysis counts); failed ones are in
+    ``failures``."""
+    from aiohttp import web
+
+    from tests.cluster.ledger import Arrival, LedgerReceiver
+
+    class ScriptedLedger(LedgerReceiver):
+        def __init__(self) -> None:
+            super().__init__()
+            self.failures: list[Arrival] = []
+
+        async def _handle(self, request: web.Request) -> web.Response:
+            at = time.time()
+            await request.read()
+            h = request.headers
+            try:
+                attempt = int(h.get("Cronman-Attempt") or 0)
+            except ValueError:
+                attempt = -1
+            arrival = Arrival(
+                h.get("Cronman-Job-Id", ""),
+                h.get("Cronman-Scheduled-For", ""),
+                h.get("Cronman-Execution-Id", ""),
+                attempt,
+                at,
+                0,
+            )
+            if attempt <= fail_attempts or (fail_prefix is not None and request.path.startswith(fail_prefix)):
+                self.failures.append(arrival)
+                return web.Response(status=500, body=b'{"ok":false}', content_type="application/json")
+            self.arrivals.append(arrival)
+            return web.Response(body=b'{"ok":true}', content_type="application/json")
+
+    return ScriptedLedger()
+
+
+def _ledger_child(conn: Any, fail_attempts: int, fail_prefix: str | None) -> None:
+    ledger = scripted_ledger(fail_attempts, fail_prefix).start()
+    conn.send(ledger.port)
+    while True:
+        command = conn.recv()
+        if command == "snapshot":
+            conn.send((ledger.snapshot(), list(ledger.failures)))
+        else:
+            ledger.stop()
+            conn.send(None)
+            return
+
+
+class LedgerProcess:
+    """A scripted ledger in a process of its own, so that its arrival times are not held up by
+    whatever this process is busy with (arrival time minus scheduled time is the lag measured)."""
+
+    def __init__(self, fail_attempts: int = 0, fail_prefix: str | None = None) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_ledger_child, args=(child, fail_attempts, fail_prefix), daemon=True)
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LedgerProcess:
+        self._proc.start()
+        if not self._conn.poll(30):
+            raise RuntimeError("the ledger process did not start within 30 s")
+        self.port = int(self._conn.recv())
+        return self
+
+    def snapshot(self) -> tuple[list[Any], list[Any]]:
+        """(successful arrivals, failed ones)."""
+        self._conn.send("snapshot")
+        return self._conn.recv()  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._conn.send("stop")
+                self._conn.poll(10)
+            except (BrokenPipeError, OSError):
+                pass
+            self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(5)
+
+    def __enter__(self) -> LedgerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
