@@ -62,6 +62,7 @@ FINAL = frozenset(
 )
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
 _SWEEP_LIMIT = 500  # open claims looked at per slot per sweep
+WAITING_LEASES = 3  # an execution waiting for a permit or a slot is leased this many leases at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,10 +535,21 @@ class Firer:
 
     # ------------------------------------------------------------------ leases
     async def run_renewer(self) -> None:
+        """Keep the leases of what this node holds. An execution in flight is renewed every third
+        of a lease; one waiting for a permit or a delivery slot gets leases of WAITING_LEASES
+        leases, renewed when one lease is left, so a deep backlog costs Redis little."""
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
-                await self._renew([e for e in self.held.values() if e.stage in (Stage.WAITING, Stage.SENDING)])
+                soon = loop.time() + self.lease_s * 1.5
+                await self._renew(
+                    [
+                        e
+                        for e in self.held.values()
+                        if e.stage is Stage.SENDING or (e.stage is Stage.WAITING and e.lease_until < soon)
+                    ]
+                )
                 if self.throttle is not None:
                     await self.throttle.renew(self.clock())
                 self.senders.maintain()
@@ -548,13 +560,15 @@ class Firer:
         if not items:
             return
         asked = asyncio.get_running_loop().time()
-        results = await self.claims.renew([Hold(e.ticket, e.attempt, self.cfg.lease_ms) for e in items])
+        lease = self.cfg.lease_ms
+        durations = [lease * WAITING_LEASES if e.stage is Stage.WAITING else lease for e in items]
+        results = await self.claims.renew([Hold(e.ticket, e.attempt, d) for e, d in zip(items, durations, strict=True)])
         reclaimed = False
-        for e, r in zip(items, results, strict=True):
+        for e, r, d in zip(items, results, durations, strict=True):
             if r is RenewResult.LOST:
                 self._lose(e)
             elif e.stage in (Stage.WAITING, Stage.SENDING):
-                e.lease_until = asked + self.lease_s
+                e.lease_until = asked + d / 1000
             reclaimed = reclaimed or r is RenewResult.RECLAIMED
         if reclaimed:
             self._repark_all()  # Redis lost keys: put back the parked retries it lost too
@@ -638,6 +652,8 @@ class Firer:
         """Send an execution that holds a delivery slot; False when it was not sent (the caller
         gives the slot back)."""
         if e.stage is not Stage.WAITING or e.superseded:
+            return False
+        if self.stopping:  # nothing new goes out from a node that stops: it is handed over instead
             return False
         loop = asyncio.get_running_loop()
         if loop.time() > e.lease_until - self.lease_s / 5:
@@ -1015,7 +1031,7 @@ class Firer:
         is retried for ``handover_seconds``."""
         self.stopping = True
         pending: list[asyncio.Future[Any]] = [*self.sending, *self._tasks]
-        if pending:
+        if pending:  # (what a task makes ready to send meanwhile waits, and is handed over below)
             await asyncio.wait(pending, timeout=timeout)
         waiting = [e for e in self.held.values() if e.stage is Stage.WAITING]
         if waiting:
@@ -1028,6 +1044,11 @@ class Firer:
             await asyncio.wait_for(self.flush_done(), handover_seconds)
         except (TimeoutError, TransientError) as exc:
             log.warning("could not mark executions done at shutdown: %s", exc)
+
+    async def settle(self, timeout: float) -> None:
+        """Wait (a while) for the short tasks this firer started to end."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout)
 
     # ------------------------------------------------------------------ figures
     def figures(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The node's share of delivery capacity: at most ``max_in_flight`` attempts out at once, and no
-namespace more than its share of them while another namespace waits, so that one tenant's slow or
-black-holed targets cannot starve the others. Waiting executions are served oldest first within a
-namespace and round-robin across namespaces."""
+namespace more than its share of them (``namespace_share``), so that one tenant's slow or
+black-holed targets cannot starve the others, even those that arrive later. Waiting executions
+are served oldest first within a namespace and round-robin across namespaces."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ T = TypeVar("T")
 class InFlight(Generic[T]):
     def __init__(self, max_in_flight: int, namespace_share: float = 0.5) -> None:
         self.max = max(1, max_in_flight)
-        # A namespace alone may use everything; beside others, at most this many at once.
         self.cap = max(1, int(self.max * namespace_share))
         self.out: dict[str, int] = {}
         self.total = 0
@@ -24,10 +23,9 @@ class InFlight(Generic[T]):
         return sum(len(q) for q in self.waiting.values())
 
     def _fits(self, namespace: str) -> bool:
-        if self.total >= self.max:
-            return False
-        used = self.out.get(namespace, 0)
-        return used < self.cap or not any(ns != namespace for ns in self.waiting) and used < self.max
+        # Always at most the share: a namespace arriving later finds its share free at once,
+        # rather than waiting for another's attempts to time out (a share of 1: no limit).
+        return self.total < self.max and self.out.get(namespace, 0) < self.cap
 
     def admit(self, namespace: str, item: T) -> bool:
         """True when the item may start now (and is counted); else it waits its turn."""

@@ -226,7 +226,7 @@ class Node:
         while len(history) and loop.time() < deadline:
             if not await history.flush():
                 await asyncio.sleep(0.5)
-        await asyncio.sleep(0)  # let the writer's callbacks forget the rows just written
+        await firer.settle(5.0)  # e.g. forgetting, in Redis, the history rows just written
         await _cancel_all(keepers, "keeper")
         try:
             await parts.membership.leave()

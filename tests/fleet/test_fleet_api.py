@@ -237,4 +237,3 @@ def test_dashboard_shows_health_paused_reason_and_responses(client: FlaskClient,
     assert "&lt;b&gt;sorry&lt;/b&gt;" in page  # the captured answer, escaped
     client.post("/v1/jobs/shown/resume")
     assert 'data-health="failing"' in b.get("/ui/jobs").text
-

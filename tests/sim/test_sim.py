@@ -51,7 +51,7 @@ def test_a_seed_replays_exactly() -> None:
     ("broken", "found"),
     [
         ("retries are dropped", "retry lost"),
-        ("nobody takes over a dead node's claims", "missed"),
+        ("nobody takes over a dead node's claims", "retry lost"),
         ("deleted jobs keep firing", "attempt after delete"),
     ],
 )

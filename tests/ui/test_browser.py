@@ -68,8 +68,12 @@ def _seed_jobs(api_url: str, key_a: str, key_b: str, ok_url: str, failing_url: s
             **_interval(2, ok_url),
             "payload": {"batch": 50},
         },
-        {"id": "nightly-settlement", "name": "Nightly settlement", "labels": {"team": "settlement", "env": "prod"},
-         **nightly},
+        {
+            "id": "nightly-settlement",
+            "name": "Nightly settlement",
+            "labels": {"team": "settlement", "env": "prod"},
+            **nightly,
+        },
         {
             "id": "ledger-webhook",
             "name": "Ledger webhook",
@@ -77,8 +81,12 @@ def _seed_jobs(api_url: str, key_a: str, key_b: str, ok_url: str, failing_url: s
             **_interval(3, failing_url),
             "retry": {"max_attempts": 2, "backoff_seconds": 1},
         },
-        {"id": "archive-statements", "labels": {"team": "billing", "env": "dev"}, **_interval(86400, ok_url),
-         "paused": True},
+        {
+            "id": "archive-statements",
+            "labels": {"team": "billing", "env": "dev"},
+            **_interval(86400, ok_url),
+            "paused": True,
+        },
     ]
     for doc in jobs_a:
         r = a.post(f"{api_url}/v1/jobs", json=doc, timeout=10)
@@ -98,8 +106,15 @@ def _seed_history(engine: Engine, job_id: str) -> None:
         lag = 180 if k == 12 else 3 + (k * 37) % 23
         if k in (7, 19, 28):
             x = add_history(engine, job_id, "failed", at, lag_ms=lag)
-            add_history(engine, job_id, "permanently_failed" if k == 28 else "succeeded", at, attempt=2,
-                        execution_id=x, lag_ms=lag + 1000)
+            add_history(
+                engine,
+                job_id,
+                "permanently_failed" if k == 28 else "succeeded",
+                at,
+                attempt=2,
+                execution_id=x,
+                lag_ms=lag + 1000,
+            )
         else:
             add_history(engine, job_id, "succeeded", at, lag_ms=lag)
 
@@ -126,9 +141,7 @@ HEIGHT_LOGIN = 560
 
 
 @pytest.mark.timeout(900)  # room for installing Chromium on a machine without it; the flow takes ~30 s
-def test_the_dashboard_in_a_real_browser(
-    settings: Settings, api_url: str, driver: Any, tmp_path: Path
-) -> None:
+def test_the_dashboard_in_a_real_browser(settings: Settings, api_url: str, driver: Any, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
 
     started = time.monotonic()

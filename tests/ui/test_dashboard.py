@@ -56,9 +56,9 @@ def test_every_page_sends_a_csp_without_unsafe_inline_and_has_no_inline_script_o
         assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", r.text), "an inline script"
         assert "<style" not in r.text and not re.search(r"\sstyle=", r.text), "an inline style"
         assert not re.search(r"\son[a-z]+=", r.text), "an inline event handler"
-        assert "//" not in re.sub(r"https?://[^\s\"'<]*example\.com[^\s\"'<]*", "", "".join(
-            re.findall(r'(?:src|href)="([^"]*)"', r.text)
-        )), "an asset from another origin"
+        assert "//" not in re.sub(
+            r"https?://[^\s\"'<]*example\.com[^\s\"'<]*", "", "".join(re.findall(r'(?:src|href)="([^"]*)"', r.text))
+        ), "an asset from another origin"
 
 
 def test_login_sets_an_httponly_strict_cookie_and_logout_ends_the_session(
@@ -91,9 +91,7 @@ def test_a_revoked_key_ends_its_sessions(
     assert b.get("/ui/jobs").status_code == 302
 
 
-def test_bad_keys_are_refused_and_failed_logins_are_limited(
-    settings: Settings, new_key: Callable[[str], str]
-) -> None:
+def test_bad_keys_are_refused_and_failed_logins_are_limited(settings: Settings, new_key: Callable[[str], str]) -> None:
     from api import create_app
 
     app = create_app(settings.model_copy(update={"ui_login_attempts": 3}))
@@ -428,14 +426,25 @@ def test_the_cluster_page_shows_what_each_node_reports(
     import time
 
     svc = app.extensions["cronman"]
-    full = {"ts": time.time(), "ready": True, "jobs": 1200, "slots": 2731, "in_flight": 7, "fires_per_s": 41.5,
-            "lag_p99_ms": 18.2, "started_at": time.time() - 60}
+    full = {
+        "ts": time.time(),
+        "ready": True,
+        "jobs": 1200,
+        "slots": 2731,
+        "in_flight": 7,
+        "fires_per_s": 41.5,
+        "lag_p99_ms": 18.2,
+        "started_at": time.time() - 60,
+    }
     bare = {"ts": time.time() - 4}
     from cronman.keys import lua
 
     beat = svc.redis.register_script(lua("beat"))  # what a node's heartbeat writes
     for node_id, info in (("node-full", full), ("node-bare", bare)):
-        beat(keys=[svc.keys.members], args=[node_id, 30_000, json.dumps(info)])
+        beat(
+            keys=[svc.keys.members, svc.keys.epoch, svc.keys.progress],
+            args=[node_id, 30_000, json.dumps(info), "e", ""],
+        )
     b = browser()
     b.login(ADMIN_KEY)
     html = b.get("/ui/cluster").text
