@@ -23,6 +23,41 @@ from cronman.embedded import EmbeddedPostgres, EmbeddedRedis, LocalSqs
 from cronman.settings import Settings
 
 TEMPLATE_DB = "cronman_template"
+
+# How `make test` shares the machine (see scripts/run-tests). Tests that need both cores to themselves
+# (a simulation of hundreds of seeds, the benches, a node driven at its limit) are marked ``solo`` and run
+# after the rest, one at a time. Tests that start several node processes run in parallel with the light
+# tests, but never more than two of them at once: each file goes to one of two groups, and each group runs
+# on one worker.
+SOLO = {
+    "tests/sim/test_sim.py",
+    "tests/faults/test_fuzz_node.py",
+    "tests/bench/test_bench_smoke.py",
+    "tests/engines/test_ownership_bench.py",
+    "tests/ui/test_bench_ui.py",
+}
+PROCESS_GROUPS = {
+    "tests/engines/test_failover_under_load.py": "processes-a",
+    "tests/cluster/test_node_loss.py": "processes-a",
+    "tests/cluster/test_claims.py": "processes-a",
+    "tests/cluster/test_redis_restart.py": "processes-a",
+    "tests/faults/test_outages.py": "processes-b",
+    "tests/fleet/test_fleet_processes.py": "processes-b",
+    "tests/cluster/test_rolling_restart.py": "processes-b",
+    "tests/cluster/test_backfill.py": "processes-b",
+    "tests/cluster/test_membership.py": "processes-b",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        rel = Path(str(item.path)).relative_to(root).as_posix()
+        if rel in SOLO:
+            item.add_marker(pytest.mark.solo)
+        elif item.get_closest_marker("cluster") is not None:
+            item.add_marker(pytest.mark.xdist_group(PROCESS_GROUPS.get(rel, "processes-b")))
 ADMIN_KEY = "test-admin-key-not-a-secret"
 
 

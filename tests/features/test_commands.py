@@ -153,22 +153,27 @@ def test_a_command_delivered_twice_is_applied_once(
 
 @pytest.mark.parametrize(
     ("body", "recorded", "reason"),
+    # named by the reason: the bodies carry fresh command ids, and every worker of a parallel run must
+    # collect the same test names
     [
-        ("{not json", False, "not valid JSON"),
-        (json.dumps({"action": "create", "job": job("x")}), False, "command_id is required"),
-        (json.dumps(command("explode", "x")), True, "action must be one of"),
-        (
-            json.dumps(command("create", "x", job={"schedule": {"type": "cron", "expression": "99 * * * *"}})),
-            True,
-            "schedule.expression",
-        ),
-        (json.dumps(command("create", "x", job=job(None), colour="red")), True, "unknown field 'colour'"),
-        (json.dumps(command("delete", "x", job=job(None))), True, "takes no job"),
-        (json.dumps(command("pause")), True, "needs job_id"),
-        (json.dumps(command("create", "x", namespace="no spaces", job=job(None))), True, "namespace must be"),
-        (json.dumps(command("patch", "missing", job={"name": "n"})), True, "no job with id 'missing'"),
-        (json.dumps(command("create", "x", job=job(None, throttle="nope"))), True, "no throttle policy 'nope'"),
-        (json.dumps(command("create", "x", job=job(None, url="http://169.254.169.254/"))), True, "metadata"),
+        pytest.param(*case, id=case[2])
+        for case in [
+            ("{not json", False, "not valid JSON"),
+            (json.dumps({"action": "create", "job": job("x")}), False, "command_id is required"),
+            (json.dumps(command("explode", "x")), True, "action must be one of"),
+            (
+                json.dumps(command("create", "x", job={"schedule": {"type": "cron", "expression": "99 * * * *"}})),
+                True,
+                "schedule.expression",
+            ),
+            (json.dumps(command("create", "x", job=job(None), colour="red")), True, "unknown field 'colour'"),
+            (json.dumps(command("delete", "x", job=job(None))), True, "takes no job"),
+            (json.dumps(command("pause")), True, "needs job_id"),
+            (json.dumps(command("create", "x", namespace="no spaces", job=job(None))), True, "namespace must be"),
+            (json.dumps(command("patch", "missing", job={"name": "n"})), True, "no job with id 'missing'"),
+            (json.dumps(command("create", "x", job=job(None, throttle="nope"))), True, "no throttle policy 'nope'"),
+            (json.dumps(command("create", "x", job=job(None, url="http://169.254.169.254/"))), True, "metadata"),
+        ]
     ],
 )
 def test_a_command_that_cannot_be_applied_goes_to_the_dead_letter_queue(
