@@ -6,7 +6,7 @@ schedule, target, retry and options documents come from ``_values`` itself, the 
 :func:`cronman.hashing.slot_of`, ``version`` from ``jobs_version_seq`` (a block of ``nextval``
 reserved in the loading transaction), ``change_xid`` from that transaction's
 ``pg_current_xact_id()`` and both timestamps from its ``now()``. Only the id and the payload
-(``{"bench": "<id>"}``) differ between the rows of one template.
+(``{"bench": "<id>"}``, or one given per row) differ between the rows of one template.
 
 The block reservation is safe here because nothing else writes jobs while the bench loads them.
 """
@@ -101,12 +101,13 @@ class _RowStream:
 
 def copy_jobs(
     database_url: str,
-    jobs: Iterable[tuple[str, JobTemplate]],
+    jobs: Iterable[tuple[str, JobTemplate] | tuple[str, JobTemplate, str]],
     count: int,
     slot_counts: dict[int, int] | None = None,
 ) -> dict[str, float | int]:
-    """COPY ``count`` jobs, given as (id, template) pairs, in one transaction; returns figures.
-    ``slot_counts``, when given, is filled with the number of jobs per slot."""
+    """COPY ``count`` jobs, given as (id, template) pairs or (id, template, payload JSON) triples,
+    in one transaction; returns figures. ``slot_counts``, when given, is filled with the number of
+    jobs per slot."""
     t0 = time.monotonic()
     conn = psycopg2.connect(database_url, connect_timeout=10)
     stream: _RowStream | None = None
@@ -123,7 +124,9 @@ def copy_jobs(
             def lines() -> Iterator[str]:
                 nonlocal columns
                 version = first
-                for n, (job_id, t) in enumerate(jobs):
+                for n, item in enumerate(jobs):
+                    job_id, t = item[0], item[1]
+                    payload = item[2] if len(item) > 2 else payload_of(job_id)  # type: ignore[misc]
                     if n >= count:
                         raise ValueError(f"more jobs than the {count} announced")
                     if not _SAFE_ID.match(job_id):
@@ -137,7 +140,7 @@ def copy_jobs(
                         slot_counts[slot] = slot_counts.get(slot, 0) + 1
                     per_row = {
                         "id": job_id,
-                        "payload": _copy_text(payload_of(job_id)),
+                        "payload": _copy_text(payload),
                         "slot": str(slot),
                         "version": str(version),
                         "change_xid": str(xid),

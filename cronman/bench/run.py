@@ -17,9 +17,24 @@ from cronman.bench.report import evaluate, machine_facts, render_table
 from cronman.bench.scenarios import DEFAULTS, QUICK, SCENARIOS, STACKLESS, Bench
 from cronman.bench.stack import BenchStack, background_load
 
-ORDER = ("steady", "ceiling", "peer", "burst", "failover", "scale", "crud", "ui", "ownership", "footprint")
+ORDER = (
+    "limit",
+    "steady",
+    "ceiling",
+    "peer",
+    "burst",
+    "failover",
+    "scale",
+    "scale10m",
+    "crud",
+    "ui",
+    "ownership",
+    "footprint",
+)
 # Keys the JSON document always has (null for a scenario that did not run).
 TOP_KEYS = (
+    "limit",
+    "ratio_to_limit",
     "steady",
     "ceiling",
     "ratio_to_ceiling",
@@ -29,6 +44,7 @@ TOP_KEYS = (
     "burst",
     "failover",
     "scale",
+    "scale10m",
     "crud",
     "ui",
     "ownership",
@@ -76,6 +92,9 @@ def assemble(results: dict[str, Any], **meta: Any) -> dict[str, Any]:
     ceiling_rate = ceiling["requests_per_s"] if ceiling else None
     doc["ratio_to_ceiling"] = _ratio(steady and steady["fires_per_s"], ceiling_rate)
     doc["ratio_to_ceiling_at_max"] = _ratio(burst and burst.get("max_rate_per_s"), ceiling_rate)
+    # the highest delivery rate the run sustained (steady's fixed load, or the burst's drain) over wrk's
+    sustained = [r for r in (steady and steady["fires_per_s"], burst and burst.get("max_rate_per_s")) if r]
+    doc["ratio_to_limit"] = _ratio(max(sustained, default=None), doc["limit"] and doc["limit"]["requests_per_s"])
     doc["ratio_to_peer"] = _ratio(steady and steady["fires_per_s"], peer and peer["fires_per_s"])
     doc.update(meta)
     doc["targets"] = evaluate(doc, bool(meta.get("quick")))

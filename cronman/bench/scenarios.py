@@ -19,7 +19,9 @@ from typing import Any
 import requests
 
 from cronman.bench.ledger import analyse
+from cronman.bench.limit import run_limit
 from cronman.bench.loader import JobTemplate, copy_jobs
+from cronman.bench.scale10m import run_scale10m
 from cronman.bench.stack import BenchNode, BenchStack, CpuMeter
 from cronman.bench.ui import run_ui
 from cronman.embedded import _die_with_parent
@@ -29,7 +31,7 @@ from cronman.timeutil import iso
 # Defaults for a full run; ``--quick`` uses QUICK over them; ``--param name=value`` overrides either.
 DEFAULTS: dict[str, float] = {
     "nodes": 3,
-    "steady.jobs": 10000,
+    "steady.jobs": 15000,
     "steady.every": 1,
     "steady.warmup": 10,
     "steady.measure": 30,
@@ -59,6 +61,15 @@ DEFAULTS: dict[str, float] = {
     "footprint.jobs": 100_000,
     "footprint.claims": 20_000,
     "footprint.rows": 50_000,
+    "limit.seconds": 10,
+    "limit.connections": 100,
+    "scale10m.jobs": 10_000_000,
+    "scale10m.probes": 2000,
+    "scale10m.ready_timeout": 900,
+    "scale10m.warmup": 10,
+    "scale10m.measure": 40,
+    "scale10m.kill_after": 10,
+    "scale10m.tail": 10,
 }
 QUICK: dict[str, float] = {
     "steady.jobs": 500,
@@ -84,6 +95,14 @@ QUICK: dict[str, float] = {
     "footprint.jobs": 10_000,
     "footprint.claims": 2_000,
     "footprint.rows": 5_000,
+    "limit.seconds": 3,
+    "scale10m.jobs": 100_000,
+    "scale10m.probes": 300,
+    "scale10m.ready_timeout": 120,
+    "scale10m.warmup": 4,
+    "scale10m.measure": 20,
+    "scale10m.kill_after": 5,
+    "scale10m.tail": 8,
 }
 NODE_READY_TIMEOUT = 90.0
 
@@ -144,6 +163,10 @@ def cpu_us_per(cpu: dict[str, Any], prefix: str, per_s: float | None) -> float |
     """CPU microseconds the parts named ``prefix*`` spent per unit of ``per_s`` (fires, requests)."""
     cores = sum(v for k, v in cpu["cores_used"].items() if k.startswith(prefix))
     return round(cores / per_s * 1e6, 1) if per_s else None
+
+
+def _sum(*values: float | None) -> float | None:
+    return None if any(v is None for v in values) else round(sum(v for v in values if v is not None), 1)
 
 
 def start_cluster(b: Bench, slot_counts: dict[int, int]) -> tuple[list[BenchNode], float]:
@@ -208,6 +231,9 @@ def run_steady(b: Bench) -> dict[str, Any]:
         settle_s=round(settle, 2),
         cpu=cpu,
         node_cpu_us_per_fire=cpu_us_per(cpu, "bench-node-", fig.fires_per_s),
+        store_cpu_us_per_fire=_sum(
+            cpu_us_per(cpu, "postgres", fig.fires_per_s), cpu_us_per(cpu, "redis", fig.fires_per_s)
+        ),
         rss_mb=rss,
         node_counters=counters,
     )
@@ -731,6 +757,8 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "ui": run_ui,
     "ownership": run_ownership,
     "footprint": run_footprint,
+    "limit": run_limit,
+    "scale10m": run_scale10m,
 }
 # Scenarios that need no PostgreSQL, Redis or receiver: a run of only these starts none.
 STACKLESS = frozenset({"ownership", "footprint"})

@@ -1,6 +1,7 @@
-"""``cronman bench --quick`` end to end: it starts its own stack, runs steady, ceiling and crud,
-and writes the figures. No thresholds on speed (a benchmark is not a timed unit test): only that
-the document has its keys with numbers and that steady delivered with nothing missed or doubled."""
+"""``cronman bench --quick`` end to end: it starts its own stack, runs limit (wrk), steady, ceiling,
+crud and a small scale10m, and writes the figures. No thresholds on speed (a benchmark is not a timed
+unit test): only that the document has its keys with numbers, that steady delivered with nothing
+missed or doubled, and that the node killed in scale10m lost nothing."""
 
 from __future__ import annotations
 
@@ -16,22 +17,51 @@ KEYS = {
     "steady": ("fires_per_s", "missed", "doubled"),
     "ceiling": ("requests_per_s",),
     "crud": ("single_per_s",),
+    "limit": ("requests_per_s",),
+    "scale10m": ("node_ready_s", "rss_mb_per_node", "failover_refire_s", "missed"),
 }
-ALWAYS = ("steady", "ceiling", "ratio_to_ceiling", "peer", "ratio_to_peer", "burst", "failover", "scale", "crud")
+ALWAYS = (
+    "limit",
+    "ratio_to_limit",
+    "steady",
+    "ceiling",
+    "ratio_to_ceiling",
+    "peer",
+    "ratio_to_peer",
+    "burst",
+    "failover",
+    "scale",
+    "scale10m",
+    "crud",
+)
 
 
 def _number(v: object) -> bool:
     return isinstance(v, Number) and not isinstance(v, bool)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_quick_bench_writes_its_figures(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "cronman", "bench", "--quick", "--scenarios", "steady,ceiling,crud", "--json", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "cronman",
+            "bench",
+            "--quick",
+            "--scenarios",
+            "limit,steady,ceiling,crud,scale10m",
+            "--param",
+            "scale10m.jobs=20000",
+            "--param",
+            "scale10m.probes=200",
+            "--json",
+            str(out),
+        ],
         capture_output=True,
         text=True,
-        timeout=220,
+        timeout=280,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     doc = json.loads(out.read_text())
@@ -44,6 +74,10 @@ def test_quick_bench_writes_its_figures(tmp_path: Path) -> None:
     for q in ("p50", "p99", "max"):
         assert _number(doc["steady"]["lag_ms"][q]), q
     assert _number(doc["ratio_to_ceiling"])
+    assert _number(doc["ratio_to_limit"]) and _number(doc["steady"]["node_cpu_us_per_fire"])
+    assert doc["limit"]["errors"] == 0 and doc["limit"]["receiver_counted"] > 0
+    scale = doc["scale10m"]
+    assert scale["missed"] == 0 and scale["jobs"] == 20000  # a node killed under load loses nothing
     batch = doc["crud"]["batch"]
     assert _number(doc["crud"]["batch_jobs_per_s"]) or batch.get("available") is False
 

@@ -1,0 +1,179 @@
+"""The ``scale10m`` scenario: EventBridge Scheduler's default quota (ten million schedules) stored,
+three nodes started together, one of them killed while the cluster fires.
+
+The job set is what a fleet registers, not ten million copies of one document:
+
+- the mix of the ``scale`` scenario: 30 % each every hour, every 6 hours, every day (each job at its
+  own phase), 10 % monthly crons, half in UTC and half in America/New_York;
+- ids of 20 to 40 characters (``<team>.<task>-<n>``), payloads of 100 to 500 bytes, each different,
+  and 10 % of the jobs with headers;
+- ``scale10m.probes`` of them (2,000 by default) fire every second: they are what the failover is
+  measured on. The rest fire about a thousand times a second between them, as their phases fall.
+
+Figures: ``node_ready_s`` (node start to every node owning its share, the slowest node),
+``rss_mb_per_node`` (the largest resident set at that point, and settled), ``failover_refire_s``
+(after SIGKILL of one node, the latest delivery of a probe occurrence due in the 15 s after the
+kill, counted from its due time or the kill, whichever is later) and ``missed`` (probe
+occurrences due in the measured window never delivered).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from cronman.bench.ledger import analyse
+from cronman.bench.loader import JobTemplate, copy_jobs
+
+if TYPE_CHECKING:
+    from cronman.bench.scenarios import Bench
+
+TEAMS = ("ops", "billing", "payments", "search", "identity", "inventory", "notifications", "ml", "growth", "ledger")
+TASKS = ("sync", "report", "cleanup", "reindex", "invoice-run", "token-rotation", "digest", "export", "warmup")
+SCHEDULES: tuple[dict[str, Any], ...] = (
+    {"type": "interval", "every_seconds": 3600},
+    {"type": "interval", "every_seconds": 21600},
+    {"type": "interval", "every_seconds": 86400},
+    {"type": "cron", "expression": "0 3 1 * *"},
+    {"type": "cron", "expression": "30 2 1 * *", "timezone": "America/New_York"},
+)
+# 30 % each of the three intervals, 10 % of the two monthly crons (5 % each)
+MIX = (0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 4)
+HEADERS = {"X-Team": "bench", "X-Request-Source": "cronman-scale10m"}
+# characters payloads are cut from: every payload is a different slice
+_POOL = hashlib.shake_256(b"cronman scale10m").hexdigest(1 << 16)
+
+
+def templates(url: str) -> tuple[list[JobTemplate], list[JobTemplate]]:
+    """(without headers, with headers), one per schedule of the mix."""
+    plain = [JobTemplate.of({"schedule": s, "target": {"type": "http", "url": url}}) for s in SCHEDULES]
+    headed = [
+        JobTemplate.of({"schedule": s, "target": {"type": "http", "url": url, "headers": HEADERS}}) for s in SCHEDULES
+    ]
+    return plain, headed
+
+
+def job_id(n: int) -> str:
+    """``<team>.<task>-<n>``, 20 to 40 characters."""
+    team, task = TEAMS[n % len(TEAMS)], TASKS[(n // len(TEAMS)) % len(TASKS)]
+    text = f"{team}.{task}-{n:09d}"
+    if len(text) < 20:
+        text = f"{team}.{task}-job-{n:09d}"
+    return text
+
+
+def payload(job: str, n: int) -> str:
+    """A JSON object of 100 to 500 bytes, different for every job."""
+    size = 100 + (n * 7919) % 401
+    head = f'{{"job":"{job}","attempt_window":{n % 3600},"params":"'
+    fill = size - len(head) - 2
+    start = (n * 104729) % (len(_POOL) - 512)
+    return f'{head}{_POOL[start : start + fill]}"}}'
+
+
+def rows(count: int, probes: int, url: str) -> tuple[Iterator[tuple[str, JobTemplate, str]], dict[str, Any]]:
+    """The job set, and the schedules of the probe jobs (every second)."""
+    plain, headed = templates(url)
+    every_second = {"type": "interval", "every_seconds": 1}
+    probe = JobTemplate.of({"schedule": every_second, "target": {"type": "http", "url": url}})
+    probe_ids = [f"probe.every-second-{i:06d}" for i in range(probes)]
+
+    def gen() -> Iterator[tuple[str, JobTemplate, str]]:
+        for i, pid in enumerate(probe_ids):
+            yield pid, probe, payload(pid, i)
+        for n in range(count - probes):
+            jid = job_id(n)
+            kind = MIX[n % len(MIX)]
+            t = headed[kind] if n % 10 == 3 else plain[kind]
+            yield jid, t, payload(jid, n)
+
+    return gen(), dict.fromkeys(probe_ids, probe.schedule)
+
+
+def run_scale10m(b: Bench) -> dict[str, Any]:
+    from cronman.bench.scenarios import node_counters, sleep_until
+    from cronman.bench.stack import CpuMeter
+
+    stack = b.stack
+    assert stack.receiver is not None
+    count, probes = b.i("scale10m.jobs"), b.i("scale10m.probes")
+    timeout = b.p("scale10m.ready_timeout")
+    warmup, measure, kill_after, tail = (
+        b.p("scale10m.warmup"),
+        b.p("scale10m.measure"),
+        b.p("scale10m.kill_after"),
+        b.p("scale10m.tail"),
+    )
+    stack.reset()
+    slots: dict[int, int] = {}
+    generated, probe_schedules = rows(count, probes, b.receiver_url)
+    b.say(f"  scale10m: loading {count:,} jobs ({probes:,} of them every second)")
+    load = copy_jobs(stack.database_url, generated, count, slots)
+    b.say(f"  scale10m: loaded in {load['copy_s']}s ({load['jobs_per_s']:,.0f}/s); starting {b.i('nodes')} nodes")
+    t_start = time.monotonic()
+    nodes = stack.start_nodes(b.i("nodes"))
+    stack.wait_ready(nodes, timeout)
+    at_ready = {n.node_id: round(n.rss_mb(), 1) for n in nodes}
+    stack.wait_settled(nodes, slots, timeout)
+    owning = time.monotonic() - t_start
+    settled_rss = {n.node_id: round(n.rss_mb(), 1) for n in nodes}
+    members = sorted(n.node_id for n in nodes)
+    shares = {n.node_id: stack.expected_jobs(n.node_id, members, slots) for n in nodes}
+    b.say(
+        f"  scale10m: every node owns its share {owning:.1f}s after start; RSS {max(settled_rss.values()):,.0f} MB"
+        f" (largest); {warmup:g}s warm-up, then SIGKILL of one node {kill_after:g}s into {measure:g}s"
+    )
+    t0 = math.ceil(time.time()) + warmup
+    t1 = t0 + measure
+    sleep_until(t0 - 0.5)
+    stack.receiver.reset()
+    sleep_until(t0)
+    meter = CpuMeter(stack.processes()).start()
+    sleep_until(t0 + kill_after)
+    victim = nodes[0].node_id
+    killed_at = stack.kill_node(victim)
+    sleep_until(t1)
+    cpu = meter.stop()
+    sleep_until(t1 + tail)
+    survivors = [n for n in nodes if n.alive()]
+    counters = node_counters(survivors)
+    after_rss = {n.node_id: round(n.rss_mb(), 1) for n in survivors}
+    arrivals = stack.receiver.snapshot()
+    stopped = stack.stop_nodes()
+    fig = analyse(probe_schedules, arrivals, t0, t1)
+    after = analyse(probe_schedules, arrivals, killed_at, min(t1, killed_at + 15))
+    # the latest delivery of an occurrence due after the kill, from its due time (or the kill)
+    refire = 0.0
+    for (_, due_ms), at in after.first_arrival.items():
+        refire = max(refire, at - max(due_ms / 1000, killed_at))
+    others = sum(1 for a in arrivals if a.at >= t0 and a.job_id not in probe_schedules)
+    ready = {n.node_id: round(n.ready_after or 0.0, 2) for n in nodes}
+    return {
+        "jobs": count,
+        "probes": probes,
+        "node_ready_s": round(owning, 2),
+        "readyz_s": ready,
+        "rss_mb_per_node": max(max(at_ready.values()), max(settled_rss.values())),
+        "rss_mb_at_ready": at_ready,
+        "rss_mb_settled": settled_rss,
+        "rss_mb_after_failover": after_rss,
+        "bytes_per_owned_job": round(max(settled_rss.values()) * 2**20 / max(shares.values())),
+        "share": shares,
+        "killed": victim,
+        "killed_after_s": round(killed_at - t0, 2),
+        "failover_refire_s": round(refire, 2) if after.missed == 0 else None,
+        "failover_refire_s_delivered": round(refire, 2),
+        "missed": fig.missed,
+        "doubled": fig.doubled,
+        "probe_lag_ms": fig.lag_ms,
+        "probe_lag_ms_15s_after_kill": after.lag_ms,
+        "other_deliveries": others,
+        "other_per_s": round(others / (t1 + tail - t0), 1),
+        "load": load,
+        "cpu": cpu,
+        "node_counters": counters,
+        "stop": stopped,
+    }
