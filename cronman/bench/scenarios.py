@@ -38,6 +38,7 @@ DEFAULTS: dict[str, float] = {
     "steady.tail": 5,
     "ceiling.count": 0,  # 0: as many requests as steady offers in its window (jobs x measure / every)
     "ceiling.concurrency": 100,
+    "peer.jobs": 10000,  # the peer cannot even load steady's 15,000 in time
     "peer.warmup": 10,
     "peer.measure": 30,
     "peer.tail": 3,
@@ -76,6 +77,7 @@ QUICK: dict[str, float] = {
     "steady.warmup": 5,
     "steady.measure": 8,
     "steady.tail": 3,
+    "peer.jobs": 500,
     "peer.warmup": 4,
     "peer.measure": 8,
     "burst.jobs": 10_000,
@@ -336,7 +338,7 @@ def run_peer(b: Bench) -> dict[str, Any]:
     stack = b.stack
     assert stack.receiver is not None
     stack.reset()
-    jobs, every = b.i("steady.jobs"), b.i("steady.every")
+    jobs, every = b.i("peer.jobs"), b.i("steady.every")
     warmup, measure, tail = b.p("peer.warmup"), b.p("peer.measure"), b.p("peer.tail")
     seconds = warmup + measure + 2
     argv = [
