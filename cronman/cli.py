@@ -305,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--scenarios",
         default=None,
-        help="comma-separated: limit,steady,ceiling,peer,burst,failover,scale,scale10m,crud,ui,ownership,footprint or all",
+        help="comma-separated, of limit,steady,ceiling,peer,burst,failover,scale,scale10m,crud,ui,ownership,"
+        "footprint; or all",
     )
     s.add_argument("--quick", action="store_true", help="sizes and durations about ten times smaller (a smoke run)")
     s.add_argument("--json", default=None, metavar="FILE", help="write the figures to FILE")

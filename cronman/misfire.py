@@ -62,6 +62,11 @@ def plan(timing: Timing, since_ms: int, until_ms: int, policy: MisfirePolicy, ca
     return MisfirePlan(fire, skipped, total, first, latest)
 
 
+def between(timing: Timing, since_ms: int, until_ms: int, limit: int = MAX_COUNTED) -> list[int]:
+    """The first ``limit`` occurrences in (since, until], oldest first."""
+    return _forward(timing, since_ms, until_ms, limit)
+
+
 def _forward(timing: Timing, since_ms: int, until_ms: int, limit: int) -> list[int]:
     """The first ``limit`` occurrences in (since, until], oldest first."""
     found: list[int] = []

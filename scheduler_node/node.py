@@ -468,26 +468,35 @@ class Node:
         if job.paused:
             firer.install(job, now)
             return
-        hit = [(a, b) for a, b in _merged(self._outages) if b > start and a < now]
-        if not hit:
+        windows = [(max(a, start), min(b, now)) for a, b in _merged(self._outages) if b > start and a < now]
+        if not windows:
             firer.install(job, start)
             return
-        end = min(now, max(b for _, b in hit))
-        # with its calendars: an occurrence on an excluded day was never due, so never missed
-        plan = misfire.plan(self.timing_of(job), start, end, job.opts.misfire, job.opts.catchup_ms)
-        if plan.last_missed is not None:
-            executions = [Execution.of(job, t, i) for t in plan.fire for i in range(job.opts.events)] or [
-                Execution.of(job, plan.last_missed)
-            ]
-            executions[0].misfire = plan
-            for e in executions:
-                e.verify = True
-            firer.enqueue(executions)
-            log.info(
-                "applying the misfire policy",
-                extra={"job_id": job.id, "since": iso(start), "until": iso(end), "policy": job.opts.misfire.value},
-            )
-        firer.install(job, end)
+        cursor = start
+        for a, b in windows:
+            # Due while a node of the cluster was alive, before this outage: delivered late, like
+            # any occurrence a node takes over (only the outage itself gets the misfire policy).
+            late = [e for t in misfire.between(job.timing, cursor, a) for e in firer.occurrence(job, t)]
+            for e in late:
+                e.verify = True  # the previous owner may have delivered it
+            if late:
+                firer.enqueue(late)
+            # with its calendars: an occurrence on an excluded day was never due, so never missed
+            plan = misfire.plan(self.timing_of(job), a, b, job.opts.misfire, job.opts.catchup_ms)
+            if plan.last_missed is not None:
+                executions = [Execution.of(job, t, i) for t in plan.fire for i in range(job.opts.events)] or [
+                    Execution.of(job, plan.last_missed)
+                ]
+                executions[0].misfire = plan
+                for e in executions:
+                    e.verify = True
+                firer.enqueue(executions)
+                log.info(
+                    "applying the misfire policy",
+                    extra={"job_id": job.id, "since": iso(a), "until": iso(b), "policy": job.opts.misfire.value},
+                )
+            cursor = b
+        firer.install(job, cursor)
 
     async def _become_ready(self) -> None:
         """The first ownership is loaded: classify what the loaded slots missed, and if no node
