@@ -58,6 +58,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.solo)
         elif item.get_closest_marker("cluster") is not None:
             item.add_marker(pytest.mark.xdist_group(PROCESS_GROUPS.get(rel, "processes-b")))
+
+
 ADMIN_KEY = "test-admin-key-not-a-secret"
 
 

@@ -321,11 +321,7 @@ def _misfires(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) -> N
                 want = [t for t in missed if t / 1000 > back + FUZZ - window]
                 # with overlap_policy skip, an occurrence caught up while the one before it is still
                 # in flight is skipped for that reason, and says so in history
-                lost = [
-                    t
-                    for t in want
-                    if not delivered(t) and not (overlap_skip and _overlapped(sim, plan.id, t))
-                ]
+                lost = [t for t in want if not delivered(t) and not (overlap_skip and _overlapped(sim, plan.id, t))]
                 if lost:
                     report.violations.append(f"misfire fire_all did not fire {plan.id} at {_at(lost[0] / 1000)}")
             else:
