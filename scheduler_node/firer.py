@@ -435,7 +435,10 @@ class Firer:
                 continue
             seen: Attempts | None = found.get(e.ident)
             if seen is not None and not e.d.suffix:
-                if seen.final:
+                # A skip recorded for an occurrence the claim store shows was attempted (a misfire
+                # plan that counted as missed what a node had claimed just before the whole cluster
+                # stopped) does not end it: its retry goes on.
+                if seen.final and not (seen.only_skipped and e.attempt >= 2):
                     self._close(e, "done", "")
                     continue
                 e.attempt = max(e.attempt, seen.last_attempt + 1)

@@ -97,6 +97,8 @@ class Attempts:
 
     last_attempt: int
     final: bool
+    # ended only by a skip (a misfire, an overlap, a calendar): no attempt of it ran to an end
+    only_skipped: bool = False
 
 
 class NodeStore(abc.ABC):
@@ -197,12 +199,20 @@ _HISTORY_COLUMNS = (
 # A second row for one attempt from a different delivery counts a duplicate; the same row written
 # again (a retried write, or a survivor recovering a dead node's rows) does not, nor does a
 # "skipped" or "cancelled" row for an occurrence that turns out to have been delivered.
+# Two deliveries of one attempt (a node paused past its lease, its execution taken over and tried
+# again under the same attempt number): a success is what the row keeps, so that history says the
+# execution ended (every CASE tests the old row: an UPDATE reads the row as it was).
+_SUCCESS_WINS = "EXCLUDED.status = 'succeeded' AND scheduled_jobs.status <> 'succeeded'"
 _INSERT = (
     _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt, trigger) DO UPDATE SET duplicates = "
     "scheduled_jobs.duplicates "
     "+ CASE WHEN EXCLUDED.status IN ('skipped', 'cancelled') OR (scheduled_jobs.node IS NOT DISTINCT FROM "
-    "EXCLUDED.node AND scheduled_jobs.fired_at IS NOT DISTINCT FROM EXCLUDED.fired_at) THEN 0 ELSE 1 END "
-    "RETURNING duplicates"
+    "EXCLUDED.node AND scheduled_jobs.fired_at IS NOT DISTINCT FROM EXCLUDED.fired_at) THEN 0 ELSE 1 END"
+    + "".join(
+        f", {c} = CASE WHEN {_SUCCESS_WINS} THEN EXCLUDED.{c} ELSE scheduled_jobs.{c} END"
+        for c in ("node", "fired_at", "finished_at", "lag_ms", "http_status", "error", "response", "status")
+    )
+    + " RETURNING duplicates"
 )
 # Rows written for the first time (the others, already there, go through _INSERT).
 _INSERT_NEW = (
@@ -329,7 +339,8 @@ class PgNodeStore(NodeStore):
             rows = conn.execute(
                 text(
                     f"SELECT s.job_id, {_MS.format('s.scheduled_for')}, s.event_index, s.trigger, max(s.attempt), "
-                    "bool_or(s.status IN ('succeeded', 'permanently_failed', 'skipped', 'cancelled')) "
+                    "bool_or(s.status IN ('succeeded', 'permanently_failed', 'skipped', 'cancelled')), "
+                    "bool_or(s.status IN ('succeeded', 'permanently_failed', 'cancelled')) "
                     "FROM scheduled_jobs s JOIN unnest(CAST(:j AS text[]), CAST(:t AS bigint[]), CAST(:e AS int[]), "
                     "CAST(:g AS text[])) AS w(job_id, ms, ev, tr) ON s.job_id = w.job_id "
                     "AND s.scheduled_for = timestamptz 'epoch' + w.ms * interval '1 millisecond' "
@@ -342,7 +353,10 @@ class PgNodeStore(NodeStore):
                     "g": [i[3] for i in items],
                 },
             )
-            return {(r[0], int(r[1]), int(r[2]), r[3]): Attempts(int(r[4]), bool(r[5])) for r in rows}
+            return {
+                (r[0], int(r[1]), int(r[2]), r[3]): Attempts(int(r[4]), bool(r[5]), bool(r[5]) and not r[6])
+                for r in rows
+            }
 
     async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, int]:
         return await self._call(self._live_incarnations, list(job_ids))

@@ -295,6 +295,8 @@ class SimDb:
             elif r.status not in ("skipped", "cancelled") and (old.node, old.fired_ms) != (r.node, r.fired_ms):
                 self.duplicates[r.key] = self.duplicates.get(r.key, 0) + 1
                 dups += 1
+            if old is not None and r.status == "succeeded" and old.status != "succeeded":
+                self.history[r.key] = r  # as the store does: a success is what the row keeps
         return dups
 
 
@@ -346,7 +348,9 @@ class SimStore(NodeStore):
             if ident in wanted:
                 old = found.get(ident, Attempts(0, False))
                 final = row.status in ("succeeded", "permanently_failed", "skipped", "cancelled")
-                found[ident] = Attempts(max(old.last_attempt, attempt), old.final or final)
+                ended = (old.final and not old.only_skipped) or (final and row.status != "skipped")
+                last = max(old.last_attempt, attempt)
+                found[ident] = Attempts(last, old.final or final, (old.final or final) and not ended)
         return found
 
     async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, int]:

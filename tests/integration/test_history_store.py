@@ -18,7 +18,7 @@ from cronman.migrate import check
 from cronman.partitions import existing_partitions, partition_name
 from cronman.timeutil import parse_iso
 from scheduler_node.history import HistoryRow, HistoryWriter
-from scheduler_node.store import PgNodeStore
+from scheduler_node.store import Attempts, PgNodeStore
 from tests.integration.conftest import count
 
 
@@ -102,6 +102,43 @@ def test_the_database_key_counts_a_second_delivery(db) -> None:  # type: ignore[
     with db.connect() as conn:
         rows = conn.execute(text("SELECT node, duplicates FROM scheduled_jobs WHERE job_id = 'job-x'")).all()
     assert [tuple(r) for r in rows] == [("n1", 1)]
+
+
+def test_a_success_of_the_same_attempt_is_what_the_row_keeps(db) -> None:  # type: ignore[no-untyped-def]
+    """A node paused past its lease delivers attempt 1 after all, while the node that took the
+    execution over failed its own attempt 1: history must say the execution succeeded."""
+    import asyncio
+
+    when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    failed = _row(when, node="n2", fired=parse_iso(when) + 40)._replace(
+        status="failed", http_status=None, error="timed out"
+    )
+    asyncio.run(_write(db, [failed]))
+    asyncio.run(_write(db, [_row(when, node="n1")]))  # the paused node's answer came back 200
+    # the failure written again (a survivor recovering n2's rows) does not undo the success; it
+    # counts once more as another delivery, since the row no longer holds n2's
+    asyncio.run(_write(db, [failed]))
+    with db.connect() as conn:
+        rows = conn.execute(
+            text("SELECT status, node, http_status, error, duplicates FROM scheduled_jobs WHERE job_id = 'job-x'")
+        ).all()
+    assert [tuple(r) for r in rows] == [("succeeded", "n1", 200, None, 2)]
+
+
+def test_history_tells_an_execution_ended_by_a_skip_from_one_that_ran(db) -> None:  # type: ignore[no-untyped-def]
+    """A takeover asks history whether an execution ended: one ended only by a skip (a misfire plan
+    counting as missed what a node had claimed just before the cluster stopped) is told apart, so a
+    retry the claim store holds goes on."""
+    import asyncio
+
+    when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    skipped = _row(when)._replace(status="skipped", fired_ms=None, http_status=None, error="misfire: ...")
+    asyncio.run(_write(db, [skipped]))
+    store = PgNodeStore(db, ThreadPoolExecutor(1))
+    ident = ("job-x", parse_iso(when), 0, "schedule")
+    assert asyncio.run(store.attempts([ident]))[ident] == Attempts(1, True, True)
+    asyncio.run(_write(db, [_row(when, attempt=2)]))
+    assert asyncio.run(store.attempts([ident]))[ident] == Attempts(2, True, False)
 
 
 def test_a_row_postgresql_cannot_store_as_given_is_cleaned_not_lost(db) -> None:  # type: ignore[no-untyped-def]
