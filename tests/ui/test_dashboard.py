@@ -208,7 +208,8 @@ def test_states_search_and_sorts(
         job("paused-1", paused=True),
         job("done-once", schedule={"type": "once", "at": _at(60)}),  # moved into the past below
         job("failing-1", schedule={"type": "cron", "expression": "0 7 * * *", "timezone": "America/New_York"}),
-        job("recovered", schedule={"type": "cron", "expression": "*/5 * * * *"}),
+        # (not every 5 minutes: the next 5-minute mark falls before active-soon's 10 s one minute in 30)
+        job("recovered", schedule={"type": "cron", "expression": "30 3 1 1 *"}),
     ):
         assert send(api, "post", "/v1/jobs", doc).status_code == 201
     with engine.begin() as conn:  # a once job that fired two hours ago (the API refuses one in the past)
