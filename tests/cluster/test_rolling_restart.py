@@ -38,9 +38,12 @@ def _history(database_url: str, t0: float, t1: float) -> dict[tuple[str, int], l
         with conn.cursor() as cur:
             cur.execute(
                 "SELECT job_id, (extract(epoch from scheduled_for) * 1000)::bigint, attempt, status, node "
-                "FROM scheduled_jobs WHERE scheduled_for BETWEEN to_timestamp(%s) AND to_timestamp(%s) "
+                "FROM scheduled_jobs "
+                "WHERE scheduled_for BETWEEN to_timestamp(%s / 1000.0) AND to_timestamp(%s / 1000.0) "
                 "ORDER BY attempt",
-                (t0, t1),
+                # whole milliseconds, as the ledger's window counts them (an occurrence at t0's
+                # millisecond is in the window, though it is before t0 itself)
+                (int(t0 * 1000), int(t1 * 1000)),
             )
             out: dict[tuple[str, int], list[tuple[int, str, str]]] = {}
             for job_id, ms, attempt, status, node in cur.fetchall():

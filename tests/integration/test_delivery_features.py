@@ -199,7 +199,8 @@ def test_retry_backoff_has_jitter_and_respects_max_event_age(client: FlaskClient
         assert len(rows) < 10 and "max_event_age_seconds" in rows[0]["error"]
         got = receiver.snapshot()
         gaps = [b.at - a.at for a, b in zip(got, got[1:])]
-        assert 0.45 <= gaps[0] <= 1.1, gaps  # 1 s scaled into [0.5, 1]
+        # 1 s scaled into [0.5, 1]; above, what a loaded machine adds between timer passes
+        assert 0.45 <= gaps[0] <= 1.5, gaps
 
 
 def test_a_permanently_failed_execution_goes_to_the_dead_letter_queue(
