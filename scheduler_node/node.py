@@ -476,7 +476,13 @@ class Node:
         for a, b in windows:
             # Due while a node of the cluster was alive, before this outage: delivered late, like
             # any occurrence a node takes over (only the outage itself gets the misfire policy).
-            late = [e for t in misfire.between(job.timing, cursor, a) for e in firer.occurrence(job, t)]
+            times = misfire.between(job.timing, cursor, a)
+            if len(times) == misfire.MAX_COUNTED and times[-1] < a:
+                log.warning(
+                    "catch-up bounded: occurrences due before the outage after the first ones are not delivered",
+                    extra={"job_id": job.id, "delivered": len(times), "since": iso(cursor), "until": iso(a)},
+                )
+            late = [e for t in times for e in firer.occurrence(job, t)]
             for e in late:
                 e.verify = True  # the previous owner may have delivered it
             if late:

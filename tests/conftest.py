@@ -35,9 +35,11 @@ SOLO = {
     "tests/bench/test_bench_smoke.py",
     "tests/engines/test_ownership_bench.py",
     "tests/ui/test_bench_ui.py",
+    # firing at a fixed rate through a Redis or PostgreSQL failover, with lag bounds: beside the
+    # parallel pass it missed occurrences only because they arrived after its window closed
+    "tests/engines/test_failover_under_load.py",
 }
 PROCESS_GROUPS = {
-    "tests/engines/test_failover_under_load.py": "processes-a",
     "tests/cluster/test_node_loss.py": "processes-a",
     "tests/cluster/test_claims.py": "processes-a",
     "tests/cluster/test_redis_restart.py": "processes-a",

@@ -14,7 +14,10 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cronman.bench.scenarios import Bench
 
 INSTALL = "apt-get update && apt-get install -y wrk"
 
@@ -80,7 +83,7 @@ def run_wrk(url: str, workdir: Path, seconds: float, connections: int, threads: 
     }
 
 
-def run_limit(b: Any) -> dict[str, Any]:
+def run_limit(b: Bench) -> dict[str, Any]:
     """The ``limit`` scenario: wrk against the ledger receiver, with no node running."""
     stack = b.stack
     assert stack.receiver is not None

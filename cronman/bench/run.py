@@ -31,25 +31,9 @@ ORDER = (
     "ownership",
     "footprint",
 )
+RATIOS = ("ratio_to_limit", "ratio_to_ceiling", "ratio_to_ceiling_at_max", "ratio_to_peer")
 # Keys the JSON document always has (null for a scenario that did not run).
-TOP_KEYS = (
-    "limit",
-    "ratio_to_limit",
-    "steady",
-    "ceiling",
-    "ratio_to_ceiling",
-    "ratio_to_ceiling_at_max",
-    "peer",
-    "ratio_to_peer",
-    "burst",
-    "failover",
-    "scale",
-    "scale10m",
-    "crud",
-    "ui",
-    "ownership",
-    "footprint",
-)
+TOP_KEYS = ORDER + RATIOS
 
 
 def parse_scenarios(text: str) -> list[str]:
