@@ -158,7 +158,8 @@ class Firer:
             if job.version <= old.version:
                 return False
             if old.incarnation != job.incarnation:
-                self._cancel_job(job.id, "the job was deleted and created again")
+                self._adopt(job, after_ms)
+                self._cancel_job(job.id, "the job was deleted and created again", keep=job.incarnation)
             elif job.paused and not old.paused:
                 self._cancel_job(job.id, "the job was paused")
             if old.timing == job.timing and old.paused == job.paused:
@@ -395,7 +396,7 @@ class Firer:
             e.stage = Stage.OVER
             self._spawn(self._release([e]))
             return
-        if current is None or current.incarnation != e.d.incarnation:
+        if current is None or current.incarnation != e.job.incarnation:
             self._cancel(e, "the job was deleted")
             return
         if current.paused and e.trigger == Trigger.SCHEDULE and not e.d.suffix:
@@ -858,7 +859,7 @@ class Firer:
                 clean_text(error),
                 e.throttle_wait_ms or None,
                 dead_lettered,
-                e.d.incarnation,
+                e.job.incarnation,  # the descriptor's, or the one that adopted the execution
                 e.job.namespace or None,
                 None if response is None else response.decode("utf-8", "replace"),
             )
@@ -876,12 +877,37 @@ class Firer:
     def _cancel(self, e: Execution, reason: str) -> None:
         self._finish_with(e, Status.CANCELLED, reason)
 
-    def _cancel_job(self, job_id: str, reason: str) -> None:
-        """No further attempt of a deleted or paused job (one in flight finishes)."""
+    def _adopt(self, job: OwnedJob, since_ms: int) -> None:
+        """A job deleted and created again (``job`` is the new incarnation, scheduled from
+        ``since_ms``): an execution of the earlier incarnation held here goes on as the new one's
+        when the new one has the same occurrence. Its id and claim do not depend on the incarnation,
+        so the new incarnation's owners cannot claim it while this node holds it: cancelling it
+        would lose the new incarnation's occurrence."""
+        for e in [*self.held.values(), *self.parked.values()]:
+            if (
+                e.d.job_id == job.id
+                and e.job.incarnation != job.incarnation
+                and e.trigger == Trigger.SCHEDULE
+                and not e.d.suffix
+                and not job.paused
+                and e.scheduled_ms > since_ms
+                and _next(job, e.scheduled_ms - 1) == e.scheduled_ms
+            ):
+                if self.trace:
+                    self.trace("adopt", e, f"by incarnation {job.incarnation}")
+                e.job = job
+
+    def _cancel_job(self, job_id: str, reason: str, keep: int | None = None) -> None:
+        """No further attempt of a deleted or paused job (one in flight finishes), except what
+        incarnation ``keep`` (the job created again) adopted."""
         for e in [e for e in self.held.values() if e.d.job_id == job_id and e.stage is Stage.WAITING]:
+            if e.job.incarnation == keep:
+                continue
             self._unwait(e)
             self._cancel(e, reason)
         for e in [e for e in self.parked.values() if e.d.job_id == job_id]:
+            if e.job.incarnation == keep:
+                continue
             del self.parked[e.ticket.member]
             self._cancel(e, reason)
         self.due = [e for e in self.due if e.d.job_id != job_id]
