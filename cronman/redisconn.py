@@ -27,9 +27,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
+import hiredis
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.connection
 import redis.asyncio.retry
 import redis.asyncio.sentinel
 import redis.cluster
@@ -51,6 +53,28 @@ RETRIES = 4
 BACKOFF_BASE_SECONDS = 0.05
 BACKOFF_CAP_SECONDS = 1.0
 _RETRY_ON = (redis.ConnectionError, redis.TimeoutError)
+
+
+def _pack_command(self: Any, *args: Any) -> list[bytes]:
+    """A command in the Redis protocol, packed by hiredis (in C). redis-py's synchronous
+    connections pack this way already; its asyncio connections pack every argument in Python,
+    which was an eighth of a node's time on the firing path (a script call carries several
+    arguments per execution). Same bytes, about eight times faster."""
+    first = args[0]
+    if isinstance(first, str | bytes) and (" " in first if isinstance(first, str) else b" " in first):
+        args = (*first.split(), *args[1:])  # "CONFIG GET": words of the command sent apart
+    try:
+        return [hiredis.pack_command(args)]
+    except TypeError as exc:  # None, say: what redis-py's own packer says of it
+        raise redis.DataError(f"invalid argument in a Redis command: {exc}") from exc
+
+
+def _pack_commands(self: Any, commands: Any) -> list[bytes]:
+    return [b"".join(_pack_command(self, *cmd)[0] for cmd in commands)]
+
+
+redis.asyncio.connection.AbstractConnection.pack_command = _pack_command  # type: ignore[method-assign]
+redis.asyncio.connection.AbstractConnection.pack_commands = _pack_commands  # type: ignore[method-assign]
 
 
 class RedisMode(StrEnum):

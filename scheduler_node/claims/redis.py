@@ -16,9 +16,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from redis.exceptions import RedisError
-
-from cronman.errors import TransientError
 from cronman.keys import Keys
 from cronman.scripts import Call, Script
 from scheduler_node.parts import (
@@ -34,7 +31,7 @@ from scheduler_node.parts import (
 )
 
 CHUNK = 1000  # executions per script call, so that one call never blocks Redis for long
-SCRIPTS = ("claim", "renew", "done", "take", "sweep")
+SCRIPTS = ("claim", "renew", "done", "take", "sweep", "recorded")
 T = TypeVar("T")
 
 
@@ -177,16 +174,10 @@ class RedisClaims(Claims):
     async def recorded(self, rows: Sequence[tuple[int, str]]) -> None:
         if not rows:
             return
-        by_slot: dict[int, list[str]] = defaultdict(list)
-        for slot, row in rows:
-            by_slot[slot].append(row)
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for slot, members in by_slot.items():
-                pipe.zrem(self.keys.unrecorded(slot), *members)
-            await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+        calls = []
+        for group in self._groups(rows, lambda r: r[0]):
+            calls.append(([self.keys.unrecorded(rows[i][0]) for i in group], [rows[i][1] for i in group]))
+        await self._run("recorded", calls)
 
 
 def _text(value: bytes | str) -> str:
