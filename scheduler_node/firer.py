@@ -342,6 +342,7 @@ class Firer:
         asked = loop.time()
         results = await self.claims.take([e.ticket for e in items], self.cfg.lease_ms)
         lost: list[Execution] = []
+        taken_over: list[Execution] = []
         for e, took in zip(items, results, strict=True):
             ours = self.parked.get(e.ticket.member) is e
             if self.trace:
@@ -351,10 +352,7 @@ class Firer:
             if took.state in (TakeState.TAKEN, TakeState.TAKEN_UNKNOWN):
                 if not ours:
                     self.metrics.claim["taken_over"].inc()
-                    log.info(
-                        "took over an execution",
-                        extra={"job_id": e.d.job_id, "execution_id": e.id, "attempt": took.attempt},
-                    )
+                    taken_over.append(e)
                 e.attempt = max(e.attempt, took.attempt)
                 # A claim taken from another holder may be behind what it did (it died before
                 # parking its next attempt): history says which attempt comes next, or that it ended.
@@ -365,6 +363,15 @@ class Firer:
                 lost.append(e)  # Redis lost our parked retry: it is still ours to make
             else:
                 e.stage = Stage.OVER
+        if taken_over:  # one line per batch (a dead node's slots can hold thousands)
+            log.info(
+                "took over executions",
+                extra={
+                    "executions": len(taken_over),
+                    "job_ids": [e.d.job_id for e in taken_over[:10]],
+                    "execution_ids": [e.id for e in taken_over[:10]],
+                },
+            )
         if lost:
             self._repark_all()  # Redis lost keys: it lost the other parked retries too
             results2 = await self.claims.renew([Hold(e.ticket, e.attempt, self.cfg.lease_ms) for e in lost])

@@ -210,6 +210,7 @@ class Node:
         await stop.wait()
         log.info("node stopping", extra={"node": self.node_id, "in_flight": len(firer.held)})
         self._stopping = True
+        parts.store.abandon_loads()  # a load of millions of jobs would hold the stop (its thread)
         firer.stop()
         await asyncio.wait(firing, timeout=10)
         await _cancel_all(loops + firing, "loop")
@@ -449,8 +450,12 @@ class Node:
         gc.freeze()  # the loaded jobs live long: keep them out of every future collection
         if self.ready:
             self._outages = await store.outages(min((st for _, st in starts), default=now))
-            for job, start in starts:
-                self._catch_up(job, start, now)
+            tally = _Tally()
+            for i, (job, start) in enumerate(starts):
+                self._catch_up(job, start, now, tally)
+                if i % YIELD_EVERY == YIELD_EVERY - 1:
+                    await asyncio.sleep(0)  # millions of jobs: the timer, renewals and heartbeats go on
+            tally.log()
         else:  # what was missed is classified once this node is ready (see _become_ready)
             for job, start in starts:
                 self.firer.jobs[job.id] = job
@@ -460,7 +465,7 @@ class Node:
         self.feed_cursor = cursor if self.feed_cursor is None else min(self.feed_cursor, cursor)
         return len(starts)
 
-    def _catch_up(self, job: OwnedJob, start: int, now: int) -> None:
+    def _catch_up(self, job: OwnedJob, start: int, now: int, tally: _Tally) -> None:
         """Install a job taken over from ``start``: occurrences since then are delivered late,
         except those due during an outage of the whole cluster, which get the misfire policy."""
         assert self.firer is not None
@@ -478,10 +483,7 @@ class Node:
             # any occurrence a node takes over (only the outage itself gets the misfire policy).
             times = misfire.between(job.timing, cursor, a)
             if len(times) == misfire.MAX_COUNTED and times[-1] < a:
-                log.warning(
-                    "catch-up bounded: occurrences due before the outage after the first ones are not delivered",
-                    extra={"job_id": job.id, "delivered": len(times), "since": iso(cursor), "until": iso(a)},
-                )
+                tally.bounded.append(job.id)
             late = [e for t in times for e in firer.occurrence(job, t)]
             for e in late:
                 e.verify = True  # the previous owner may have delivered it
@@ -497,10 +499,8 @@ class Node:
                 for e in executions:
                     e.verify = True
                 firer.enqueue(executions)
-                log.info(
-                    "applying the misfire policy",
-                    extra={"job_id": job.id, "since": iso(a), "until": iso(b), "policy": job.opts.misfire.value},
-                )
+                tally.misfired.append(job.id)
+                tally.outages.add((a, b))
             cursor = b
         firer.install(job, cursor)
 
@@ -522,11 +522,22 @@ class Node:
                 "no scheduler was running: occurrences due then get their misfire policy",
                 extra={"since": iso(cluster_mark), "until": iso(now)},
             )
-        pending, self._pending_catch_up = self._pending_catch_up, {}
-        for job_id, start in pending.items():
-            job = self.firer.jobs.pop(job_id, None)
-            if job is not None:  # (not deleted meanwhile)
-                self._catch_up(job, start, now)
+        tally = _Tally()
+        done = 0
+        # Changes that arrive while this runs (it yields now and then) join the pending set, and
+        # are caught up in the next round.
+        for _ in range(1000):
+            pending, self._pending_catch_up = self._pending_catch_up, {}
+            if not pending:
+                break
+            for job_id, start in pending.items():
+                job = self.firer.jobs.pop(job_id, None)
+                if job is not None:  # (not deleted meanwhile)
+                    self._catch_up(job, start, now, tally)
+                done += 1
+                if done % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # millions of jobs: heartbeats and renewals go on
+        tally.log()
         self.ready = True
         self.firer.progress_ms = now
         await self._save_progress()
@@ -719,6 +730,35 @@ def _merged(outages: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((a, b))
     return out
+
+
+YIELD_EVERY = 5000  # jobs installed between two turns of the event loop
+
+
+class _Tally:
+    """What one load's catch-up did, logged once (one line per job floods the log at scale)."""
+
+    def __init__(self) -> None:
+        self.misfired: list[str] = []
+        self.outages: set[tuple[int, int]] = set()
+        self.bounded: list[str] = []
+
+    def log(self) -> None:
+        if self.misfired:
+            log.info(
+                "applying the misfire policy",
+                extra={
+                    "jobs": len(self.misfired),
+                    "job_ids": self.misfired[:10],
+                    "outages": [f"{iso(a)}/{iso(b)}" for a, b in sorted(self.outages)[:10]],
+                },
+            )
+        if self.bounded:
+            log.warning(
+                "catch-up bounded: occurrences due before an outage after the first %d are not delivered",
+                misfire.MAX_COUNTED,
+                extra={"jobs": len(self.bounded), "job_ids": self.bounded[:10]},
+            )
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None]], what: str, timeout: float = 5.0) -> None:

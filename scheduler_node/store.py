@@ -22,6 +22,7 @@ import asyncio
 import gc
 import json
 import logging
+import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -103,6 +104,9 @@ class NodeStore(abc.ABC):
     @abc.abstractmethod
     async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, list[tuple[OwnedJob, int]]]:
         """Every live job of ``slots`` as (job, updated ms), and the cursor to poll changes from."""
+
+    def abandon_loads(self) -> None:  # noqa: B027 - a store whose loads are quick needs nothing
+        """The node stops: a load in progress ends early (its result is not used)."""
 
     @abc.abstractmethod
     async def poll_changes(
@@ -254,6 +258,10 @@ class PgNodeStore(NodeStore):
         self.executor = executor
         self._days: set[Any] = set()
         self._calendars: dict[str, Calendar] = {}  # parsed, by document text
+        self._abandon = threading.Event()  # set when the node stops: a load in a thread ends
+
+    def abandon_loads(self) -> None:
+        self._abandon.set()
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -286,7 +294,10 @@ class PgNodeStore(NodeStore):
                 # over and over, scanning them all each time: it is paused while they are built.
                 collecting = gc.isenabled()
                 gc.disable()
-                for r in cur:
+                abandon = self._abandon
+                for i, r in enumerate(cur):
+                    if i % batch == 0 and abandon.is_set():
+                        raise TransientError("the node is stopping: the load was abandoned")
                     try:
                         job = job_from(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[9], r[10], r[11])
                     except (ValueError, KeyError, TypeError) as exc:
