@@ -62,7 +62,38 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"cronman scheduler: {exc}", file=sys.stderr)
         return 2
+    _exit_past_stuck_threads()
     return 0
+
+
+def _exit_past_stuck_threads(grace: float = 2.0) -> None:
+    """The node has stopped (history written, heartbeat removed). A worker thread still blocked in
+    a call (an SQS send to an endpoint that does not answer can hold one for its whole timeout and
+    retries) would hold the process's exit: it is given ``grace`` seconds, then the process exits
+    without it. What that call was delivering is still claimed in Redis, so another node takes it
+    over when the lease runs out."""
+    import logging
+    import os
+    import threading
+    import time
+
+    deadline = time.monotonic() + grace
+    stuck = []
+    for t in threading.enumerate():
+        if t is threading.main_thread() or t.daemon:
+            continue
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            stuck.append(t.name)
+    if not stuck:
+        return
+    logging.getLogger("cronman.node").warning(
+        "exiting without waiting for threads blocked in a call: %s", ", ".join(stuck), extra={"threads": stuck}
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import redis
@@ -75,3 +76,22 @@ def test_port_zero_binds_a_free_port_and_the_node_reports_it(settings_env: dict[
     finally:
         child.stop(20)
     assert child.proc.returncode == 0
+
+
+def test_a_thread_blocked_in_a_call_does_not_hold_a_stopped_nodes_exit() -> None:
+    """After the node has stopped, a worker thread still blocked in a call (botocore waiting out
+    its timeouts and retries on an SQS endpoint that does not answer) would hold the process's exit
+    as long as the call lasts: the scheduler command exits without it after a short grace."""
+    code = (
+        "import threading, time\n"
+        "from cronman.cli import _exit_past_stuck_threads\n"
+        "threading.Thread(target=time.sleep, args=(60,), name='blocked-call').start()\n"
+        "_exit_past_stuck_threads(grace=0.5)\n"
+        "raise SystemExit(3)  # not reached\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert took < 10, f"exit took {took:.1f} s"
+    assert "blocked-call" in done.stderr + done.stdout  # the warning names the thread
