@@ -154,7 +154,9 @@ def _health(records: list[JobRecord]) -> dict[str, Health]:
 
 
 def _job_response(record: JobRecord, status: int) -> Response:
-    resp = jsonify(job_json(record, now_ms(), _health([record]).get(record.id, NO_HEALTH)))
+    # A job just created (201) is a new incarnation: it has no health yet, and no query asks.
+    health = NO_HEALTH if status == 201 else _health([record]).get(record.id, NO_HEALTH)
+    resp = jsonify(job_json(record, now_ms(), health))
     resp.status_code = status
     if status == 201:
         resp.headers["Location"] = f"/v1/jobs/{record.id}"
