@@ -613,16 +613,16 @@ class PgNodeStore(NodeStore):
                         new = {(r[0], int(r[1]), r[2], r[3], r[4]) for r in cur.fetchall()}
                         fresh = [r for r in rows if r.key in new]
                         again = [r for r in rows if r.key not in new]
-                        returned = []
+                        returned: list[tuple[Any, ...]] = []
                         if again:
                             cur.execute(_INSERT, _columns(again))
-                            returned = cur.fetchall()
+                            returned = list(cur.fetchall())
                         if fresh:
                             record_outcomes(cur, fresh)
                     finally:
                         cur.close()
                     raw.commit()
-                    return sum(1 for (d,) in returned if d), len(fresh)
+                    return sum(1 for row in returned if row[0]), len(fresh)
                 except pg_errors.CheckViolation:
                     # "no partition of relation found for row": a day nobody created yet
                     raw.rollback()
