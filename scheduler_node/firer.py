@@ -894,6 +894,7 @@ class Firer:
             if (
                 e.d.job_id == job.id
                 and e.job.incarnation != job.incarnation
+                and e.job.namespace == job.namespace  # (another tenant's job: its own accounting)
                 and e.trigger == Trigger.SCHEDULE
                 and not e.d.suffix
                 and not job.paused
