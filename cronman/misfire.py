@@ -54,20 +54,15 @@ def plan(timing: Timing, since_ms: int, until_ms: int, policy: MisfirePolicy, ca
         fire, skip_until = [latest], latest - 1
     elif policy is MisfirePolicy.FIRE_ALL:
         skip_until = max(since_ms, until_ms - catchup_ms)
-        fire = _forward(timing, skip_until, until_ms, MAX_COUNTED)
+        fire = between(timing, skip_until, until_ms, MAX_COUNTED)
     fired = set(fire)
     first = timing.next_after(since_ms)
-    total = sum(t not in fired for t in _forward(timing, since_ms, until_ms, MAX_COUNTED))
+    total = sum(t not in fired for t in between(timing, since_ms, until_ms, MAX_COUNTED))
     skipped = [t for t in _latest(timing, since_ms, skip_until, MAX_RECORDED) if t not in fired]
     return MisfirePlan(fire, skipped, total, first, latest)
 
 
 def between(timing: Timing, since_ms: int, until_ms: int, limit: int = MAX_COUNTED) -> list[int]:
-    """The first ``limit`` occurrences in (since, until], oldest first."""
-    return _forward(timing, since_ms, until_ms, limit)
-
-
-def _forward(timing: Timing, since_ms: int, until_ms: int, limit: int) -> list[int]:
     """The first ``limit`` occurrences in (since, until], oldest first."""
     found: list[int] = []
     t = timing.next_after(since_ms)
@@ -89,7 +84,7 @@ def _latest(timing: Timing, since_ms: int, until_ms: int, n: int) -> list[int]:
     found: list[int] = []
     for _ in range(200):
         lo = max(since_ms, until_ms - width)
-        found = _forward(timing, lo, until_ms, cap + 1)
+        found = between(timing, lo, until_ms, cap + 1)
         if len(found) > cap:
             big = width
         elif len(found) >= n or lo == since_ms:

@@ -483,7 +483,7 @@ class Node:
             # any occurrence a node takes over (only the outage itself gets the misfire policy).
             times = misfire.between(job.timing, cursor, a)
             if len(times) == misfire.MAX_COUNTED and times[-1] < a:
-                tally.bounded.append(job.id)
+                tally.bound(job.id)
             late = [e for t in times for e in firer.occurrence(job, t)]
             for e in late:
                 e.verify = True  # the previous owner may have delivered it
@@ -499,8 +499,7 @@ class Node:
                 for e in executions:
                     e.verify = True
                 firer.enqueue(executions)
-                tally.misfired.append(job.id)
-                tally.outages.add((a, b))
+                tally.misfire(job.id, (a, b))
             cursor = b
         firer.install(job, cursor)
 
@@ -736,28 +735,44 @@ YIELD_EVERY = 5000  # jobs installed between two turns of the event loop
 
 
 class _Tally:
-    """What one load's catch-up did, logged once (one line per job floods the log at scale)."""
+    """What one load's catch-up did, logged once (one line per job floods the log at scale): how
+    many jobs, and the first few of them (not every id: a load can hold millions)."""
+
+    SAMPLE = 10
 
     def __init__(self) -> None:
-        self.misfired: list[str] = []
+        self.misfired = 0
+        self.misfired_ids: list[str] = []
         self.outages: set[tuple[int, int]] = set()
-        self.bounded: list[str] = []
+        self.bounded = 0
+        self.bounded_ids: list[str] = []
+
+    def misfire(self, job_id: str, outage: tuple[int, int]) -> None:
+        self.misfired += 1
+        if len(self.misfired_ids) < self.SAMPLE:
+            self.misfired_ids.append(job_id)
+        self.outages.add(outage)
+
+    def bound(self, job_id: str) -> None:
+        self.bounded += 1
+        if len(self.bounded_ids) < self.SAMPLE:
+            self.bounded_ids.append(job_id)
 
     def log(self) -> None:
         if self.misfired:
             log.info(
                 "applying the misfire policy",
                 extra={
-                    "jobs": len(self.misfired),
-                    "job_ids": self.misfired[:10],
-                    "outages": [f"{iso(a)}/{iso(b)}" for a, b in sorted(self.outages)[:10]],
+                    "jobs": self.misfired,
+                    "job_ids": self.misfired_ids,
+                    "outages": [f"{iso(a)}/{iso(b)}" for a, b in sorted(self.outages)[: self.SAMPLE]],
                 },
             )
         if self.bounded:
             log.warning(
                 "catch-up bounded: occurrences due before an outage after the first %d are not delivered",
                 misfire.MAX_COUNTED,
-                extra={"jobs": len(self.bounded), "job_ids": self.bounded[:10]},
+                extra={"jobs": self.bounded, "job_ids": self.bounded_ids},
             )
 
 

@@ -7,14 +7,18 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from alembic import command
 from api import create_app
+from cronman.errors import TransientError
 from cronman.hashing import slot_of
 from cronman.migrate import alembic_config, check
 from cronman.settings import Settings
 from cronman.store import make_engine
+from scheduler_node.jobs import Decoder
+from scheduler_node.senders.http import HttpCall
 from scheduler_node.store import PgNodeStore
 from tests.clients import job, keyed, send
 from tests.conftest import ADMIN_KEY
@@ -47,6 +51,30 @@ def test_a_node_reads_only_the_changes_and_triggers_of_its_slots(settings: Setti
         assert {r.id for r in rows} == expected and len(expected) < len(ids)
         assert {t.job_id for t in all_triggers} == {ids[0], ids[-1]}
         assert {t.job_id for t in triggers} == {ids[0], ids[-1]} & expected
+    finally:
+        executor.shutdown()
+        engine.dispose()
+
+
+def test_a_stopping_node_abandons_a_load_in_progress(settings: Settings) -> None:
+    """A load runs in a worker thread (millions of jobs take minutes): once the node stops, the
+    thread ends at its next check instead of holding the stop until every row is decoded."""
+    app = create_app(settings)
+    engine = app.extensions["cronman"].store.engine
+    admin = keyed(app, ADMIN_KEY)
+    executor = ThreadPoolExecutor(1)
+    store = PgNodeStore(engine, executor)
+    decoder = Decoder(lambda doc: HttpCall(doc.get("method", "POST"), doc["url"], (), 10.0))
+    try:
+        ids = [f"load-{i}" for i in range(30)]
+        for job_id in ids:
+            assert send(admin, "POST", "/v1/jobs", job(job_id)).status_code == 201
+        slots = sorted({slot_of(j) for j in ids})
+        _, loaded = asyncio.run(store.load_slots(slots, decoder))
+        assert {j.id for j, _ in loaded} == set(ids)
+        store.abandon_loads()
+        with pytest.raises(TransientError, match="abandoned"):
+            asyncio.run(store.load_slots(slots, decoder))
     finally:
         executor.shutdown()
         engine.dispose()
