@@ -269,7 +269,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     print(
         f"{len(results)} seeds in {_time.perf_counter() - started:.1f}s: {len(failed)} failed; "
         f"{sum(r['occurrences'] for r in results)} occurrences judged, {sum(r['deliveries'] for r in results)} "
-        f"deliveries, {dups} duplicate deliveries, all attributed to named faults"
+        f"deliveries ({sum(r['covered'] for r in results)} occurrences left by a standby to the slot's leader), "
+        f"{dups} duplicate deliveries, all attributed to named faults"
         if not failed
         else f"{len(results)} seeds: {len(failed)} failed"
     )

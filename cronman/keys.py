@@ -64,6 +64,11 @@ class Keys:
         return f"{self.prefix}{{m}}progress"
 
     @property
+    def standings(self) -> str:
+        """What each ready node publishes of its firing (scheduler_node.standby): node id -> text."""
+        return f"{self.prefix}{{m}}standing"
+
+    @property
     def layout(self) -> str:
         return f"{self.prefix}{{m}}layout"
 

@@ -50,6 +50,7 @@ from scheduler_node.parts import (
     TakeState,
 )
 from scheduler_node.senders import Senders
+from scheduler_node.standby import Held, Standby, Standing
 from scheduler_node.store import Attempts, NodeStore
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.tracing import Tracing
@@ -146,6 +147,11 @@ class Firer:
         self._done_wake = asyncio.Event()
         self.stopping = False
         self.progress_ms: int | None = None  # every occurrence due up to here has been claimed
+        # Standing by for the other owner of a slot, when it leads (scheduler_node.standby); None:
+        # every occurrence is claimed on time. What this node last published of its own firing:
+        self.standby: Standby | None = None
+        self.standing: Standing | None = None
+        self.left_to_leader = 0  # occurrences this node held back and the slot's leader claimed
         self._fired_recent: list[int] = []  # fired-at times of the last second (fires per second)
         self._lags: list[int] = []  # recent first-attempt lags (ms)
 
@@ -217,23 +223,41 @@ class Firer:
             started = loop.time()
             now = self.clock()
             due, self.due = self.due, []
-            fires, jobs = self.fires, self.jobs
+            fires, jobs, standby = self.fires, self.jobs, self.standby
+            # what this pass's standing will say: the cursor and the slots led before it began
+            cursor, led = (standby.cursor, standby.led()) if standby is not None else (0, b"")
             while fires and fires[0][0] <= now and len(due) < MAX_BATCH:
                 when, job_id, gen = heapq.heappop(fires)
                 job = jobs.get(job_id)
                 if job is None or job.gen != gen:
                     continue
-                due.extend(self.occurrence(job, when))
+                if standby is None or (leader := standby.defers(job.slot)) is None:
+                    due.extend(self.occurrence(job, when))
+                else:  # another owner leads the slot: held back until it is known to have claimed
+                    standby.hold(leader, Held(when, job_id, gen, job.slot))
                 nxt = _next(job, when)
                 if nxt is not None:
                     heapq.heappush(fires, (nxt, job_id, gen))
+            if standby is not None and standby.held:
+                for h in standby.release(now, loop.time()):
+                    job = jobs.get(h.job_id)
+                    if job is not None and job.gen == h.gen:
+                        due.extend(self.occurrence(job, h.when))
+                if standby.covered:
+                    self.metrics.claim["covered"].inc(standby.covered)
+                    self.left_to_leader += standby.covered
+                    standby.covered = 0
             retries = self._pop_retries(now)
             ok = await self._pass(due, retries)
             if ok:
                 head = fires[0][0] if fires else now + 1
                 # (a backfill's occurrences lie in the past on purpose: they say nothing of progress)
                 pending = min((e.scheduled_ms for e in self.due if not backfill_of(e.trigger)), default=now + 1)
-                self.progress_ms = min(now, head - 1, pending - 1)
+                claimed = min(now, head - 1, pending - 1)
+                held = standby.oldest() if standby is not None else None
+                self.progress_ms = claimed if held is None else min(claimed, held - 1)
+                if standby is not None:
+                    self.standing = Standing(claimed, cursor, led)
             await self._sleep(started + self.cfg.tick_seconds - loop.time())
 
     async def _pass(self, due: list[Execution], retries: list[Execution]) -> bool:
@@ -1097,6 +1121,7 @@ class Firer:
             "fires_per_s": round(len(self._fired_recent) / 10, 1),
             "lag_p99_ms": lags[int(len(lags) * 0.99)] if lags else None,
             "parked": len(self.parked),
+            "held_for_leader": len(self.standby) if self.standby is not None else 0,
         }
 
     def _spawn(self, coro: Awaitable[Any]) -> None:

@@ -110,6 +110,7 @@ class JobRow:
     options_text: str
     incarnation: int
     deleted: bool = False
+    xid: int = 0  # the change's transaction (the feed's cursor passes it once the change is read)
 
 
 class Decoder:

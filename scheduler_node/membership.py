@@ -49,6 +49,26 @@ class RedisMembership(Membership):
 
     async def leave(self) -> None:
         try:
-            await self.client.hdel(self.keys.members, self.node_id)
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.hdel(self.keys.members, self.node_id)
+                pipe.hdel(self.keys.standings, self.node_id)
+                await pipe.execute()
         except (RedisError, OSError) as exc:
             raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+
+    async def stand(self, standing: str | None) -> dict[str, str]:
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                if standing is None:
+                    pipe.hdel(self.keys.standings, self.node_id)
+                else:
+                    pipe.hset(self.keys.standings, self.node_id, standing)
+                pipe.hgetall(self.keys.standings)
+                *_, everyone = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise TransientError(f"redis: {type(exc).__name__}: {exc}") from exc
+        return {_str(k): _str(v) for k, v in everyone.items()}
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

@@ -21,7 +21,10 @@ class NodeMetrics:
             registry=r,
         )
         self.claims = Counter(
-            "cronman_claims", "Execution claims, by result (won, lost, taken_over, superseded)", ["result"], registry=r
+            "cronman_claims",
+            "Execution claims, by result (won, lost, taken_over, superseded; covered: left to the slot's leader)",
+            ["result"],
+            registry=r,
         )
         self.duplicates = Counter("cronman_duplicates_detected", "Deliveries known to have happened twice", registry=r)
         self.callback_latency = Histogram(
@@ -54,7 +57,7 @@ class NodeMetrics:
         self.info = Gauge("cronman_node_info", "Node identity", ["node"], registry=r)
         self.info.labels(node=node_id).set(1)
         # The labelled children used on the firing path, looked up once.
-        self.claim = {k: self.claims.labels(k) for k in ("won", "lost", "taken_over", "superseded")}
+        self.claim = {k: self.claims.labels(k) for k in ("won", "lost", "taken_over", "superseded", "covered")}
         self.history_poison = Counter(
             "cronman_history_rows_refused", "History rows the database refused, set aside and retried", registry=r
         )

@@ -47,6 +47,7 @@ from scheduler_node.jobs import Decoder, JobRow, OwnedJob
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import Claims, Membership
 from scheduler_node.senders import Senders
+from scheduler_node.standby import Standby
 from scheduler_node.store import ClusterConfig, NodeStore, TriggerRow, bitmap
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.tracing import make_tracing
@@ -169,6 +170,10 @@ class Node:
             rng=self.rng,
             tracing=make_tracing(s.otlp_endpoint, self.node_id),
         )
+        if s.standby_grace_seconds > 0:
+            firer.standby = Standby(
+                self.node_id, int(s.standby_grace_seconds * 1000), max(1.0, 4 * s.standby_publish_seconds)
+            )
         self.backfills = BackfillDriver(firer, parts.store, self.holder, max(3 * self.lease_ms, 5000))
         self.decoder = Decoder(parts.senders.decode)
         await parts.senders.start()
@@ -191,6 +196,7 @@ class Node:
                 self._config_loop(),
                 self._sync_loop(),
                 self._progress_loop(),
+                self._standing_loop(),
                 self.backfills.run(lambda: self.ready),
             )
         ]
@@ -214,6 +220,7 @@ class Node:
         firer.stop()
         await asyncio.wait(firing, timeout=10)
         await _cancel_all(loops + firing, "loop")
+        await self._withdraw_standing()
         try:  # what it drove goes on from where it got, driven by another owner of the slot
             await asyncio.wait_for(self.backfills.release_all(), 10)
         except TimeoutError:
@@ -401,9 +408,12 @@ class Node:
         assert self.parts is not None and self.firer is not None
         new = await self._wanted()
         added, removed = new - self.owned, self.owned - new
+        standby = self.firer.standby
         if removed:
             self.firer.set_slots(self.owned - removed)
             self.owned = self.owned - removed
+            if standby is not None:
+                standby.set_owned(self.owned)
             self.metrics.slots_moved.labels("dropped").inc(len(removed))
         loaded = 0
         if added:
@@ -416,6 +426,10 @@ class Node:
                 self.firer.set_slots(self.owned)
                 raise
             self.owned = self.owned | added
+            if standby is not None:
+                standby.loaded(sorted(added))
+                standby.cursor = self.feed_cursor or 0
+                standby.set_owned(self.owned)
             self.metrics.slots_moved.labels("loaded").inc(len(added))
         self.metrics.slots_owned.set(len(self.owned))
         self.metrics.jobs_owned.set(len(self.jobs))
@@ -541,6 +555,35 @@ class Node:
         self.firer.progress_ms = now
         await self._save_progress()
 
+    # ------------------------------------------------------------------ leading and standing by
+    async def _standing_loop(self) -> None:
+        """Publish how far this node has claimed the slots it leads, and read how far the others
+        have (scheduler_node.standby). A stopping node withdraws its standing at once."""
+        assert self.parts is not None and self.firer is not None
+        standby = self.firer.standby
+        if standby is None:
+            return
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            firer = self.firer
+            mine = firer.standing.encode() if self.ready and firer.standing is not None else None
+            try:
+                texts = await self.parts.membership.stand(mine)
+                standby.standings(texts, frozenset(n for n, r in self._members.items() if r), loop.time())
+            except TransientError as exc:  # (heartbeats say so too) peers' standings go stale: claim
+                log.debug("could not exchange standings: %s", exc)
+            await asyncio.sleep(self.s.standby_publish_seconds)
+
+    async def _withdraw_standing(self) -> None:
+        """The node stopped firing: the slots it led are claimed on time by their other owners."""
+        assert self.parts is not None
+        if self.firer is None or self.firer.standby is None:
+            return
+        try:
+            await asyncio.wait_for(self.parts.membership.stand(None), 2.0)
+        except (TransientError, TimeoutError) as exc:
+            log.warning("could not withdraw this node's standing (it goes stale in a second): %s", exc)
+
     # ------------------------------------------------------------------ how far this node fired
     async def _progress_loop(self) -> None:
         while not self._stopping:
@@ -644,7 +687,7 @@ class Node:
 
     async def _poll_changes(self) -> None:
         assert self.parts is not None and self.firer is not None
-        if self.feed_cursor is None:
+        if self.feed_cursor is None or "stall_feed" in self.s.faults:  # test fault: job changes never arrive
             return
         cursor, rows, triggers = await self.parts.store.poll_changes(self.feed_cursor, self.owned)
         if any(self._names_unknown_calendar(row) for row in rows if row.slot in self.owned):
@@ -654,6 +697,8 @@ class Node:
             if row.slot in self.owned and self._apply_row(row):
                 self.metrics.changes_applied.inc()
         self._apply_triggers(triggers, verify=False)
+        if self.firer.standby is not None:
+            self.firer.standby.feed_read(cursor, [(row.slot, row.xid) for row in rows if row.slot in self.owned])
         if len(self._seen_triggers) > 10_000:
             cutoff = self.now_ms() - 2 * TRIGGER_LOOKBACK_MS
             self._seen_triggers = {k: v for k, v in self._seen_triggers.items() if v > cutoff}

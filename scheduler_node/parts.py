@@ -232,3 +232,8 @@ class Membership(abc.ABC):
 
     @abc.abstractmethod
     async def leave(self) -> None: ...
+
+    @abc.abstractmethod
+    async def stand(self, standing: str | None) -> dict[str, str]:
+        """Publish this node's standing (None: withdraw it) and read every node's
+        (:mod:`scheduler_node.standby`)."""

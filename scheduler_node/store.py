@@ -327,7 +327,10 @@ class PgNodeStore(NodeStore):
             jobs = [
                 JobRow(*r)
                 for r in conn.execute(
-                    text(f"SELECT {JOB_COLUMNS}, deleted_at IS NOT NULL FROM jobs WHERE change_xid >= :c{owned}"),
+                    text(
+                        f"SELECT {JOB_COLUMNS}, deleted_at IS NOT NULL, change_xid FROM jobs "
+                        f"WHERE change_xid >= :c{owned}"
+                    ),
                     params,
                 )
             ]

@@ -40,6 +40,7 @@ class Report:
     duplicates: int = 0
     duplicates_attributed: dict[str, int] = field(default_factory=dict)
     takeovers: int = 0
+    covered: int = 0  # occurrences a standby left to the slot's leader (it had claimed them)
     faults: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
 
@@ -83,6 +84,7 @@ def _edges(sim: Sim, points: list[float]) -> list[tuple[float, float]]:
 def check(sim: Sim) -> Report:
     cfg = sim.cfg
     report = Report(cfg.seed)
+    report.covered = sum(p.node.firer.left_to_leader for p in sim.started if p.node.firer is not None)
     for f in sim.faults:
         report.faults[f.kind] = report.faults.get(f.kind, 0) + 1
     arrivals: dict[str, list[Arrival]] = defaultdict(list)

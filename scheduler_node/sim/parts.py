@@ -45,6 +45,7 @@ class SimRedis:
     world: World
     space: ClaimSpace = field(init=False)
     members: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # id -> (expires, beat, info)
+    standings: dict[str, str] = field(default_factory=dict)  # id -> standing (scheduler_node.standby)
     down_until: float = 0.0
     losses: list[float] = field(default_factory=list)  # when it lost everything
     epoch: str = ""
@@ -59,6 +60,7 @@ class SimRedis:
     def lose_everything(self) -> None:
         self.space.lose_everything()
         self.members.clear()
+        self.standings.clear()
         self.epoch = ""
         self.progress = None
         self.losses.append(self.world.now)
@@ -157,7 +159,18 @@ class SimMembership(Membership):
     async def leave(self) -> None:
         await self.redis.call()
         self.redis.members.pop(self.node_id, None)
+        self.redis.standings.pop(self.node_id, None)
         await asyncio.sleep(LATENCY / 2)
+
+    async def stand(self, standing: str | None) -> dict[str, str]:
+        await self.redis.call()
+        if standing is None:
+            self.redis.standings.pop(self.node_id, None)
+        else:
+            self.redis.standings[self.node_id] = standing
+        out = dict(self.redis.standings)
+        await asyncio.sleep(LATENCY / 2)
+        return out
 
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -193,6 +206,7 @@ class SimJob:
             json.dumps(self.options),
             self.incarnation,
             self.deleted,
+            self.change,
         )
 
 

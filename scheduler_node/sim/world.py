@@ -155,11 +155,13 @@ class Sim:
         self.node_ids: list[str] = []
         self.stopped_all: list[tuple[float, float]] = []  # (stop, restart) of the whole cluster
         self.held_until = 0.0  # while the whole cluster is stopped, no node starts
+        self.started: list[Process] = []  # every process, in the order started
 
     # ------------------------------------------------------------------ processes
     def start(self, node_id: str) -> None:
         self.starts += 1
         self.processes[node_id] = Process(self, node_id, self.starts)
+        self.started.append(self.processes[node_id])
 
     def alive(self) -> list[str]:
         return sorted(n for n, p in self.processes.items() if p.loop in self.world.loops)

@@ -1,0 +1,165 @@
+"""Leading and standing by (scheduler_node.standby): which owner of a slot claims on time, and the
+evidence on which the other leaves an occurrence alone. Whatever the standings say, malformed,
+stale, missing or behind, an occurrence is either covered by evidence or claimed here."""
+
+from __future__ import annotations
+
+import string
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cronman.hashing import score
+from scheduler_node.standby import Held, Standby, Standing, Verdict
+
+SLOTS = 64
+ALL = frozenset(range(SLOTS))
+GRACE = 2000
+
+
+def bits(slots: set[int] | frozenset[int]) -> bytes:
+    out = bytearray((SLOTS + 7) // 8)
+    for s in slots:
+        out[s >> 3] |= 1 << (s & 7)
+    return bytes(out)
+
+
+def standby(me: str, peer: str, standing: Standing, now: float = 100.0, cursor: int = 0) -> Standby:
+    sb = Standby(me, GRACE, stale_s=1.0)
+    sb.set_owned(ALL)
+    sb.feed_read(cursor, [])
+    sb.standings({peer: standing.encode()}, frozenset({me, peer}), now)
+    return sb
+
+
+def led_by_peer(sb: Standby, peer: str) -> int:
+    slot = next(s for s in range(SLOTS) if sb.leader_of.get(s) == peer)
+    return slot
+
+
+def test_a_standing_survives_its_encoding() -> None:
+    s = Standing(1_700_000_000_123, 987654321, bits({0, 5, 63}))
+    back = Standing.decode(s.encode())
+    assert back == s
+    assert back is not None and back.leads(5) and not back.leads(6) and not back.leads(10_000)
+
+
+@given(st.text(max_size=80))
+def test_anything_unreadable_is_no_standing(text: str) -> None:
+    got = Standing.decode(text)
+    if got is not None:  # only what parses as the three fields
+        assert Standing.decode(got.encode()) == got
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(string.ascii_lowercase + string.digits + "-", min_size=1, max_size=12),
+    st.text(string.ascii_lowercase + string.digits + "-", min_size=1, max_size=12),
+)
+def test_of_two_owners_exactly_one_leads_each_slot(a: str, b: str) -> None:
+    if a == b:
+        return
+    both = frozenset({a, b})
+    everything = Standing(10, 10, bits(ALL)).encode()
+    sa, sb = Standby(a, GRACE, 1.0), Standby(b, GRACE, 1.0)
+    for me, x in ((a, sa), (b, sb)):
+        x.set_owned(ALL)
+        x.standings({a: everything, b: everything}, both, 0.0)
+    for s in range(SLOTS):
+        defers = (s in sa.leader_of, s in sb.leader_of)
+        assert defers in ((True, False), (False, True)), s
+        leader = a if defers[1] else b
+        assert (score(leader, s), leader) > (score(a if leader == b else b, s), a if leader == b else b)
+    # what each publishes it leads is what the other stands by for
+    assert Standing(0, 0, sa.led()).leads(0) == (0 not in sa.leader_of)
+
+
+def test_an_occurrence_the_leader_claimed_is_covered() -> None:
+    sb = standby("b", "a", Standing(5_000, 100, bits(ALL)))
+    slot = led_by_peer(sb, "a")
+    assert sb.defers(slot) == "a"
+    assert sb.verdict("a", Held(5_000, "j", 1, slot), 5_100, 100.2) is Verdict.COVERED
+    assert sb.verdict("a", Held(5_001, "j", 1, slot), 5_100, 100.2) is Verdict.WAIT  # not claimed yet
+    assert sb.verdict("a", Held(5_001, "j", 1, slot), 5_001 + GRACE, 100.2) is Verdict.CLAIM  # grace over
+
+
+def test_a_leader_behind_on_the_job_changes_covers_nothing_of_the_changed_slot() -> None:
+    sb = standby("b", "a", Standing(9_000, 100, bits(ALL)), cursor=100)
+    slot = led_by_peer(sb, "a")
+    other = next(s for s in range(SLOTS) if sb.leader_of.get(s) == "a" and s != slot)
+    sb.feed_read(120, [(slot, 110)])  # this node read a change (xid 110) the leader has not
+    assert sb.verdict("a", Held(5_000, "j", 1, slot), 5_100, 100.2) is Verdict.WAIT
+    assert sb.verdict("a", Held(5_000, "j", 1, other), 5_100, 100.2) is Verdict.COVERED
+    sb.standings({"a": Standing(9_000, 111, bits(ALL)).encode()}, frozenset({"a", "b"}), 100.3)
+    assert sb.verdict("a", Held(5_000, "j", 1, slot), 5_100, 100.3) is Verdict.COVERED
+
+
+def test_a_slot_just_loaded_is_not_deferred_until_its_changes_are_read() -> None:
+    sb = standby("b", "a", Standing(9_000, 100, bits(ALL)), cursor=100)
+    slot = led_by_peer(sb, "a")
+    sb.loaded([slot])
+    assert sb.defers(slot) is None
+    sb.feed_read(130, [])
+    assert sb.defers(slot) == "a"
+    assert sb.verdict("a", Held(5_000, "j", 1, slot), 5_100, 100.2) is Verdict.WAIT  # cursor 100 < 130
+
+
+def test_a_stale_missing_or_withdrawn_leader_means_claim() -> None:
+    sb = standby("b", "a", Standing(5_000, 100, bits(ALL)), now=100.0)
+    slot = led_by_peer(sb, "a")
+    item = Held(4_000, "j", 1, slot)
+    assert sb.verdict("a", item, 4_100, 100.5) is Verdict.COVERED
+    # the same standing read again later: unchanged for longer than stale_s
+    sb.standings({"a": Standing(5_000, 100, bits(ALL)).encode()}, frozenset({"a", "b"}), 101.5)
+    assert sb.verdict("a", item, 4_100, 101.5) is Verdict.CLAIM
+    sb = standby("b", "a", Standing(5_000, 100, bits(ALL)))
+    sb.standings({}, frozenset({"a", "b"}), 100.1)  # withdrawn
+    assert sb.verdict("a", item, 4_100, 100.1) is Verdict.CLAIM
+    assert sb.defers(slot) is None
+    sb = standby("b", "a", Standing(5_000, 100, bits(ALL)))
+    sb.standings({"a": Standing(5_000, 100, bits(ALL)).encode()}, frozenset({"b"}), 100.1)  # gone from the view
+    assert sb.verdict("a", item, 4_100, 100.1) is Verdict.CLAIM
+    sb = standby("b", "a", Standing(5_000, 100, bits(ALL)))
+    sb.standings({"a": "garbage|x|!"}, frozenset({"a", "b"}), 100.1)
+    assert sb.verdict("a", item, 4_100, 100.1) is Verdict.CLAIM
+
+
+def test_a_slot_the_leader_stopped_leading_is_claimed_at_once() -> None:
+    sb = standby("b", "a", Standing(5_000, 100, bits(ALL)))
+    slot = led_by_peer(sb, "a")
+    sb.hold("a", Held(6_000, "j", 1, slot))
+    assert sb.release(5_500, 100.1) == []
+    sb.standings({"a": Standing(5_000, 100, bits(ALL - {slot})).encode()}, frozenset({"a", "b"}), 100.2)
+    assert sb.release(5_500, 100.2) == [Held(6_000, "j", 1, slot)]
+    assert len(sb) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 20_000), st.integers(0, SLOTS - 1)), max_size=40),
+    st.one_of(st.none(), st.text(max_size=30), st.builds(lambda c, k: f"{c}|{k}|", st.integers(), st.integers())),
+    st.integers(0, 30_000),
+    st.floats(100.0, 110.0),
+)
+def test_an_occurrence_is_never_dropped_without_the_leaders_word(
+    items: list[tuple[int, int]], text: str | None, now_ms: int, now: float
+) -> None:
+    """Whatever the leader's standing says (or garbled, or none), each held occurrence is either
+    claimed here or covered by a standing that leads its slot, claimed past it, and read every
+    change this node has of it."""
+    sb = standby("b", "a", Standing(20_000, 100, bits(ALL)))
+    sb.feed_read(100, [(3, 150)])
+    for when, slot in sorted(items):
+        leader = sb.defers(slot)
+        if leader is not None:
+            sb.hold(leader, Held(when, "j", 1, slot))
+    held = sorted(h for q in sb.held.values() for h in q)
+    sb.standings({} if text is None else {"a": text}, frozenset({"a", "b"}), 100.0)
+    released = sb.release(now_ms, now)
+    waiting = sorted(h for q in sb.held.values() for h in q)
+    covered = [h for h in held if h not in released and h not in waiting]
+    assert len(covered) == sb.covered
+    st_ = Standing.decode(text) if text is not None else None
+    for h in covered:
+        assert st_ is not None and st_.claimed_ms >= h.when and st_.leads(h.slot)
+        assert st_.cursor >= sb.required.get(h.slot, 0)
