@@ -9,8 +9,9 @@
 - Redis memory per open claim (claim key with its lease + its entry in the slot's index), per
   finished claim (the done mark kept ``done_ttl_seconds``) and per history row waiting to be written
   (kept until the writer says it is in PostgreSQL), from ``INFO memory`` of a Redis of its own;
-- Redis CPU per execution (two owners claim it, one marks it done, the row is forgotten once
-  written), in batches of 100 as a node's timer passes send them: on one Redis, where a batch is one
+- Redis CPU per execution (the slot's leader claims it and marks it done, the row is forgotten
+  once written; and with the standby claiming too, as with ``standby_grace_seconds=0``), in
+  batches of 100 as a node's timer passes send them: on one Redis, where a batch is one
   script call, and on a 3-primary Redis Cluster, where it is one call per slot tag;
 - PostgreSQL bytes per history row (table, TOAST and indexes of a day partition) written by the
   node's own writer, and per job (the jobs table and its indexes, jobs COPYed as the bench loads
@@ -153,9 +154,10 @@ async def _redis_figures(url: str, count: int) -> dict[str, float]:
     }
 
 
-async def _cpu_per_execution(settings: Any, count: int, cpu_seconds: Any) -> tuple[float, float]:
-    """Redis CPU and the calling process's CPU (µs) per execution's claims, done mark and
-    forgetting, in batches of 100."""
+async def _cpu_per_execution(settings: Any, count: int, cpu_seconds: Any, both: bool = False) -> tuple[float, float]:
+    """Redis CPU and the calling process's CPU (µs) per execution's claim, done mark and
+    forgetting, in batches of 100: the slot's leader claims, its standby does not (``both``: the
+    standby claims too, as with ``standby_grace_seconds=0``)."""
     from cronman.keys import Keys
     from cronman.redisconn import RedisMode, async_client
     from scheduler_node.claims import RedisClaims
@@ -163,7 +165,8 @@ async def _cpu_per_execution(settings: Any, count: int, cpu_seconds: Any) -> tup
 
     sharded = RedisMode(settings.redis_mode) is RedisMode.CLUSTER
     clients = [async_client(settings), async_client(settings)]
-    a, b = (RedisClaims(c, Keys("cpu:"), f"node-{n}/x", 60_000, sharded=sharded) for n, c in zip("ab", clients))
+    keys = Keys("cpu-both:" if both else "cpu:")  # a run of its own: no claim of the other run's found
+    a, b = (RedisClaims(c, keys, f"node-{n}/x", 60_000, sharded=sharded) for n, c in zip("ab", clients))
     tickets = []
     for i in range(count):
         job_id = f"tenant-{i % 97:02d}-job-{i:07d}"
@@ -174,7 +177,8 @@ async def _cpu_per_execution(settings: Any, count: int, cpu_seconds: Any) -> tup
         for i in range(100, count, 100):
             batch = tickets[i : i + 100]
             await a.claim(batch, 5000)
-            await b.claim(batch, 5000)
+            if both:
+                await b.claim(batch, 5000)
             await a.done([Finish(t, "succeeded", 1, f"row-{t.name}") for t in batch])
             await a.recorded([(t.slot, f"row-{t.name}") for t in batch])
         client = time.process_time() - client_before
@@ -202,6 +206,9 @@ def redis_cpu(count: int, work: Path) -> dict[str, float]:
         one = [redis_lib.Redis.from_url(server.url())]
         out["redis_cpu_us_per_execution"], out["client_cpu_us_per_execution"] = asyncio.run(
             _cpu_per_execution(Settings(redis_url=server.url()), count, lambda: used(one))
+        )
+        out["redis_cpu_us_per_execution_both_claim"], _ = asyncio.run(
+            _cpu_per_execution(Settings(redis_url=server.url()), count, lambda: used(one), both=True)
         )
     finally:
         server.stop()

@@ -13,6 +13,7 @@ import pytest
 from scheduler_node.firer import Firer
 from scheduler_node.sim.run import digest, run_seed, run_seeds
 from scheduler_node.sim.world import SimConfig
+from scheduler_node.standby import Standby, Verdict
 
 SEEDS = int(os.environ.get("CRONMAN_SIM_SEEDS", "500"))
 START = int(os.environ.get("CRONMAN_SIM_START", "1"))
@@ -63,6 +64,7 @@ def test_a_seed_replays_exactly() -> None:
         ("retries are dropped", "retry lost"),
         ("nobody takes over a dead node's claims", "retry lost"),
         ("deleted jobs keep firing", "attempt after delete"),
+        ("a standby leaves occurrences to a leader that did not claim them", "missed"),
     ],
 )
 def test_the_simulation_finds_a_broken_core(monkeypatch: pytest.MonkeyPatch, broken: str, found: str) -> None:
@@ -79,6 +81,8 @@ def test_the_simulation_finds_a_broken_core(monkeypatch: pytest.MonkeyPatch, bro
             return None
 
         monkeypatch.setattr(Firer, "sweep", sweep)
+    elif broken.startswith("a standby"):
+        monkeypatch.setattr(Standby, "verdict", lambda self, leader, item, now_ms, now: Verdict.COVERED)
     else:
         monkeypatch.setattr(Firer, "_cancel_job", lambda self, job_id, reason, keep=None: None)
         monkeypatch.setattr(Firer, "remove", lambda self, job_id, reason: None)

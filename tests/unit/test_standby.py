@@ -62,7 +62,7 @@ def test_of_two_owners_exactly_one_leads_each_slot(a: str, b: str) -> None:
     both = frozenset({a, b})
     everything = Standing(10, 10, bits(ALL)).encode()
     sa, sb = Standby(a, GRACE, 1.0), Standby(b, GRACE, 1.0)
-    for me, x in ((a, sa), (b, sb)):
+    for x in (sa, sb):
         x.set_owned(ALL)
         x.standings({a: everything, b: everything}, both, 0.0)
     for s in range(SLOTS):
