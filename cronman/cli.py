@@ -343,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quick", action="store_true", help="sizes and durations about ten times smaller (a smoke run)")
     s.add_argument("--json", default=None, metavar="FILE", help="write the figures to FILE")
     s.add_argument("--param", action="append", metavar="NAME=VALUE", help="override a size or duration (repeatable)")
+    s.add_argument(
+        "--node-setting",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a scheduler node setting for every node of the run, e.g. standby_grace_seconds=0 (repeatable)",
+    )
     s.add_argument("--profile", action="store_true", help="record one node with py-spy during steady")
     s.add_argument(
         "--profile-dir", default="/tmp/cronman-profile", help="where --profile writes (default /tmp/cronman-profile)"

@@ -86,8 +86,8 @@ class Settings(BaseSettings):
     # occurrence back this long for evidence that the leader claimed it, then claims it itself
     # (scheduler_node.standby). 0: both claim every occurrence on time. Standings are published
     # (and read) this often; one unchanged for four times that (at least 1 s) counts as stale.
-    standby_grace_seconds: float = Field(2.0, ge=0)
-    standby_publish_seconds: float = Field(0.25, gt=0, le=5)
+    standby_grace_seconds: float = Field(0.5, ge=0)
+    standby_publish_seconds: float = Field(0.1, gt=0, le=5)
     max_in_flight: int = Field(1000, ge=1)
     history_flush_seconds: float = Field(0.1, gt=0)
     history_buffer_max: int = Field(1_000_000, ge=1000)

@@ -85,12 +85,33 @@ def assemble(results: dict[str, Any], **meta: Any) -> dict[str, Any]:
     return doc
 
 
+def parse_node_settings(items: list[str]) -> dict[str, str]:
+    """``name=value`` node settings as the nodes' environment (``CRONMAN_NAME``)."""
+    from pydantic import ValidationError
+
+    from cronman.settings import Settings
+
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name.strip().lower() not in Settings.model_fields:
+            raise SystemExit(f"cronman bench: --node-setting wants NAME=VALUE with NAME a setting, not {item!r}")
+        try:
+            Settings(**{name.strip().lower(): value.strip()})
+        except ValidationError as exc:
+            problem = exc.errors()[0].get("msg", "invalid")
+            raise SystemExit(f"cronman bench: --node-setting {item!r}: {problem}") from None
+        out[f"CRONMAN_{name.strip().upper()}"] = value.strip()
+    return out
+
+
 def run_bench(
     *,
     scenarios: list[str],
     quick: bool,
     params: dict[str, float],
     json_path: Path | None,
+    node_env: dict[str, str] | None = None,
     data_dir: Path | None,
     keep: bool,
     profile_dir: Path | None,
@@ -106,7 +127,7 @@ def run_bench(
 
     signal.signal(signal.SIGTERM, on_term)
     workdir = data_dir or Path(tempfile.mkdtemp(prefix="cronman-bench-", dir="/tmp"))
-    stack = BenchStack(workdir, say=say)
+    stack = BenchStack(workdir, node_env=dict(node_env or {}), say=say)
     bench = Bench(stack, params, say=say, profile_dir=profile_dir)
     errors: dict[str, str] = {}
     timings: dict[str, float] = {}
@@ -166,6 +187,7 @@ def run_bench(
         scenarios_run=scenarios,
         scenario_seconds=timings,
         params=params,
+        node_settings=dict(node_env or {}),
         machine=machine,
         errors=errors,
         logs=None if not (keep or errors) else str(stack.logs),
@@ -204,6 +226,7 @@ def main(args: Any) -> int:
         scenarios=scenarios,
         quick=args.quick,
         params=parse_params(args.param or [], args.quick),
+        node_env=parse_node_settings(args.node_setting or []),
         json_path=Path(args.json) if args.json else None,
         data_dir=Path(args.data_dir) if args.data_dir else None,
         keep=args.keep,

@@ -56,6 +56,8 @@ def test_quick_bench_writes_its_figures(tmp_path: Path) -> None:
             "scale10m.jobs=20000",
             "--param",
             "scale10m.probes=200",
+            "--node-setting",
+            "standby_grace_seconds=0.5",
             "--json",
             str(out),
         ],
@@ -76,6 +78,9 @@ def test_quick_bench_writes_its_figures(tmp_path: Path) -> None:
     assert _number(doc["ratio_to_ceiling"])
     assert _number(doc["ratio_to_limit"]) and _number(doc["steady"]["node_cpu_us_per_fire"])
     assert doc["limit"]["errors"] == 0 and doc["limit"]["receiver_counted"] > 0
+    # the node setting reached the nodes: standbys left occurrences to the slots' leaders
+    assert doc["node_settings"] == {"CRONMAN_STANDBY_GRACE_SECONDS": "0.5"}
+    assert doc["steady"]["node_counters"]["cronman_claims_total{result=covered}"] > 0
     scale = doc["scale10m"]
     assert scale["missed"] == 0 and scale["jobs"] == 20000  # a node killed under load loses nothing
     batch = doc["crud"]["batch"]
@@ -89,3 +94,25 @@ def test_quick_bench_writes_its_figures(tmp_path: Path) -> None:
     assert doc["crud"]["single"]["created"] > 0
     assert [t["metric"] for t in doc["targets"]]  # the targets with their verdicts
     assert doc["errors"] == {}
+
+
+@pytest.mark.parametrize(
+    ("item", "said"),
+    [
+        ("nope=1", "--node-setting wants NAME=VALUE"),
+        ("standby_grace_seconds", "--node-setting wants NAME=VALUE"),
+        ("=3", "--node-setting wants NAME=VALUE"),
+        ("standby_grace_seconds=abc", "valid number"),
+        ("standby_grace_seconds=-1", "greater than or equal to 0"),
+    ],
+)
+def test_a_node_setting_that_is_not_one_is_refused(item: str, said: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "cronman", "bench", "--scenarios", "steady", "--node-setting", item],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert said in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr

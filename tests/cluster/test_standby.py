@@ -12,7 +12,7 @@ import pytest
 from cronman.timeutil import iso
 from tests.cluster.conftest import Cluster, sleep_until
 
-GRACE = 2.0  # standby_grace_seconds' default
+GRACE = 0.5  # standby_grace_seconds' default
 
 
 def _claims(cluster: Cluster, node: str, result: str) -> float:
