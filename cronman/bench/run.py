@@ -97,7 +97,7 @@ def parse_node_settings(items: list[str]) -> dict[str, str]:
         if not sep or name.strip().lower() not in Settings.model_fields:
             raise SystemExit(f"cronman bench: --node-setting wants NAME=VALUE with NAME a setting, not {item!r}")
         try:
-            Settings(**{name.strip().lower(): value.strip()})
+            Settings.model_validate({name.strip().lower(): value.strip()})
         except ValidationError as exc:
             problem = exc.errors()[0].get("msg", "invalid")
             raise SystemExit(f"cronman bench: --node-setting {item!r}: {problem}") from None
