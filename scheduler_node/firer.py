@@ -234,7 +234,7 @@ class Firer:
                 if standby is None or (leader := standby.defers(job.slot)) is None:
                     due.extend(self.occurrence(job, when))
                 else:  # another owner leads the slot: held back until it is known to have claimed
-                    standby.hold(leader, Held(when, job_id, gen, job.slot))
+                    standby.hold(leader, Held(when, job_id, gen, job.slot, standby.until(when, now)))
                 nxt = _next(job, when)
                 if nxt is not None:
                     heapq.heappush(fires, (nxt, job_id, gen))

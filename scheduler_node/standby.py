@@ -66,10 +66,11 @@ class Verdict(enum.Enum):
 
 
 class Held(NamedTuple):
-    when: int
+    when: int  # the occurrence
     job_id: str
     gen: int
     slot: int
+    until: int  # claimed here from then on without the leader's word: the grace from when it was held
 
 
 class _Peer:
@@ -190,6 +191,12 @@ class Standby:
             return None
         return leader
 
+    def until(self, when: int, now_ms: int) -> int:
+        """The grace runs from the occurrence, or from now if this node comes to it late: a node
+        behind (a burst, an overload) is behind as its leader is, and must not claim everything
+        at once for want of a word the leader could not have given yet."""
+        return max(when, now_ms) + self.grace_ms
+
     def hold(self, leader: str, item: Held) -> None:
         q = self.held.get(leader)
         if q is None:
@@ -203,7 +210,7 @@ class Standby:
         st = p.standing
         if st.claimed_ms >= item.when and st.cursor >= self.required.get(item.slot, 0) and st.leads(item.slot):
             return Verdict.COVERED
-        if now_ms >= item.when + self.grace_ms:
+        if now_ms >= item.until:
             return Verdict.CLAIM
         return Verdict.WAIT
 

@@ -32,6 +32,11 @@ def standby(me: str, peer: str, standing: Standing, now: float = 100.0, cursor: 
     return sb
 
 
+def held(when: int, slot: int, at: int | None = None) -> Held:
+    """An occurrence held at ``at`` (its own time if not given)."""
+    return Held(when, "j", 1, slot, max(when, when if at is None else at) + GRACE)
+
+
 def led_by_peer(sb: Standby, peer: str) -> int:
     slot = next(s for s in range(SLOTS) if sb.leader_of.get(s) == peer)
     return slot
@@ -78,9 +83,20 @@ def test_an_occurrence_the_leader_claimed_is_covered() -> None:
     sb = standby("b", "a", Standing(5_000, 100, bits(ALL)))
     slot = led_by_peer(sb, "a")
     assert sb.defers(slot) == "a"
-    assert sb.verdict("a", Held(5_000, "j", 1, slot), 5_100, 100.2) is Verdict.COVERED
-    assert sb.verdict("a", Held(5_001, "j", 1, slot), 5_100, 100.2) is Verdict.WAIT  # not claimed yet
-    assert sb.verdict("a", Held(5_001, "j", 1, slot), 5_001 + GRACE, 100.2) is Verdict.CLAIM  # grace over
+    assert sb.verdict("a", held(5_000, slot), 5_100, 100.2) is Verdict.COVERED
+    assert sb.verdict("a", held(5_001, slot), 5_100, 100.2) is Verdict.WAIT  # not claimed yet
+    assert sb.verdict("a", held(5_001, slot), 5_001 + GRACE, 100.2) is Verdict.CLAIM  # grace over
+
+
+def test_the_grace_runs_from_when_a_late_standby_holds_the_occurrence() -> None:
+    """A standby that comes to an occurrence late (a burst) gives the leader the whole grace from
+    then: the leader, behind as well, could not have claimed it yet."""
+    sb = standby("b", "a", Standing(5_000, 100, bits(ALL)))
+    slot = led_by_peer(sb, "a")
+    late = held(6_000, slot, at=9_000)
+    assert late.until == sb.until(6_000, 9_000) == 9_000 + GRACE
+    assert sb.verdict("a", late, 9_100, 100.2) is Verdict.WAIT
+    assert sb.verdict("a", late, 9_000 + GRACE, 100.2) is Verdict.CLAIM
 
 
 def test_a_leader_behind_on_the_job_changes_covers_nothing_of_the_changed_slot() -> None:
@@ -88,10 +104,10 @@ def test_a_leader_behind_on_the_job_changes_covers_nothing_of_the_changed_slot()
     slot = led_by_peer(sb, "a")
     other = next(s for s in range(SLOTS) if sb.leader_of.get(s) == "a" and s != slot)
     sb.feed_read(120, [(slot, 110)])  # this node read a change (xid 110) the leader has not
-    assert sb.verdict("a", Held(5_000, "j", 1, slot), 5_100, 100.2) is Verdict.WAIT
-    assert sb.verdict("a", Held(5_000, "j", 1, other), 5_100, 100.2) is Verdict.COVERED
+    assert sb.verdict("a", held(5_000, slot), 5_100, 100.2) is Verdict.WAIT
+    assert sb.verdict("a", held(5_000, other), 5_100, 100.2) is Verdict.COVERED
     sb.standings({"a": Standing(9_000, 111, bits(ALL)).encode()}, frozenset({"a", "b"}), 100.3)
-    assert sb.verdict("a", Held(5_000, "j", 1, slot), 5_100, 100.3) is Verdict.COVERED
+    assert sb.verdict("a", held(5_000, slot), 5_100, 100.3) is Verdict.COVERED
 
 
 def test_a_slot_just_loaded_is_not_deferred_until_its_changes_are_read() -> None:
@@ -101,13 +117,13 @@ def test_a_slot_just_loaded_is_not_deferred_until_its_changes_are_read() -> None
     assert sb.defers(slot) is None
     sb.feed_read(130, [])
     assert sb.defers(slot) == "a"
-    assert sb.verdict("a", Held(5_000, "j", 1, slot), 5_100, 100.2) is Verdict.WAIT  # cursor 100 < 130
+    assert sb.verdict("a", held(5_000, slot), 5_100, 100.2) is Verdict.WAIT  # cursor 100 < 130
 
 
 def test_a_stale_missing_or_withdrawn_leader_means_claim() -> None:
     sb = standby("b", "a", Standing(5_000, 100, bits(ALL)), now=100.0)
     slot = led_by_peer(sb, "a")
-    item = Held(4_000, "j", 1, slot)
+    item = held(4_000, slot)
     assert sb.verdict("a", item, 4_100, 100.5) is Verdict.COVERED
     # the same standing read again later: unchanged for longer than stale_s
     sb.standings({"a": Standing(5_000, 100, bits(ALL)).encode()}, frozenset({"a", "b"}), 101.5)
@@ -127,10 +143,10 @@ def test_a_stale_missing_or_withdrawn_leader_means_claim() -> None:
 def test_a_slot_the_leader_stopped_leading_is_claimed_at_once() -> None:
     sb = standby("b", "a", Standing(5_000, 100, bits(ALL)))
     slot = led_by_peer(sb, "a")
-    sb.hold("a", Held(6_000, "j", 1, slot))
+    sb.hold("a", held(6_000, slot))
     assert sb.release(5_500, 100.1) == []
     sb.standings({"a": Standing(5_000, 100, bits(ALL - {slot})).encode()}, frozenset({"a", "b"}), 100.2)
-    assert sb.release(5_500, 100.2) == [Held(6_000, "j", 1, slot)]
+    assert sb.release(5_500, 100.2) == [held(6_000, slot)]
     assert len(sb) == 0
 
 
@@ -152,12 +168,12 @@ def test_an_occurrence_is_never_dropped_without_the_leaders_word(
     for when, slot in sorted(items):
         leader = sb.defers(slot)
         if leader is not None:
-            sb.hold(leader, Held(when, "j", 1, slot))
-    held = sorted(h for q in sb.held.values() for h in q)
+            sb.hold(leader, held(when, slot))
+    holding = sorted(h for q in sb.held.values() for h in q)
     sb.standings({} if text is None else {"a": text}, frozenset({"a", "b"}), 100.0)
     released = sb.release(now_ms, now)
     waiting = sorted(h for q in sb.held.values() for h in q)
-    covered = [h for h in held if h not in released and h not in waiting]
+    covered = [h for h in holding if h not in released and h not in waiting]
     assert len(covered) == sb.covered
     st_ = Standing.decode(text) if text is not None else None
     for h in covered:
