@@ -50,7 +50,7 @@ from scheduler_node.parts import (
     TakeState,
 )
 from scheduler_node.senders import Senders
-from scheduler_node.standby import Held, Standby, Standing
+from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
 from scheduler_node.store import Attempts, NodeStore
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.tracing import Tracing
@@ -152,6 +152,7 @@ class Firer:
         self.standby: Standby | None = None
         self.standing: Standing | None = None
         self.left_to_leader = 0  # occurrences this node held back and the slot's leader claimed
+        self._passes = 0
         self._fired_recent: list[int] = []  # fired-at times of the last second (fires per second)
         self._lags: list[int] = []  # recent first-attempt lags (ms)
 
@@ -247,6 +248,7 @@ class Firer:
                     self.metrics.claim["covered"].inc(standby.covered)
                     self.left_to_leader += standby.covered
                     standby.covered = 0
+            full = len(due) >= MAX_BATCH
             retries = self._pop_retries(now)
             ok = await self._pass(due, retries)
             if ok:
@@ -257,7 +259,11 @@ class Firer:
                 held = standby.oldest() if standby is not None else None
                 self.progress_ms = claimed if held is None else min(claimed, held - 1)
                 if standby is not None:
-                    self.standing = Standing(claimed, cursor, led)
+                    self._passes += 1
+                    # due work left over (a burst): a full batch popped, or catch-up work waiting
+                    # (not a timer merely late: a leader's hiccup is what the grace covers)
+                    busy = full or pending < self.clock() - BUSY_MS
+                    self.standing = Standing(claimed, cursor, led, self._passes, busy)
             await self._sleep(started + self.cfg.tick_seconds - loop.time())
 
     async def _pass(self, due: list[Execution], retries: list[Execution]) -> bool:
@@ -1122,6 +1128,7 @@ class Firer:
             "lag_p99_ms": lags[int(len(lags) * 0.99)] if lags else None,
             "parked": len(self.parked),
             "held_for_leader": len(self.standby) if self.standby is not None else 0,
+            "claimed_after_holding": dict(self.standby.claimed_because) if self.standby is not None else {},
         }
 
     def _spawn(self, coro: Awaitable[Any]) -> None:

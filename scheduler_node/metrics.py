@@ -26,6 +26,12 @@ class NodeMetrics:
             ["result"],
             registry=r,
         )
+        self.standby_claims = Counter(
+            "cronman_standby_claims",
+            "Occurrences a standby held back for the slot's leader and claimed itself, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.duplicates = Counter("cronman_duplicates_detected", "Deliveries known to have happened twice", registry=r)
         self.callback_latency = Histogram(
             "cronman_callback_seconds",

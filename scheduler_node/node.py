@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import logging
 import os
 import random
@@ -27,7 +28,7 @@ import secrets as tokens
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cronman import misfire
@@ -172,8 +173,9 @@ class Node:
         )
         if s.standby_grace_seconds > 0:
             firer.standby = Standby(
-                self.node_id, int(s.standby_grace_seconds * 1000), max(1.0, 4 * s.standby_publish_seconds)
+                self.node_id, int(s.standby_grace_seconds * 1000), max(3.0, 10 * s.standby_publish_seconds)
             )
+            firer.standby.on_claim = lambda reason: m.standby_claims.labels(reason).inc()
         self.backfills = BackfillDriver(firer, parts.store, self.holder, max(3 * self.lease_ms, 5000))
         self.decoder = Decoder(parts.senders.decode)
         await parts.senders.start()
@@ -564,12 +566,15 @@ class Node:
         if standby is None:
             return
         loop = asyncio.get_running_loop()
+        beats = itertools.count(1)
         while not self._stopping:
             firer = self.firer
-            mine = firer.standing.encode() if self.ready and firer.standing is not None else None
+            st = firer.standing
+            mine = replace(st, beat=next(beats)).encode() if self.ready and st is not None else None
             try:
                 texts = await self.parts.membership.stand(mine)
-                standby.standings(texts, frozenset(n for n, r in self._members.items() if r), loop.time())
+                live = frozenset(n for n, r in self._members.items() if r)
+                standby.standings(texts, live, loop.time(), self.now_ms())
             except TransientError as exc:  # (heartbeats say so too) peers' standings go stale: claim
                 log.debug("could not exchange standings: %s", exc)
             await asyncio.sleep(self.s.standby_publish_seconds)

@@ -13,9 +13,12 @@ evidence is what every node publishes a few times a second (:class:`Standing`):
 - ``slots``: the slots it leads, loaded and firing.
 
 A held occurrence is claimed by the standby, as before, when the evidence does not come within
-``grace_ms``, when the leader's standing goes stale (it died, stalls, or lost Redis), or when the
-leader stops leading the slot. Nothing is ever dropped on the strength of an absence: a missing
-or unreadable standing means "claim it". Both owners disagreeing about who leads is harmless:
+``grace_ms`` while the leader says it is not busy (a leader working through a burst is behind by
+more than any grace: its standing says so, and is waited for while its timer makes passes), when
+the leader's standing goes stale (it died, its loop stalls, or it lost Redis), or when the leader
+stops leading the slot.
+Nothing is ever dropped on the strength of an absence: a missing or unreadable standing means
+"claim it". Both owners disagreeing about who leads is harmless:
 both claim (the claim decides), or both hold back until the grace runs out (late, not missed).
 
 A leader's own held-back occurrences do not hold back its ``claimed_ms`` (two nodes standing by
@@ -28,12 +31,17 @@ from __future__ import annotations
 import base64
 import enum
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from cronman.hashing import score
 
 UNKNOWN = 1 << 62  # a slot's required cursor before this node has read its changes since loading it
+MAX_HELD = 500_000  # held at most (about 50 MB); beyond, occurrences are claimed here as they come
+BUSY_MS = 100  # a timer further behind than this says it is busy
+UNREAD_S = 10.0
+BUSY_PATIENCE_S = 5.0  # a busy leader is waited for past the grace while its timer makes passes this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +49,23 @@ class Standing:
     claimed_ms: int
     cursor: int
     slots: bytes  # bitmap of the slots led
+    passes: int = 0  # timer passes so far
+    busy: bool = False  # its timer is behind (a burst): the word comes, later than the grace
+    beat: int = 0  # standings published so far: one that stops changing is a leader that stopped
 
     def encode(self) -> str:
-        return f"{self.claimed_ms}|{self.cursor}|{base64.b64encode(self.slots).decode()}"
+        slots = base64.b64encode(self.slots).decode()
+        return f"{self.claimed_ms}|{self.cursor}|{self.passes}|{int(self.busy)}|{self.beat}|{slots}"
 
     @classmethod
     def decode(cls, text: str) -> Standing | None:
         """None for anything malformed (it counts as no standing: the standby claims)."""
         try:
-            claimed, cursor, slots = text.split("|", 2)
-            return cls(int(claimed), int(cursor), base64.b64decode(slots, validate=True))
+            claimed, cursor, passes, busy, beat, slots = text.split("|", 5)
+            if busy not in ("0", "1"):
+                return None
+            bitmap = base64.b64decode(slots, validate=True)
+            return cls(int(claimed), int(cursor), bitmap, int(passes), busy == "1", int(beat))
         except (ValueError, TypeError):
             return None
 
@@ -74,12 +89,13 @@ class Held(NamedTuple):
 
 
 class _Peer:
-    __slots__ = ("standing", "text", "changed_at")
+    __slots__ = ("standing", "text", "changed_at", "passed_at")
 
-    def __init__(self, standing: Standing, text: str, changed_at: float) -> None:
+    def __init__(self, standing: Standing, text: str, changed_at: float, passed_at: float) -> None:
         self.standing = standing
         self.text = text
-        self.changed_at = changed_at
+        self.changed_at = changed_at  # when its standing last changed (its loop runs)
+        self.passed_at = passed_at  # when its timer last made a pass
 
 
 class Standby:
@@ -101,6 +117,14 @@ class Standby:
         self._ranked_for: tuple[frozenset[int], tuple[tuple[str, bytes], ...]] | None = None
         self._scores: dict[tuple[str, int], int] = {}
         self.covered = 0  # occurrences left to their leader (a count, for metrics and tests)
+        self._count = 0  # occurrences held
+        # When the standings were last read. A peer is stale when reads find its standing unchanged
+        # for stale_s: a node whose own loop is too busy to read (a burst) must not take the lack
+        # of a read for the leader's silence; it cannot tell for long (UNREAD_S) before it claims.
+        self.read_at = 0.0
+        self.read_ms = 0
+        self.claimed_because: dict[str, int] = {}  # held occurrences claimed here, by reason
+        self.on_claim: Callable[[str], None] = lambda reason: None
 
     # -- what the node tells it
     def set_owned(self, owned: frozenset[int]) -> None:
@@ -124,8 +148,10 @@ class Standby:
             if self.required.get(slot, 0) <= xid:
                 self.required[slot] = xid + 1
 
-    def standings(self, texts: dict[str, str], live: frozenset[str], now: float) -> None:
-        """The standings read from the cluster, and the nodes this node sees alive (ready)."""
+    def standings(self, texts: dict[str, str], live: frozenset[str], now: float, now_ms: int = UNKNOWN) -> None:
+        """The standings read from the cluster, and the nodes this node sees alive (ready), at
+        ``now`` (the loop's clock) and ``now_ms`` (the node's; a grace is over only once a read
+        after its end found no word)."""
         peers: dict[str, _Peer] = {}
         for node, text in texts.items():
             if node == self.node_id or node not in live:
@@ -136,8 +162,11 @@ class Standby:
                 continue
             st = Standing.decode(text)
             if st is not None:
-                peers[node] = _Peer(st, text, now)
+                passed = now if old is None or old.standing.passes != st.passes else old.passed_at
+                peers[node] = _Peer(st, text, now, passed)
         self.peers = peers
+        self.read_at = now
+        self.read_ms = now_ms
         self._rank()
 
     def stale(self, now: float) -> set[str]:
@@ -187,7 +216,7 @@ class Standby:
     # -- what the timer asks
     def defers(self, slot: int) -> str | None:
         leader = self.leader_of.get(slot)
-        if leader is None or self.required.get(slot, 0) == UNKNOWN:
+        if leader is None or self.required.get(slot, 0) == UNKNOWN or self._count >= MAX_HELD:
             return None
         return leader
 
@@ -202,17 +231,35 @@ class Standby:
         if q is None:
             q = self.held[leader] = deque()
         q.append(item)
+        self._count += 1
 
     def verdict(self, leader: str, item: Held, now_ms: int, now: float) -> Verdict:
-        p = self.peers.get(leader)
-        if p is None or now - p.changed_at > self.stale_s or self.leader_of.get(item.slot) != leader:
+        why = self._why(leader, item, now_ms, now)
+        if why is None:
+            return Verdict.WAIT
+        if why:
+            self.claimed_because[why] = self.claimed_because.get(why, 0) + 1
+            self.on_claim(why)
             return Verdict.CLAIM
+        return Verdict.COVERED
+
+    def _why(self, leader: str, item: Held, now_ms: int, now: float) -> str | None:
+        """Why to claim a held occurrence; "" if covered, None to wait."""
+        p = self.peers.get(leader)
+        if p is None:
+            return "no standing"
+        if self.read_at - p.changed_at > self.stale_s or now - self.read_at > UNREAD_S:
+            return "stale standing"
+        if self.leader_of.get(item.slot) != leader:
+            return "leader moved"
         st = p.standing
         if st.claimed_ms >= item.when and st.cursor >= self.required.get(item.slot, 0) and st.leads(item.slot):
-            return Verdict.COVERED
-        if now_ms >= item.until:
-            return Verdict.CLAIM
-        return Verdict.WAIT
+            return ""
+        if st.busy and self.read_at - p.passed_at <= BUSY_PATIENCE_S:
+            return None  # working through a burst: the word comes
+        if min(now_ms, self.read_ms) >= item.until:
+            return "behind the changes" if st.claimed_ms >= item.when and st.leads(item.slot) else "grace over"
+        return None
 
     def release(self, now_ms: int, now: float) -> list[Held]:
         """Held occurrences to claim now; those their leader covered are forgotten."""
@@ -224,6 +271,7 @@ class Standby:
                 if v is Verdict.WAIT:
                     break
                 item = q.popleft()
+                self._count -= 1
                 if v is Verdict.CLAIM:
                     out.append(item)
                 else:
@@ -236,4 +284,4 @@ class Standby:
         return min((q[0].when for q in self.held.values() if q), default=None)
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self.held.values())
+        return self._count

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cronman.hashing import score
-from scheduler_node.standby import Held, Standby, Standing, Verdict
+from scheduler_node.standby import BUSY_PATIENCE_S, MAX_HELD, UNREAD_S, Held, Standby, Standing, Verdict
 
 SLOTS = 64
 ALL = frozenset(range(SLOTS))
@@ -43,7 +43,7 @@ def led_by_peer(sb: Standby, peer: str) -> int:
 
 
 def test_a_standing_survives_its_encoding() -> None:
-    s = Standing(1_700_000_000_123, 987654321, bits({0, 5, 63}))
+    s = Standing(1_700_000_000_123, 987654321, bits({0, 5, 63}), passes=12, busy=True)
     back = Standing.decode(s.encode())
     assert back == s
     assert back is not None and back.leads(5) and not back.leads(6) and not back.leads(10_000)
@@ -97,6 +97,67 @@ def test_the_grace_runs_from_when_a_late_standby_holds_the_occurrence() -> None:
     assert late.until == sb.until(6_000, 9_000) == 9_000 + GRACE
     assert sb.verdict("a", late, 9_100, 100.2) is Verdict.WAIT
     assert sb.verdict("a", late, 9_000 + GRACE, 100.2) is Verdict.CLAIM
+
+
+def test_a_busy_leader_is_waited_for_past_the_grace_while_it_keeps_passing() -> None:
+    """A leader working through a burst says so: its word comes later than any grace, and the
+    standby waits for it as long as the leader's timer goes on (its standing changes)."""
+    sb = standby("b", "a", Standing(4_999, 100, bits(ALL), passes=1, busy=True), now=100.0)
+    slot = led_by_peer(sb, "a")
+    item = held(5_000, slot)
+    assert sb.verdict("a", item, 5_000 + 10 * GRACE, 100.5) is Verdict.WAIT
+    sb.standings({"a": Standing(4_999, 100, bits(ALL), passes=2, busy=True).encode()}, frozenset({"a", "b"}), 100.9)
+    assert sb.verdict("a", item, 5_000 + 10 * GRACE, 101.5) is Verdict.WAIT  # passes went on
+    # this node read nothing since: it cannot tell the leader went silent
+    assert sb.verdict("a", item, 5_000 + 10 * GRACE, 102.5) is Verdict.WAIT
+    again = Standing(4_999, 100, bits(ALL), passes=2, busy=True).encode()
+    sb.standings({"a": again}, frozenset({"a", "b"}), 102.0)  # read: unchanged since 100.9
+    assert sb.verdict("a", item, 5_000 + 10 * GRACE, 102.0) is Verdict.CLAIM  # silent: stale
+    sb.standings({"a": Standing(5_000, 100, bits(ALL), passes=3, busy=False).encode()}, frozenset({"a", "b"}), 102.1)
+    assert sb.verdict("a", item, 5_000 + 10 * GRACE, 102.1) is Verdict.COVERED
+    # its loop goes on (the standing changes) but its timer makes no pass: waited for a while only
+    t = 103.0
+    sb.standings({"a": Standing(4_999, 100, bits(ALL), passes=4, busy=True).encode()}, frozenset({"a", "b"}), t)
+    for beat in range(1, 80):
+        t += 0.1
+        text = Standing(4_999, 100, bits(ALL), passes=4, busy=True, beat=beat).encode()
+        sb.standings({"a": text}, frozenset({"a", "b"}), t)
+        want = Verdict.WAIT if t - 103.0 <= BUSY_PATIENCE_S else Verdict.CLAIM
+        assert sb.verdict("a", item, 5_000 + 10 * GRACE, t) is want, t
+
+
+def test_a_standby_that_cannot_read_waits_a_while_then_claims() -> None:
+    """A standby too busy to read (or cut off) does not take that for the leader's silence, for
+    a while: then it claims."""
+    sb = standby("b", "a", Standing(4_000, 100, bits(ALL)), now=100.0)
+    slot = led_by_peer(sb, "a")
+    item = held(5_000, slot)
+    assert sb.verdict("a", item, 5_000 + GRACE, 105.0) is Verdict.CLAIM  # grace over (not busy)
+    sb = standby("b", "a", Standing(4_000, 100, bits(ALL), busy=True), now=100.0)
+    assert sb.verdict("a", item, 5_000 + GRACE, 105.0) is Verdict.WAIT  # busy, no read since
+    assert sb.verdict("a", item, 5_000 + GRACE, 100.0 + UNREAD_S + 0.1) is Verdict.CLAIM
+
+
+def test_a_grace_is_over_only_once_a_read_after_it_found_no_word() -> None:
+    sb = Standby("b", GRACE, stale_s=3.0)
+    sb.set_owned(ALL)
+    sb.standings({"a": Standing(4_000, 100, bits(ALL)).encode()}, frozenset({"a", "b"}), 100.0, 4_900)
+    slot = led_by_peer(sb, "a")
+    item = held(5_000, slot)
+    assert sb.verdict("a", item, 5_000 + GRACE + 900, 100.9) is Verdict.WAIT  # last read before its end
+    sb.standings({"a": Standing(4_500, 100, bits(ALL), beat=1).encode()}, frozenset({"a", "b"}), 101.0, 7_001)
+    assert sb.verdict("a", item, 7_001, 101.0) is Verdict.CLAIM
+    assert sb.claimed_because == {"grace over": 1}
+
+
+def test_what_is_held_is_bounded() -> None:
+    sb = standby("b", "a", Standing(5_000, 100, bits(ALL)))
+    slot = led_by_peer(sb, "a")
+    sb._count = MAX_HELD - 1
+    assert sb.defers(slot) == "a"
+    sb.hold("a", held(6_000, slot))
+    assert sb.defers(slot) is None  # claimed here as it comes
+    assert len(sb) == MAX_HELD
 
 
 def test_a_leader_behind_on_the_job_changes_covers_nothing_of_the_changed_slot() -> None:
