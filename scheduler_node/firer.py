@@ -253,11 +253,9 @@ class Firer:
             ok = await self._pass(due, retries)
             if ok:
                 head = fires[0][0] if fires else now + 1
-                # (a backfill's occurrences lie in the past on purpose: they say nothing of progress)
-                pending = min((e.scheduled_ms for e in self.due if not backfill_of(e.trigger)), default=now + 1)
+                pending = self._pending(now)
                 claimed = min(now, head - 1, pending - 1)
-                held = standby.oldest() if standby is not None else None
-                self.progress_ms = claimed if held is None else min(claimed, held - 1)
+                self.progress_ms = self.claimed_through(now)
                 if standby is not None:
                     self._passes += 1
                     # due work left over (a burst): a full batch popped, or catch-up work waiting
@@ -265,6 +263,18 @@ class Firer:
                     busy = full or pending < self.clock() - BUSY_MS
                     self.standing = Standing(claimed, cursor, led, self._passes, busy)
             await self._sleep(started + self.cfg.tick_seconds - loop.time())
+
+    def _pending(self, now: int) -> int:
+        # (a backfill's occurrences lie in the past on purpose: they say nothing of progress)
+        return min((e.scheduled_ms for e in self.due if not backfill_of(e.trigger)), default=now + 1)
+
+    def claimed_through(self, now: int) -> int:
+        """How far every occurrence this node owes has been claimed: not past the timer's head,
+        what waits to be claimed, or what it holds back for a slot's leader."""
+        head = self.fires[0][0] if self.fires else now + 1
+        out = min(now, head - 1, self._pending(now) - 1)
+        held = self.standby.oldest() if self.standby is not None else None
+        return out if held is None else min(out, held - 1)
 
     async def _pass(self, due: list[Execution], retries: list[Execution]) -> bool:
         """One timer pass; False when the claim store could not be reached for the due work (it

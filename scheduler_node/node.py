@@ -554,7 +554,9 @@ class Node:
                     await asyncio.sleep(0)  # millions of jobs: heartbeats and renewals go on
         tally.log()
         self.ready = True
-        self.firer.progress_ms = now
+        # Not past what the loaded slots still owe: a node that dies before claiming its catch-up
+        # (or holding it back for a slot's leader) must not have recorded it as fired.
+        self.firer.progress_ms = self.firer.claimed_through(now)
         await self._save_progress()
 
     # ------------------------------------------------------------------ leading and standing by
