@@ -82,11 +82,11 @@ class Settings(BaseSettings):
     replication_factor: int = Field(2, ge=1, le=8)
     change_poll_seconds: float = Field(1.0, gt=0)
     load_grace_seconds: float = Field(10.0, ge=0)
-    # Of a slot's two owners the higher-ranked leads (claims on time); the other holds each
-    # occurrence back this long for evidence that the leader claimed it, then claims it itself
-    # (scheduler_node.standby). 0: both claim every occurrence on time. Standings are published
-    # (and read) this often; one unchanged for four times that (at least 1 s) counts as stale.
-    standby_grace_seconds: float = Field(0.5, ge=0)
+    # Above 0: of a slot's two owners the higher-ranked leads (claims on time); the other holds
+    # each occurrence back this long for evidence that the leader claimed it, then claims it itself
+    # (scheduler_node.standby). 0 (the default): both claim every occurrence on time. Standings
+    # are published (and read) this often; one unchanged for ten times that (at least 3 s) is stale.
+    standby_grace_seconds: float = Field(0.0, ge=0)
     standby_publish_seconds: float = Field(0.1, gt=0, le=5)
     max_in_flight: int = Field(1000, ge=1)
     history_flush_seconds: float = Field(0.1, gt=0)

@@ -9,9 +9,8 @@
 - Redis memory per open claim (claim key with its lease + its entry in the slot's index), per
   finished claim (the done mark kept ``done_ttl_seconds``) and per history row waiting to be written
   (kept until the writer says it is in PostgreSQL), from ``INFO memory`` of a Redis of its own;
-- Redis CPU per execution (the slot's leader claims it and marks it done, the row is forgotten
-  once written; and with the standby claiming too, as with ``standby_grace_seconds=0``), in
-  batches of 100 as a node's timer passes send them: on one Redis, where a batch is one
+- Redis CPU per execution (two owners claim it, one marks it done, the row is forgotten once
+  written; and with only the slot's leader claiming, as when standing by), in batches of 100 as a node's timer passes send them: on one Redis, where a batch is one
   script call, and on a 3-primary Redis Cluster, where it is one call per slot tag;
 - PostgreSQL bytes per history row (table, TOAST and indexes of a day partition) written by the
   node's own writer, and per job (the jobs table and its indexes, jobs COPYed as the bench loads
@@ -154,10 +153,10 @@ async def _redis_figures(url: str, count: int) -> dict[str, float]:
     }
 
 
-async def _cpu_per_execution(settings: Any, count: int, cpu_seconds: Any, both: bool = False) -> tuple[float, float]:
-    """Redis CPU and the calling process's CPU (µs) per execution's claim, done mark and
-    forgetting, in batches of 100: the slot's leader claims, its standby does not (``both``: the
-    standby claims too, as with ``standby_grace_seconds=0``)."""
+async def _cpu_per_execution(settings: Any, count: int, cpu_seconds: Any, both: bool = True) -> tuple[float, float]:
+    """Redis CPU and the calling process's CPU (µs) per execution's claims, done mark and
+    forgetting, in batches of 100: both owners claim (the default), or only the slot's leader
+    (``both=False``: standing by, ``standby_grace_seconds`` above 0)."""
     from cronman.keys import Keys
     from cronman.redisconn import RedisMode, async_client
     from scheduler_node.claims import RedisClaims
@@ -165,7 +164,7 @@ async def _cpu_per_execution(settings: Any, count: int, cpu_seconds: Any, both: 
 
     sharded = RedisMode(settings.redis_mode) is RedisMode.CLUSTER
     clients = [async_client(settings), async_client(settings)]
-    keys = Keys("cpu-both:" if both else "cpu:")  # a run of its own: no claim of the other run's found
+    keys = Keys("cpu:" if both else "cpu-leader:")  # a run of its own: no claim of the other run's found
     a, b = (RedisClaims(c, keys, f"node-{n}/x", 60_000, sharded=sharded) for n, c in zip("ab", clients))
     tickets = []
     for i in range(count):
@@ -207,8 +206,8 @@ def redis_cpu(count: int, work: Path) -> dict[str, float]:
         out["redis_cpu_us_per_execution"], out["client_cpu_us_per_execution"] = asyncio.run(
             _cpu_per_execution(Settings(redis_url=server.url()), count, lambda: used(one))
         )
-        out["redis_cpu_us_per_execution_both_claim"], _ = asyncio.run(
-            _cpu_per_execution(Settings(redis_url=server.url()), count, lambda: used(one), both=True)
+        out["redis_cpu_us_per_execution_standby"], _ = asyncio.run(
+            _cpu_per_execution(Settings(redis_url=server.url()), count, lambda: used(one), both=False)
         )
     finally:
         server.stop()

@@ -43,6 +43,7 @@ class SimConfig:
     faults: frozenset[str] = frozenset(FAULTS)
     fault_every: float = 5.0  # mean seconds between faults
     lease_seconds: float = 2.0
+    standby: bool | None = None  # a slot's standby leaves occurrences to its leader; None: odd seeds
 
 
 @dataclass
@@ -137,6 +138,7 @@ class Sim:
             heartbeat_ttl_seconds=4.0,
             membership_poll_seconds=0.5,
             lease_seconds=cfg.lease_seconds,
+            standby_grace_seconds=0.5 if (cfg.standby if cfg.standby is not None else cfg.seed % 2 == 1) else 0.0,
             change_poll_seconds=1.0,
             history_flush_seconds=0.2,
             load_grace_seconds=2.0,

@@ -12,7 +12,8 @@ import pytest
 from cronman.timeutil import iso
 from tests.cluster.conftest import Cluster, sleep_until
 
-GRACE = 0.5  # standby_grace_seconds' default
+GRACE = 0.5
+STANDBY = {"CRONMAN_STANDBY_GRACE_SECONDS": str(GRACE)}  # off unless set
 
 
 def _claims(cluster: Cluster, node: str, result: str) -> float:
@@ -25,7 +26,7 @@ def test_the_standby_leaves_the_leaders_claims_alone(cluster: Cluster) -> None:
     specs = [cluster.interval_job(f"lead-{i:03d}", 1) for i in range(200)]
     cluster.create_jobs(specs)
     ids = ["node-a", "node-b"]
-    cluster.start_nodes(ids)
+    cluster.start_nodes(ids, extra={n: STANDBY for n in ids})
     cluster.wait_settled(ids)
     time.sleep(2.0)  # standings exchanged
     before = {(n, r): _claims(cluster, n, r) for n in ids for r in ("won", "lost", "covered")}
@@ -59,7 +60,7 @@ def test_a_leader_that_has_not_read_a_change_covers_nothing_it_brings(cluster: C
     evidence for occurrences of jobs node-a does not know: it claims them after the grace."""
     cluster.start_api()
     ids = ["node-a", "node-b"]
-    cluster.start_nodes(ids, extra={"node-a": {"CRONMAN_TEST_FAULTS": "stall_feed"}})
+    cluster.start_nodes(ids, extra={"node-a": {**STANDBY, "CRONMAN_TEST_FAULTS": "stall_feed"}, "node-b": STANDBY})
     cluster.wait_settled(ids)
     time.sleep(1.5)  # standings exchanged
     due_ms = math.ceil(time.time() + 5) * 1000
