@@ -10,8 +10,9 @@
   finished claim (the done mark kept ``done_ttl_seconds``) and per history row waiting to be written
   (kept until the writer says it is in PostgreSQL), from ``INFO memory`` of a Redis of its own;
 - Redis CPU per execution (two owners claim it, one marks it done, the row is forgotten once
-  written; and with only the slot's leader claiming, as when standing by), in batches of 100 as a node's timer passes send them: on one Redis, where a batch is one
-  script call, and on a 3-primary Redis Cluster, where it is one call per slot tag;
+  written; and with only the slot's leader claiming, as when standing by), in batches of 100 as a
+  node's timer passes send them: on one Redis, where a batch is one script call, and on a
+  3-primary Redis Cluster, where it is one call per slot tag;
 - PostgreSQL bytes per history row (table, TOAST and indexes of a day partition) written by the
   node's own writer, and per job (the jobs table and its indexes, jobs COPYed as the bench loads
   them), from a PostgreSQL of its own.
