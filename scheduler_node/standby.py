@@ -169,9 +169,6 @@ class Standby:
         self.read_ms = now_ms
         self._rank()
 
-    def stale(self, now: float) -> set[str]:
-        return {n for n, p in self.peers.items() if now - p.changed_at > self.stale_s}
-
     def _rank(self) -> None:
         """Whom this node stands by for, per owned slot: the peer that leads it and outranks this
         node there (rendezvous score, ties to the larger id, as ownership ranks them)."""
