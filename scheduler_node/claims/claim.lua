@@ -6,7 +6,8 @@
 --   mark is kept (ms). Then two per execution: its index member, '1' if it has a guard.
 -- A guard holds "<claim key>|<deadline>" of the job event's latest execution that was not
 -- skipped; while that deadline lies ahead (in flight, or parked waiting to retry), a new
--- execution is skipped: marked finished as "skipped".
+-- execution is skipped: held (as if won, without the guard) until its holder marks it finished
+-- with its "skipped" history row.
 -- A first-attempt claim of this holder's found again (its answer was lost) is won again, its lease
 -- extended to now + lease if it ends sooner.
 -- Returns per execution: 0 lost, 1 won, 2 won but skipped.
@@ -29,7 +30,9 @@ for i = 1, #KEYS / 3 do
       end
     end
     if busy then
-      redis.call('SET', key, 'd|' .. holder .. '|skipped|1', 'PX', keep)
+      -- held like a won claim until the holder's done mark brings the skip's history row: a
+      -- holder that dies first leaves it to a taker (delivered late rather than lost)
+      redis.call('ZADD', open, deadline, member)
       out[i] = 2
     else
       redis.call('ZADD', open, deadline, member)

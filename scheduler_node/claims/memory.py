@@ -112,7 +112,10 @@ class MemoryClaims(Claims):
                     other, until = _until(g)
                     busy = other != key and until >= now
             if busy:
-                sp.set(key, f"d|{self.holder}|skipped|1", self.keep_ms)
+                # Held, like a won claim, until the holder's done mark brings the skip's history
+                # row: a holder that dies first leaves it to a taker (delivered late, not lost).
+                sp.set(key, f"{self._mine}1|{deadline}", self.keep_ms + lease_ms)
+                self._index(t.slot)[t.member] = deadline
                 out.append(ClaimResult.SKIPPED)
                 continue
             sp.set(key, f"{self._mine}1|{deadline}", self.keep_ms + lease_ms)

@@ -218,6 +218,28 @@ def test_overlapping_runs_of_a_guarded_job_are_skipped_until_the_first_finishes(
     run(store_of, scenario)
 
 
+def test_a_skip_whose_holder_dies_before_recording_it_is_taken_over(store_of: Callable[[], Store]) -> None:
+    """An overlap skip is held until its holder's done mark brings its history row: a holder that
+    dies in between leaves it to a taker (seed 65641: a skip with no row, as if never due)."""
+
+    async def scenario(store: Store) -> None:
+        a, b = store.claims("node-a/1"), store.claims("node-b/1")
+        first, second = (ticket(10, f"sk{i}", guard="job-10|0") for i in range(2))
+        assert await a.claim([first], LEASE_MS) == [ClaimResult.WON]
+        assert await a.claim([second], LEASE_MS) == [ClaimResult.SKIPPED]
+        assert await b.claim([second], LEASE_MS) == [ClaimResult.LOST]
+        assert (await b.take([second], LEASE_MS))[0].state is TakeState.HELD
+        await expire()
+        assert await b.take([second], LEASE_MS) == [Took(TakeState.TAKEN, 1)]
+        # a skip recorded in time is over for everyone
+        third = ticket(10, "sk3", guard="job-10|0")
+        assert await b.claim([third], LEASE_MS) == [ClaimResult.SKIPPED]  # b holds "second" now
+        assert await b.done([Finish(third, "skipped", 1, "row")]) == [True]
+        assert (await a.take([third], LEASE_MS))[0].state in (TakeState.DONE, TakeState.GONE)
+
+    run(store_of, scenario)
+
+
 def test_a_batch_across_many_slots_answers_each_execution_in_order(store_of: Callable[[], Store]) -> None:
     async def scenario(store: Store) -> None:
         a, b = store.claims("node-a/1"), store.claims("node-b/1")
