@@ -321,15 +321,20 @@ class Node:
         s = self.s
         since = intact_ms - int((s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2) * 1000)
         now = self.now_ms()
+        # Occurrences due while the whole cluster was down got their misfire policy, which is
+        # not to be undone here (seed 65289: Redis lost its data seconds after an outage ended,
+        # and a skip policy's occurrence was claimed again and fired).
+        outages = [(a, b) for a, b in _merged(self._outages) if b > since]
         again: list[Execution] = []
         for job in list(firer.jobs.values()):
             if job.paused:
                 continue
             t = _next_of(job, max(since, 0))
             while t is not None and t <= now and len(again) < 100_000:
-                for e in firer.occurrence(job, t):
-                    e.verify = True
-                    again.append(e)
+                if not any(a < t <= b for a, b in outages):
+                    for e in firer.occurrence(job, t):
+                        e.verify = True
+                        again.append(e)
                 t = _next_of(job, t)
         log.warning(
             "Redis lost its data: claiming recent occurrences again, checked against history",
