@@ -114,8 +114,11 @@ class Settings(BaseSettings):
     history_retention_days: int = Field(45, ge=1)
     partitions_ahead_days: int = Field(7, ge=1, le=60)
 
-    # Logging
+    # Logging. trace_jobs: a job id pattern (shell-style, e.g. "billing-*"); every step of the
+    # executions of matching jobs (claim, send, close, hand over, take...) is logged, to follow a
+    # job through the cluster. Empty (the default): none.
     log_level: str = "INFO"
+    trace_jobs: str = Field("", max_length=200)
 
     # SQS targets and the command queue: the queues jobs may send to (comma-separated queue URL
     # prefixes or ARNs, `*` wildcards, `namespace=` for one namespace; empty: any queue but

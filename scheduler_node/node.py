@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 from typing import Any
 
 from cronman import misfire
@@ -171,6 +172,8 @@ class Node:
             rng=self.rng,
             tracing=make_tracing(s.otlp_endpoint, self.node_id),
         )
+        if s.trace_jobs:
+            firer.trace = _job_tracer(s.trace_jobs)
         if s.standby_grace_seconds > 0:
             firer.standby = Standby(
                 self.node_id, int(s.standby_grace_seconds * 1000), max(3.0, 10 * s.standby_publish_seconds)
@@ -594,7 +597,7 @@ class Node:
         try:
             await asyncio.wait_for(self.parts.membership.stand(None), 2.0)
         except (TransientError, TimeoutError) as exc:
-            log.warning("could not withdraw this node's standing (it goes stale in a second): %s", exc)
+            log.warning("could not withdraw this node's standing (the others judge it stale within seconds): %s", exc)
 
     # ------------------------------------------------------------------ how far this node fired
     async def _progress_loop(self) -> None:
@@ -847,3 +850,22 @@ async def _cancel_all(tasks: list[asyncio.Task[None]], what: str, timeout: float
 
 def make_executor() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=8, thread_name_prefix="cronman-io")
+
+
+def _job_tracer(pattern: str) -> Callable[[str, Execution, str], None]:
+    """A firer trace that logs the steps of the executions of jobs whose id matches ``pattern``."""
+
+    def trace(step: str, e: Execution, detail: str) -> None:
+        if fnmatchcase(e.d.job_id, pattern):
+            log.info(
+                "execution step",
+                extra={
+                    "step": step,
+                    "job_id": e.d.job_id,
+                    "execution_id": e.id,
+                    "scheduled_ms": e.scheduled_ms,
+                    "detail": detail,
+                },
+            )
+
+    return trace

@@ -3,7 +3,8 @@ against the per-test database and Redis prefix, with the fast timings of ``tests
 (heartbeat TTL 3 s, lease 2 s, membership and change polls 0.3 s).
 
 Node logs go to ``<workdir>/cluster-<test>/`` (or under ``$CRONMAN_CLUSTER_LOGS`` when set, which
-keeps them after the run). Figures are printed (run pytest with ``-s``) and appended as JSON lines
+keeps them after the run); ``$CRONMAN_TEST_TRACE_JOBS`` (a job id pattern) logs every step of those
+jobs' executions there. Figures are printed (run pytest with ``-s``) and appended as JSON lines
 to ``$CRONMAN_CLUSTER_REPORT`` (default ``<workdir>/cluster-report.jsonl``).
 """
 
@@ -109,6 +110,27 @@ class Cluster:
         assert self.api is None and not self.nodes, "choose the Redis before starting processes"
         self.env["CRONMAN_REDIS_URL"] = url
         self.redis_url = url
+
+    def trace(self, pattern: str) -> None:
+        """Log every step of the executions of jobs matching ``pattern`` (before starting nodes),
+        for :meth:`steps` to explain a miss or a double."""
+        self.env["CRONMAN_TRACE_JOBS"] = pattern
+
+    def steps(self, occurrences: list[tuple[str, int]], limit: int = 200) -> str:
+        """What every node's log says of these occurrences (with :meth:`trace` on), in time order."""
+        wanted = {(job_id, int(ms)) for job_id, ms in occurrences}
+        lines: list[tuple[str, str]] = []
+        for path in sorted(self.logdir.glob("node-*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                if '"execution step"' not in line:
+                    continue
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    continue
+                if (d.get("job_id"), d.get("scheduled_ms")) in wanted:
+                    lines.append((d["ts"], f"{d['ts']} {path.stem} {d['step']} {d['job_id']} {d['detail']}"))
+        return "\n".join(text for _, text in sorted(lines)[:limit]) or "(no steps logged)"
 
     def start_api(self) -> str:
         self.api, self.api_url = start_api_process(self.env, self.logdir / "api.log")
@@ -291,6 +313,8 @@ def cluster(
     logdir = base / f"cluster-{name}-{redis_prefix.strip(':')}"
     logdir.mkdir(parents=True, exist_ok=True)
     report = Path(os.environ.get("CRONMAN_CLUSTER_REPORT") or workdir / "cluster-report.jsonl")
+    if os.environ.get("CRONMAN_TEST_TRACE_JOBS"):  # follow some jobs' executions in the node logs
+        settings_env = {**settings_env, "CRONMAN_TRACE_JOBS": os.environ["CRONMAN_TEST_TRACE_JOBS"]}
     c = Cluster(request.node.name, settings_env, logdir, report, database_url)
     try:
         yield c

@@ -31,6 +31,7 @@ def _gained(node: str, before: list[str], after: list[str]) -> int:
 
 @pytest.mark.cluster
 def test_a_node_joins_and_one_leaves_under_load(cluster: Cluster) -> None:
+    cluster.trace("jl-*")  # a miss or a double is explained step by step in the assertion
     cluster.start_api()
     specs = [cluster.interval_job(f"jl-{i:03d}", 1 if i % 2 == 0 else 2) for i in range(300)]
     cluster.create_jobs(specs)
@@ -83,8 +84,8 @@ def test_a_node_joins_and_one_leaves_under_load(cluster: Cluster) -> None:
         leaver_exit=cluster.nodes[leaver].child.proc.returncode,
     )
     assert cluster.nodes[leaver].child.proc.returncode == 0
-    assert whole.missed == 0, f"gaps: {whole.missed_sample}"
-    assert whole.doubled == 0, f"doubles: {whole.doubled_sample}"
+    assert whole.missed == 0, f"gaps: {whole.missed_sample}\n{cluster.steps(whole.missed_sample)}"
+    assert whole.doubled == 0, f"doubles: {whole.doubled_sample}\n{cluster.steps(whole.doubled_sample)}"
     assert whole.unexpected == 0
     # Only moved slots are reloaded: a join takes slots away from the others (they load none),
     # the newcomer loads its own share and no more, and a departure moves only the leaver's slots.
