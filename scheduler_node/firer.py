@@ -139,6 +139,9 @@ class Firer:
         self.sending: dict[asyncio.Future[Outcome], tuple[Execution, int]] = {}
         self._reverify: list[Execution] = []
         self._done_pending: list[tuple[Execution, str, str]] = []
+        # Finished here, their done marks on the way: until a mark lands the claim store still
+        # shows the claim as this node's first attempt, which it would let this node win again.
+        self.closing: dict[str, Execution] = {}
         self._seq = itertools.count()
         self._gens = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -252,10 +255,10 @@ class Firer:
             retries = self._pop_retries(now)
             ok = await self._pass(due, retries)
             if ok:
-                head = fires[0][0] if fires else now + 1
                 pending = self._pending(now)
-                claimed = min(now, head - 1, pending - 1)
-                self.progress_ms = self.claimed_through(now)
+                claimed = self._claimed(now, pending)
+                held = standby.oldest() if standby is not None else None
+                self.progress_ms = claimed if held is None else min(claimed, held - 1)
                 if standby is not None:
                     self._passes += 1
                     # due work left over (a burst): a full batch popped, or catch-up work waiting
@@ -268,11 +271,16 @@ class Firer:
         # (a backfill's occurrences lie in the past on purpose: they say nothing of progress)
         return min((e.scheduled_ms for e in self.due if not backfill_of(e.trigger)), default=now + 1)
 
-    def claimed_through(self, now: int) -> int:
-        """How far every occurrence this node owes has been claimed: not past the timer's head,
-        what waits to be claimed, or what it holds back for a slot's leader."""
+    def _claimed(self, now: int, pending: int) -> int:
+        """How far every occurrence of the slots this node claims on time has been claimed: not
+        past the timer's head or what waits to be claimed (``pending``, from :meth:`_pending`)."""
         head = self.fires[0][0] if self.fires else now + 1
-        out = min(now, head - 1, self._pending(now) - 1)
+        return min(now, head - 1, pending - 1)
+
+    def claimed_through(self, now: int) -> int:
+        """How far every occurrence this node owes has been claimed: :meth:`_claimed`, and not
+        past what it holds back for a slot's leader."""
+        out = self._claimed(now, self._pending(now))
         held = self.standby.oldest() if self.standby is not None else None
         return out if held is None else min(out, held - 1)
 
@@ -336,10 +344,10 @@ class Firer:
     async def _claim(self, due: list[Execution]) -> None:
         # One claim per execution, however many times it was asked for; none for one this node
         # already works on (a catch-up of an occurrence it took over, say).
-        held, parked = self.held, self.parked
+        held, parked, closing = self.held, self.parked, self.closing
         unique: dict[str, Execution] = {}
         for e in due:
-            if e.ticket.name not in held and e.ticket.member not in parked:
+            if e.ticket.name not in held and e.ticket.member not in parked and e.ticket.name not in closing:
                 unique.setdefault(e.ticket.name, e)
         if len(unique) < len(due):
             for e in due:
@@ -355,7 +363,7 @@ class Firer:
         for e, r in zip(due, results, strict=True):
             if self.trace:
                 self.trace("claim", e, r.name)
-            if e.ticket.name in held or e.ticket.member in parked:  # taken meanwhile by this node
+            if e.ticket.name in held or e.ticket.member in parked or e.ticket.name in closing:  # taken meanwhile
                 e.stage = Stage.OVER
                 continue
             if r is ClaimResult.WON:
@@ -538,7 +546,7 @@ class Firer:
                     continue
                 guarded = job.opts.overlap_skip and d.trigger == Trigger.SCHEDULE and not d.suffix
                 e = Execution(job, d, guarded=guarded)
-                if e.ticket.name not in self.held:
+                if e.ticket.name not in self.held and e.ticket.name not in self.closing:
                     found.append(e)
         if unknown:
             found.extend(await self._orphans(unknown))
@@ -967,6 +975,7 @@ class Firer:
         e.stage = Stage.FINISHING
         self.held.pop(e.ticket.name, None)
         self.parked.pop(e.ticket.member, None)
+        self.closing[e.ticket.name] = e
         self._done_pending.append((e, status, row))
         self._done_wake.set()
         self.metrics.in_flight.set(len(self.held))
@@ -1072,6 +1081,8 @@ class Firer:
                 raise
             for (e, _, _), marked in zip(batch, ok, strict=True):
                 e.stage = Stage.OVER
+                if self.closing.get(e.ticket.name) is e:
+                    del self.closing[e.ticket.name]
                 if not marked:
                     self._superseded(e, "another node took over an execution this node delivered")
             self.metrics.in_flight.set(len(self.held))

@@ -58,6 +58,11 @@ class NodeThread:
         except BaseException as exc:  # noqa: BLE001 - surfaced by stop()
             self.error = exc
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The node's event loop (for ``call_soon_threadsafe``), once it runs."""
+        return self._loop
+
     def start(self, ready_timeout: float = 20) -> NodeThread:
         self._thread.start()
         wait_for(lambda: self.node.ready or self.error, ready_timeout, "the node to be ready")

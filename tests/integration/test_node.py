@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -210,3 +212,42 @@ def test_two_nodes_deliver_each_occurrence_once(client: FlaskClient, settings: S
     keys = [(r.job_id, r.headers["Cronman-Scheduled-For"]) for r in got]
     assert len(got) >= 40
     assert len(keys) == len(set(keys)), "an occurrence was delivered twice"
+
+
+def test_an_occurrence_asked_for_again_while_its_done_mark_is_on_its_way_is_not_sent_again(
+    client: FlaskClient, node: NodeThread, receiver: Receiver
+) -> None:
+    """Between a delivery and its done mark the claim is still this node's first attempt, which
+    the claim store lets its holder win again (a claim whose answer was lost). A catch-up, a slot
+    taken back or a sweep asking for that occurrence again then must not send it again."""
+    firer = node.node.firer
+    assert firer is not None and node.loop is not None
+    real_done = firer.claims.done
+    marking = threading.Event()
+
+    async def slow_done(finishes: Any) -> Any:  # a done mark slow to land (a busy Redis)
+        marking.set()
+        await asyncio.sleep(1.0)
+        return await real_done(finishes)
+
+    firer.claims.done = slow_done  # type: ignore[method-assign]
+    create(
+        client,
+        "asked-again",
+        {"type": "interval", "every_seconds": 3600, "start_at": soon(1.0)},
+        {"type": "http", "url": f"{receiver.url}/hook"},
+    )
+    got = wait_for(lambda: receiver.snapshot() or None, 10, "the first delivery")
+    assert marking.wait(5), "no done mark"
+    scheduled = datetime.fromisoformat(got[0].headers["Cronman-Scheduled-For"].replace("Z", "+00:00"))
+    when = int(scheduled.timestamp() * 1000)
+
+    def again() -> None:  # what a catch-up does: the same occurrence, to be claimed at the next pass
+        job = firer.jobs["asked-again"]
+        firer.enqueue(firer.occurrence(job, when))
+
+    node.loop.call_soon_threadsafe(again)
+    time.sleep(2.5)
+    assert len(receiver.snapshot()) == 1, "the occurrence was sent again before its done mark landed"
+    rows = wait_for(lambda: executions(client, "asked-again") or None, 5, "history")
+    assert [r["status"] for r in rows] == ["succeeded"]
