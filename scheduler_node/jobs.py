@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cronman.hashing import SLOTS
 from cronman.misfire import MisfirePolicy
 from cronman.schedule import Timing, timing_maker
 from scheduler_node.parts import Target
@@ -123,7 +124,7 @@ class Decoder:
         self._retries: dict[str, Retry] = {}
         self._options: dict[str, Options] = {}
         self._timing_makers: dict[str, Callable[[str], Timing]] = {}
-        self._payloads: dict[str, bytes] = {}
+        self._payloads: dict[bytes, bytes] = {}
 
     def target(self, text: str) -> Target:
         t = self._targets.get(text)
@@ -178,15 +179,17 @@ class Decoder:
         return make(job_id)
 
     def payload(self, text: str) -> bytes:
-        # Equal small payloads (very common: {} or a fixed document per kind of job) share one object.
-        if len(text) > 256:
-            return text.encode()
-        body = self._payloads.get(text)
-        if body is None:
-            body = text.encode()
+        # Equal small payloads (very common: {} or a fixed document per kind of job) share one
+        # object. Keyed by the encoded body, which the job keeps anyway: the row's text is not kept.
+        body = text.encode()
+        if len(body) > 256:
+            return body
+        shared = self._payloads.get(body)
+        if shared is None:
             if len(self._payloads) < 100_000:
-                self._payloads[text] = body
-        return body
+                self._payloads[body] = body
+            return body
+        return shared
 
     def job(self, row: JobRow) -> OwnedJob:
         return self.job_from(
@@ -219,7 +222,7 @@ class Decoder:
     ) -> OwnedJob:
         return OwnedJob(
             id,
-            slot,
+            _SLOT_NUMBERS[slot] if 0 <= slot < len(_SLOT_NUMBERS) else slot,
             version,
             incarnation,
             sys.intern(namespace),
@@ -244,4 +247,7 @@ class _Gone:
 
 
 _NEVER = _Never()
+# One int object per slot number, shared by every job of the slot (an int above 256 read from a
+# row is an object of its own: 28 bytes a job).
+_SLOT_NUMBERS = tuple(range(SLOTS))
 _NO_RETRY = Retry(1, 0.0, 0.0, False)

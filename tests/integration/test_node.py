@@ -251,3 +251,4 @@ def test_an_occurrence_asked_for_again_while_its_done_mark_is_on_its_way_is_not_
     assert len(receiver.snapshot()) == 1, "the occurrence was sent again before its done mark landed"
     rows = wait_for(lambda: executions(client, "asked-again") or None, 5, "history")
     assert [r["status"] for r in rows] == ["succeeded"]
+    assert not firer.closing, "a done mark landed but its execution is still kept as closing"
