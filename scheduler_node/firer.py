@@ -557,16 +557,31 @@ class Firer:
 
     async def _orphans(self, unknown: dict[str, list[tuple[int, Descriptor]]]) -> list[Execution]:
         """Open claims of jobs this node does not know: of a deleted job (or an earlier
-        incarnation of it) they are taken over to be cancelled; of a job this node has not
-        loaded yet, they are left for the next sweep."""
+        incarnation of it) they are taken over to be cancelled, unless the job created again has
+        the same occurrence: then it is the new incarnation's to deliver, as :meth:`_adopt` does
+        for what this node holds (seed 70469: a node took over a handed-over claim of the earlier
+        incarnation and cancelled it, and the new one's occurrence was never delivered). Of a job
+        this node has not loaded yet, or whose new incarnation it has not read yet, they are left
+        for a later sweep."""
         live = await self.store.live_incarnations(sorted(unknown))
         out: list[Execution] = []
         for job_id, ds in unknown.items():
+            known = self.jobs.get(job_id)
+            incarnation, created_ms = live.get(job_id, (None, 0))
             for slot, d in ds:
-                if live.get(job_id) == d.incarnation:
+                if incarnation == d.incarnation:
                     continue  # a job this node will learn of shortly
+                if incarnation is not None and (known is None or known.incarnation != incarnation):
+                    continue  # created again: decided once this node has read the new incarnation
+                if known is not None and _adoptable(known, d, created_ms - 1):
+                    if self.trace:
+                        self.trace("adopt", Execution(known, d), f"by incarnation {known.incarnation} (taken over)")
+                    guarded = known.opts.overlap_skip and d.trigger == Trigger.SCHEDULE and not d.suffix
+                    out.append(Execution(known, d, guarded=guarded))
+                    continue
                 out.append(Execution(OwnedJob.gone(job_id, slot, d.incarnation), d))
         return out
+
 
     def _recover_rows(self, rows: list[tuple[int, str]]) -> None:
         """History rows delivered long ago and still not known to be written: write them (the same
@@ -940,14 +955,9 @@ class Firer:
         would lose the new incarnation's occurrence."""
         for e in [*self.held.values(), *self.parked.values()]:
             if (
-                e.d.job_id == job.id
-                and e.job.incarnation != job.incarnation
+                e.job.incarnation != job.incarnation
                 and e.job.namespace == job.namespace  # (another tenant's job: its own accounting)
-                and e.trigger == Trigger.SCHEDULE
-                and not e.d.suffix
-                and not job.paused
-                and e.scheduled_ms > since_ms
-                and _next(job, e.scheduled_ms - 1) == e.scheduled_ms
+                and _adoptable(job, e.d, since_ms)
             ):
                 if self.trace:
                     self.trace("adopt", e, f"by incarnation {job.incarnation}")
@@ -1157,6 +1167,19 @@ class Firer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+
+def _adoptable(job: OwnedJob, d: Descriptor, since_ms: int) -> bool:
+    """Whether an execution of an earlier incarnation of ``job``'s id is an occurrence of ``job``
+    (created again, scheduled from ``since_ms``): a scheduled one, after then, on its schedule."""
+    return (
+        d.job_id == job.id
+        and d.incarnation != job.incarnation
+        and d.trigger == Trigger.SCHEDULE
+        and not d.suffix
+        and not job.paused
+        and d.scheduled_ms > since_ms
+        and _next(job, d.scheduled_ms - 1) == d.scheduled_ms
+    )
 
 def _next(job: OwnedJob, after_ms: int) -> int | None:
     """The job's next occurrence; a schedule that cannot compute one has none (logged)."""

@@ -123,7 +123,8 @@ class NodeStore(abc.ABC):
     async def attempts(self, idents: Sequence[Ident]) -> dict[Ident, Attempts]: ...
 
     @abc.abstractmethod
-    async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, int]: ...
+    async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """The live incarnation of each job and when it was created (ms); none for a deleted job."""
 
     @abc.abstractmethod
     async def cluster_config(self) -> ClusterConfig: ...
@@ -384,17 +385,21 @@ class PgNodeStore(NodeStore):
                 for r in rows
             }
 
-    async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, int]:
+    async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
         return await self._call(self._live_incarnations, list(job_ids))
 
-    def _live_incarnations(self, job_ids: list[str]) -> dict[str, int]:
+    def _live_incarnations(self, job_ids: list[str]) -> dict[str, tuple[int, int]]:
         if not job_ids:
             return {}
         with self.engine.connect() as conn:
             rows = conn.execute(
-                text("SELECT id, incarnation FROM jobs WHERE id = ANY(:ids) AND deleted_at IS NULL"), {"ids": job_ids}
+                text(
+                    f"SELECT id, incarnation, {_MS.format('created_at')} FROM jobs "
+                    "WHERE id = ANY(:ids) AND deleted_at IS NULL"
+                ),
+                {"ids": job_ids},
             )
-            return {r[0]: int(r[1]) for r in rows}
+            return {r[0]: (int(r[1]), int(r[2])) for r in rows}
 
     async def cluster_config(self) -> ClusterConfig:
         return await self._call(self._cluster_config)

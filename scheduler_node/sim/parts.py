@@ -190,6 +190,7 @@ class SimJob:
     deleted: bool = False
     updated_ms: int = 0
     change: int = 0
+    created_ms: int = 0  # when this incarnation was created
 
     def row(self) -> JobRow:
         return JobRow(
@@ -259,6 +260,7 @@ class SimDb:
             self.now_ms(),
             self.change,
         )
+        job.created_ms = self.now_ms() if old is None or old.deleted else old.created_ms
         self.jobs[job_id] = job
         return job
 
@@ -367,9 +369,10 @@ class SimStore(NodeStore):
                 found[ident] = Attempts(last, old.final or final, (old.final or final) and not ended)
         return found
 
-    async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, int]:
+    async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
         await self.db.call()
-        return {i: self.db.jobs[i].incarnation for i in job_ids if i in self.db.jobs and not self.db.jobs[i].deleted}
+        jobs = self.db.jobs
+        return {i: (jobs[i].incarnation, jobs[i].created_ms) for i in job_ids if i in jobs and not jobs[i].deleted}
 
     async def cluster_config(self) -> ClusterConfig:
         await self.db.call()

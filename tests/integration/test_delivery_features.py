@@ -378,3 +378,27 @@ def test_after_a_full_outage_the_misfire_policy_decides(
 
 def at_iso(unix: int) -> str:
     return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_a_job_created_again_is_a_new_incarnation_created_then(client: FlaskClient, db) -> None:  # type: ignore[no-untyped-def]
+    """What a node asks before cancelling an earlier incarnation's claim it took over: the live
+    incarnation, and when it was created (an occurrence before then is not the new one's)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scheduler_node.store import PgNodeStore
+
+    store = PgNodeStore(db, ThreadPoolExecutor(1))
+    spec = ({"type": "interval", "every_seconds": 60}, {"type": "http", "url": "http://127.0.0.1:9/x"})
+    create(client, "again-1", *spec)
+    first = asyncio.run(store.live_incarnations(["again-1", "never"]))
+    assert list(first) == ["again-1"]
+    assert client.delete("/v1/jobs/again-1").status_code == 204
+    assert asyncio.run(store.live_incarnations(["again-1"])) == {}
+    time.sleep(0.01)
+    before = int(time.time() * 1000)
+    create(client, "again-1", *spec)
+    (incarnation, created_ms), *_ = asyncio.run(store.live_incarnations(["again-1"])).values()
+    assert incarnation != first["again-1"][0]
+    assert before - 1000 <= created_ms <= int(time.time() * 1000) + 1000
+    assert created_ms > first["again-1"][1]
