@@ -64,6 +64,7 @@ FINAL = frozenset(
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
 _SWEEP_LIMIT = 500  # open claims looked at per slot per sweep
 WAITING_LEASES = 3  # an execution waiting for a permit or a slot is leased this many leases at a time
+DELETE_GATHER_S = 0.05  # completed jobs gathered this long into one delete (delete_after_completion)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,7 @@ class Firer:
         # Finished here, their done marks on the way: until a mark lands the claim store still
         # shows the claim as this node's first attempt, which it would let this node win again.
         self.closing: dict[str, Execution] = {}
+        self._completed: list[tuple[str, int]] = []  # jobs to delete (delete_after_completion)
         self._seq = itertools.count()
         self._gens = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -582,7 +584,6 @@ class Firer:
                 out.append(Execution(OwnedJob.gone(job_id, slot, d.incarnation), d))
         return out
 
-
     def _recover_rows(self, rows: list[tuple[int, str]]) -> None:
         """History rows delivered long ago and still not known to be written: write them (the same
         row written twice counts once), then the writer's callback forgets them."""
@@ -998,14 +999,25 @@ class Firer:
             and e.event_index == job.opts.events - 1
             and _next(job, e.scheduled_ms) is None
         ):
-            self._spawn(self._delete_completed(job))
+            self._completed.append((job.id, job.version))
+            if len(self._completed) == 1:
+                self._spawn(self._delete_completed())
 
-    async def _delete_completed(self, job: OwnedJob) -> None:
+    async def _delete_completed(self) -> None:
+        """Delete the jobs that completed meanwhile, in one call (a burst completes thousands)."""
+        await asyncio.sleep(DELETE_GATHER_S)
+        batch, self._completed = self._completed, []
         try:
-            if await self.store.delete_completed(job.id, job.version):
-                log.info("deleted a completed job", extra={"job_id": job.id})
-        except Exception as exc:  # noqa: BLE001 - the job stays, completed
-            log.warning("could not delete completed job: %s", exc, extra={"job_id": job.id})
+            deleted = await self.store.delete_completed(batch)
+        except Exception as exc:  # noqa: BLE001 - the jobs stay, completed
+            log.warning(
+                "could not delete completed jobs: %s",
+                exc,
+                extra={"count": len(batch), "job_ids": [j for j, _ in batch[:10]]},
+            )
+            return
+        if deleted:
+            log.info("deleted completed jobs", extra={"count": len(deleted), "job_ids": deleted[:10]})
 
     async def _dead_letter(
         self, e: Execution, http_status: int | None, error: str | None, fired: int, finished: int
@@ -1166,6 +1178,7 @@ class Firer:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
 
 
 def _adoptable(job: OwnedJob, d: Descriptor, since_ms: int) -> bool:

@@ -144,7 +144,9 @@ class NodeStore(abc.ABC):
         """Times when no scheduler ran, ending after ``since_ms``."""
 
     @abc.abstractmethod
-    async def delete_completed(self, job_id: str, version: int) -> bool: ...
+    async def delete_completed(self, jobs: Sequence[tuple[str, int]]) -> list[str]:
+        """Delete jobs, given as (id, version), that have nothing left to fire
+        (delete_after_completion), each unless it changed since; returns the ids deleted."""
 
     # -- backfills: a lease (database time) says which owner of the job's slot drives one
     @abc.abstractmethod
@@ -224,6 +226,19 @@ _INSERT = (
         for c in ("node", "fired_at", "finished_at", "lag_ms", "http_status", "error", "response", "status")
     )
     + " RETURNING duplicates"
+)
+# Jobs that completed (delete_after_completion) and did not change since: deleted, with a job event.
+_DELETE_BATCH = 5000
+_DELETE_COMPLETED = text(
+    "WITH v(id, version) AS (SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:versions AS bigint[]))), "
+    "locked AS (SELECT j.id FROM jobs j JOIN v ON j.id = v.id AND j.version = v.version "
+    "WHERE j.deleted_at IS NULL ORDER BY j.id FOR UPDATE OF j), "
+    "d AS (UPDATE jobs j SET deleted_at = now(), updated_at = now(), version = nextval('jobs_version_seq'), "
+    "change_xid = pg_current_xact_id()::text::bigint FROM locked WHERE j.id = locked.id "
+    "RETURNING j.id, j.namespace), "
+    "e AS (INSERT INTO job_events (job_id, namespace, action, actor, detail) "
+    "SELECT id, namespace, 'delete', 'scheduler', '{\"reason\": \"completed\"}'::jsonb FROM d) "
+    "SELECT id FROM d"
 )
 # Rows written for the first time (the others, already there, go through _INSERT).
 _INSERT_NEW = (
@@ -507,30 +522,22 @@ class PgNodeStore(NodeStore):
             )
             return [(int(a), int(b)) for a, b in rows]
 
-    async def delete_completed(self, job_id: str, version: int) -> bool:
-        return await self._call(self._delete_completed, job_id, version)
+    async def delete_completed(self, jobs: Sequence[tuple[str, int]]) -> list[str]:
+        return await self._call(self._delete_completed, list(jobs))
 
-    def _delete_completed(self, job_id: str, version: int) -> bool:
-        """Delete a job that has nothing left to fire (delete_after_completion), unless it changed."""
+    def _delete_completed(self, jobs: list[tuple[str, int]]) -> list[str]:
+        """One statement for a batch (a burst of one-off jobs completes thousands at once); rows
+        are locked in id order, so two writers never wait on each other in a circle."""
+        deleted: list[str] = []
+        ordered = sorted(set(jobs))
         with self.engine.begin() as conn:
-            row = conn.execute(
-                text(
-                    "UPDATE jobs SET deleted_at = now(), updated_at = now(), version = nextval('jobs_version_seq'), "
-                    "change_xid = pg_current_xact_id()::text::bigint "
-                    "WHERE id = :id AND version = :v AND deleted_at IS NULL RETURNING namespace"
-                ),
-                {"id": job_id, "v": version},
-            ).first()
-            if row is None:
-                return False
-            conn.execute(
-                text(
-                    "INSERT INTO job_events (job_id, namespace, action, actor, detail) "
-                    "VALUES (:id, :ns, 'delete', 'scheduler', '{\"reason\": \"completed\"}'::jsonb)"
-                ),
-                {"id": job_id, "ns": row[0]},
-            )
-        return True
+            for i in range(0, len(ordered), _DELETE_BATCH):
+                chunk = ordered[i : i + _DELETE_BATCH]
+                rows = conn.execute(
+                    _DELETE_COMPLETED, {"ids": [j for j, _ in chunk], "versions": [v for _, v in chunk]}
+                )
+                deleted.extend(r[0] for r in rows)
+        return deleted
 
     # -- backfills
     async def backfills(self) -> list[BackfillRow]:

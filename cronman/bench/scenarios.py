@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg2
 import requests
 
 from cronman.bench.ledger import analyse
@@ -45,6 +46,7 @@ DEFAULTS: dict[str, float] = {
     "burst.jobs": 100_000,
     "burst.lead": 30,  # seconds from the start of loading to the due second
     "burst.bound": 90,  # give up waiting this long after the due second
+    "burst.delete_after": 0,  # 1: the jobs delete themselves once fired (delete_after_completion)
     "failover.jobs": 1000,
     "failover.warmup": 10,
     "failover.measure": 40,
@@ -408,12 +410,17 @@ def run_burst(b: Bench) -> dict[str, Any]:
     stack = b.stack
     assert stack.receiver is not None
     jobs, lead, bound = b.i("burst.jobs"), b.p("burst.lead"), b.p("burst.bound")
+    delete_after = bool(b.i("burst.delete_after"))
     stack.reset()
     nodes, _ = start_cluster(b, {})
     due = math.ceil(time.time() + lead)
-    template = JobTemplate.of(
-        {"schedule": {"type": "once", "at": iso(due * 1000)}, "target": {"type": "http", "url": b.receiver_url}}
-    )
+    spec: dict[str, Any] = {
+        "schedule": {"type": "once", "at": iso(due * 1000)},
+        "target": {"type": "http", "url": b.receiver_url},
+    }
+    if delete_after:
+        spec["delete_after_completion"] = True
+    template = JobTemplate.of(spec)
     ids = [f"burst-{i:07d}" for i in range(jobs)]
     slots: dict[int, int] = {}
     load = copy_jobs(stack.database_url, ((j, template) for j in ids), jobs, slots)
@@ -436,6 +443,7 @@ def run_burst(b: Bench) -> dict[str, Any]:
         time.sleep(0.2)
     cpu = meter.stop()
     time.sleep(1.0)  # a late duplicate would show now
+    deleted_s = _all_deleted(stack.database_url, "burst-", due, deadline) if delete_after else None
     counters = node_counters(nodes)
     arrivals = stack.receiver.snapshot()
     stopped = stack.stop_nodes()
@@ -455,12 +463,33 @@ def run_burst(b: Bench) -> dict[str, Any]:
         "node_cpu_us_per_fire": cpu_us_per(cpu, "bench-node-", fig.delivered / cpu["seconds"]),
         "lag_ms": fig.lag_ms,
         "loaded_before_due_s": loaded_margin,
+        "delete_after": delete_after,
+        "deleted_s": deleted_s,
         "load": load,
         "bound_s": bound,
         "cpu": cpu,
         "node_counters": counters,
         "stop": stopped,
     }
+
+
+def _all_deleted(database_url: str, prefix: str, due: float, deadline: float) -> float | None:
+    """Seconds from the due second until no job whose id starts with ``prefix`` is left (the jobs
+    delete themselves once fired), or None if some are left at ``deadline``."""
+    conn = psycopg2.connect(database_url, connect_timeout=10)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            while True:
+                cur.execute("SELECT count(*) FROM jobs WHERE id LIKE %s AND deleted_at IS NULL", (prefix + "%",))
+                (left,) = cur.fetchone()
+                if left == 0:
+                    return round(time.time() - due, 3)
+                if time.time() >= deadline:
+                    return None
+                time.sleep(0.2)
+    finally:
+        conn.close()
 
 
 # ---------------------------------------------------------------------------------------------

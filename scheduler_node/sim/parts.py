@@ -401,13 +401,16 @@ class SimStore(NodeStore):
         await self.db.call()
         return sorted((a, b) for a, b in self.db.outages if b > since_ms)
 
-    async def delete_completed(self, job_id: str, version: int) -> bool:
+    async def delete_completed(self, jobs: Sequence[tuple[str, int]]) -> list[str]:
         await self.db.call()
-        job = self.db.jobs.get(job_id)
-        if job is None or job.version != version or job.deleted:
-            return False
-        self.db.change_job(job_id, deleted=True)
-        return True
+        deleted = []
+        for job_id, version in sorted(set(jobs)):
+            job = self.db.jobs.get(job_id)
+            if job is None or job.version != version or job.deleted:
+                continue
+            self.db.change_job(job_id, deleted=True)
+            deleted.append(job_id)
+        return deleted
 
     async def backfills(self) -> list[BackfillRow]:
         await self.db.call()

@@ -402,3 +402,35 @@ def test_a_job_created_again_is_a_new_incarnation_created_then(client: FlaskClie
     assert incarnation != first["again-1"][0]
     assert before - 1000 <= created_ms <= int(time.time() * 1000) + 1000
     assert created_ms > first["again-1"][1]
+
+
+def test_completed_jobs_are_deleted_in_one_batch_unless_they_changed(client: FlaskClient, db) -> None:  # type: ignore[no-untyped-def]
+    """A burst of one-off jobs completes thousands at once: they are deleted by one statement,
+    each with its job event, except one changed since it fired (its version moved on)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scheduler_node.store import PgNodeStore
+
+    later = {"type": "once", "at": at(3600)}
+    for i in range(30):
+        create(client, f"done-{i:02d}", later, {"type": "http", "url": "http://127.0.0.1:9/x"})
+    with db.connect() as conn:
+        versions = dict(conn.execute(text("SELECT id, version FROM jobs WHERE id LIKE 'done-%'")).all())
+    r = client.patch("/v1/jobs/done-07", json={"payload": {"changed": True}})
+    assert r.status_code == 200, r.json
+    batch = [(job_id, v) for job_id, v in versions.items()] + [("done-03", versions["done-03"]), ("nobody", 1)]
+    store = PgNodeStore(db, ThreadPoolExecutor(1))
+    deleted = asyncio.run(store.delete_completed(batch))
+    assert sorted(deleted) == sorted(j for j in versions if j != "done-07")
+    assert client.get("/v1/jobs/done-07").status_code == 200
+    assert client.get("/v1/jobs/done-03").status_code == 404
+    with db.connect() as conn:
+        events = conn.execute(
+            text(
+                "SELECT count(*) FROM job_events "
+                "WHERE job_id LIKE 'done-%' AND action = 'delete' AND actor = 'scheduler'"
+            )
+        ).scalar_one()
+    assert events == 29
+    assert asyncio.run(store.delete_completed(batch)) == []  # deleted once, whoever asks again
