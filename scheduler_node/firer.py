@@ -1180,7 +1180,6 @@ class Firer:
         task.add_done_callback(self._tasks.discard)
 
 
-
 def _adoptable(job: OwnedJob, d: Descriptor, since_ms: int) -> bool:
     """Whether an execution of an earlier incarnation of ``job``'s id is an occurrence of ``job``
     (created again, scheduled from ``since_ms``): a scheduled one, after then, on its schedule."""
@@ -1193,6 +1192,7 @@ def _adoptable(job: OwnedJob, d: Descriptor, since_ms: int) -> bool:
         and d.scheduled_ms > since_ms
         and _next(job, d.scheduled_ms - 1) == d.scheduled_ms
     )
+
 
 def _next(job: OwnedJob, after_ms: int) -> int | None:
     """The job's next occurrence; a schedule that cannot compute one has none (logged)."""
