@@ -64,6 +64,7 @@ FINAL = frozenset(
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
 _SWEEP_LIMIT = 500  # open claims looked at per slot per sweep
 WAITING_LEASES = 3  # an execution waiting for a permit or a slot is leased this many leases at a time
+RECREATED_KEPT = 10_000  # jobs deleted and created again remembered for adoption (the latest)
 DELETE_GATHER_S = 0.05  # completed jobs gathered this long into one delete (delete_after_completion)
 
 
@@ -144,6 +145,9 @@ class Firer:
         # shows the claim as this node's first attempt, which it would let this node win again.
         self.closing: dict[str, Execution] = {}
         self._completed: list[tuple[str, int]] = []  # jobs to delete (delete_after_completion)
+        # Jobs deleted and created again: (new incarnation, scheduled from), for executions of the
+        # earlier one that were on their way to a claim when the new one arrived (see _proceed).
+        self._recreated: dict[str, tuple[int, int]] = {}
         self._seq = itertools.count()
         self._gens = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -170,6 +174,9 @@ class Firer:
             if job.version <= old.version:
                 return False
             if old.incarnation != job.incarnation:
+                self._recreated[job.id] = (job.incarnation, after_ms)
+                while len(self._recreated) > RECREATED_KEPT:
+                    del self._recreated[next(iter(self._recreated))]
                 self._adopt(job, after_ms)
                 self._cancel_job(job.id, "the job was deleted and created again", keep=job.incarnation)
             elif job.paused and not old.paused:
@@ -453,6 +460,16 @@ class Firer:
             e.stage = Stage.OVER
             self._spawn(self._release([e]))
             return
+        if current is not None and current.incarnation != e.job.incarnation:
+            # Claimed for an earlier incarnation while the new one arrived (seed 74337: a claim
+            # Redis could not answer, made again after the job was created again): the new one's
+            # when it has the occurrence, as _adopt does for what is held. Its timer does not
+            # derive the occurrence again (the same schedule keeps its timer entry).
+            since = self._recreated.get(current.id)
+            if since is not None and since[0] == current.incarnation and _adoptable(current, e.d, since[1]):
+                if self.trace:
+                    self.trace("adopt", e, f"by incarnation {current.incarnation} (just claimed)")
+                e.job = current
         if current is None or current.incarnation != e.job.incarnation:
             self._cancel(e, "the job was deleted")
             return
@@ -950,11 +967,11 @@ class Firer:
 
     def _adopt(self, job: OwnedJob, since_ms: int) -> None:
         """A job deleted and created again (``job`` is the new incarnation, scheduled from
-        ``since_ms``): an execution of the earlier incarnation held here goes on as the new one's
-        when the new one has the same occurrence. Its id and claim do not depend on the incarnation,
-        so the new incarnation's owners cannot claim it while this node holds it: cancelling it
-        would lose the new incarnation's occurrence."""
-        for e in [*self.held.values(), *self.parked.values()]:
+        ``since_ms``): an execution of the earlier incarnation held here, or waiting for its
+        claim, goes on as the new one's when the new one has the same occurrence. Its id and
+        claim do not depend on the incarnation, so the new incarnation's owners cannot claim it
+        while this node holds it: cancelling it would lose the new incarnation's occurrence."""
+        for e in [*self.held.values(), *self.parked.values(), *self.due]:
             if (
                 e.job.incarnation != job.incarnation
                 and e.job.namespace == job.namespace  # (another tenant's job: its own accounting)
@@ -977,7 +994,7 @@ class Firer:
                 continue
             del self.parked[e.ticket.member]
             self._cancel(e, reason)
-        self.due = [e for e in self.due if e.d.job_id != job_id]
+        self.due = [e for e in self.due if e.d.job_id != job_id or (keep is not None and e.job.incarnation == keep)]
 
     def _close(self, e: Execution, status: str, row: str) -> None:
         """A final outcome: mark the claim done, and delete a job that has nothing left."""
