@@ -60,6 +60,7 @@ class Execution:
         "throttle_wait_ms",
         "superseded",
         "verify",
+        "taken",
         "due_ms",
     )
 
@@ -78,6 +79,7 @@ class Execution:
         self.throttle_wait_ms = 0
         self.superseded = False  # another node took it over (counted once)
         self.verify = False  # check history before sending (the claim store had lost its record)
+        self.taken = False  # taken over from another holder's claim: a node claimed it in time
         self.due_ms = d.scheduled_ms  # when the next step is due (a retry's time)
 
     @classmethod

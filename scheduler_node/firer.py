@@ -414,6 +414,7 @@ class Firer:
                 # A claim taken from another holder may be behind what it did (it died before
                 # parking its next attempt): history says which attempt comes next, or that it ended.
                 e.verify = took.state is TakeState.TAKEN_UNKNOWN or not ours
+                e.taken = not ours
                 self._hold(e, asked)
                 self._won(e)
             elif took.state is TakeState.UNKNOWN and ours:
@@ -510,10 +511,13 @@ class Firer:
                 continue
             seen: Attempts | None = found.get(e.ident)
             if seen is not None and not e.d.suffix:
-                # A skip recorded for an occurrence the claim store shows was attempted (a misfire
-                # plan that counted as missed what a node had claimed just before the whole cluster
-                # stopped) does not end it: its retry goes on.
-                if seen.final and not (seen.only_skipped and e.attempt >= 2):
+                # A skip recorded for an occurrence the claim store shows was attempted, or that a
+                # node claimed (a misfire plan that counted as missed what a node had claimed just
+                # before the whole cluster stopped: it was due while a node ran), does not end it:
+                # its retry goes on, or it is delivered late like any occurrence taken over (seed
+                # 79428: the node died between a failed attempt 1 and parking attempt 2, so the
+                # claim store still said attempt 1, and the retry was lost).
+                if seen.final and not (seen.only_skipped and (e.attempt >= 2 or e.taken)):
                     self._close(e, "done", "")
                     continue
                 e.attempt = max(e.attempt, seen.last_attempt + 1)
