@@ -94,6 +94,11 @@ class Execution:
         d = Descriptor(job.id, job.incarnation, scheduled_ms, event_index, trigger, suffix)
         return cls(job, d, guarded=job.opts.overlap_skip and trigger == Trigger.SCHEDULE and not suffix)
 
+    @classmethod
+    def found(cls, job: OwnedJob, d: Descriptor) -> Execution:
+        """An execution of ``job`` known by its descriptor (an entry among the open claims)."""
+        return cls(job, d, guarded=job.opts.overlap_skip and d.trigger == Trigger.SCHEDULE and not d.suffix)
+
     @property
     def scheduled_ms(self) -> int:
         return self.d.scheduled_ms

@@ -567,8 +567,7 @@ class Firer:
                 if job is None or job.incarnation != d.incarnation:
                     unknown.setdefault(d.job_id, []).append((slot, d))
                     continue
-                guarded = job.opts.overlap_skip and d.trigger == Trigger.SCHEDULE and not d.suffix
-                e = Execution(job, d, guarded=guarded)
+                e = Execution.found(job, d)
                 if e.ticket.name not in self.held and e.ticket.name not in self.closing:
                     found.append(e)
         if unknown:
@@ -597,10 +596,10 @@ class Firer:
                 if incarnation is not None and (known is None or known.incarnation != incarnation):
                     continue  # created again: decided once this node has read the new incarnation
                 if known is not None and _adoptable(known, d, created_ms - 1):
+                    e = Execution.found(known, d)
                     if self.trace:
-                        self.trace("adopt", Execution(known, d), f"by incarnation {known.incarnation} (taken over)")
-                    guarded = known.opts.overlap_skip and d.trigger == Trigger.SCHEDULE and not d.suffix
-                    out.append(Execution(known, d, guarded=guarded))
+                        self.trace("adopt", e, f"by incarnation {known.incarnation} (taken over)")
+                    out.append(e)
                     continue
                 out.append(Execution(OwnedJob.gone(job_id, slot, d.incarnation), d))
         return out
