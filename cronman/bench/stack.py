@@ -19,7 +19,7 @@ from typing import Any
 import requests
 
 from cronman.bench.receiver import ReceiverProcess
-from cronman.embedded import Child, EmbeddedPostgres, EmbeddedRedis, free_port
+from cronman.embedded import Child, EmbeddedPostgres, EmbeddedRedis, free_port, free_ports
 from cronman.hashing import owned_slots
 
 REDIS_PREFIX = "bench:"
@@ -140,9 +140,9 @@ class BenchStack:
     # ------------------------------------------------------------------ nodes
     def start_nodes(self, count: int, prefix: str = "bench-node-") -> list[BenchNode]:
         started = []
-        for i in range(1, count + 1):
+        ports = free_ports(count)  # (one at a time, two nodes were once given the same port)
+        for i, port in enumerate(ports, start=1):
             node_id = f"{prefix}{i}"
-            port = free_port()
             env = self.env(
                 CRONMAN_NODE_ID=node_id, CRONMAN_NODE_PORT=str(port), CRONMAN_NODE_HOST="127.0.0.1", **self.node_env
             )
