@@ -137,7 +137,14 @@ class NodeStore(abc.ABC):
         """How far each slot was fired (by any node), and how far the cluster fired at all."""
 
     @abc.abstractmethod
-    async def record_outage(self, since_ms: int, until_ms: int, node_id: str) -> None: ...
+    async def back(
+        self, mark_ms: int | None, now_ms: int, outage_after_ms: int, node_id: str
+    ) -> tuple[int, int] | None:
+        """A node is ready to fire: decide, once for the whole cluster, whether no scheduler ran
+        from ``mark_ms`` (how far the cluster had fired) until ``now_ms``, and record that outage.
+        The decision is taken under a lock and leaves a mark of its own (a node fired from
+        ``now_ms``), so that nodes coming back together, each by its own clock, never decide
+        differently: the first one back decides for the others. Returns the outage recorded."""
 
     @abc.abstractmethod
     async def outages(self, since_ms: int) -> list[tuple[int, int]]:
@@ -181,6 +188,17 @@ class NodeStore(abc.ABC):
     def write_history(self, rows: list[HistoryRow]) -> int:
         """Blocking: insert rows; returns how many were second deliveries. Raises TransientError
         when the database is unavailable."""
+
+
+def decide_outage(
+    mark_ms: int | None, last_ms: int | None, now_ms: int, outage_after_ms: int
+) -> tuple[int, int] | None:
+    """The outage a node back at ``now_ms`` records, if any: no scheduler ran since the later of
+    how far the cluster fired (``mark_ms``) and the last outage or node back (``last_ms``)."""
+    marks = [m for m in (mark_ms, last_ms) if m is not None]
+    if not marks or now_ms - max(marks) <= outage_after_ms:
+        return None
+    return max(marks), now_ms
 
 
 def bitmap(slots: Iterable[int], size: int) -> bytes:
@@ -494,19 +512,27 @@ class PgNodeStore(NodeStore):
                 marks[s] = int(ms)
         return marks, (int(rows[-1][0]) if rows else None)
 
-    async def record_outage(self, since_ms: int, until_ms: int, node_id: str) -> None:
-        await self._call(self._record_outage, since_ms, until_ms, node_id)
+    async def back(
+        self, mark_ms: int | None, now_ms: int, outage_after_ms: int, node_id: str
+    ) -> tuple[int, int] | None:
+        return await self._call(self._back, mark_ms, now_ms, outage_after_ms, node_id)
 
-    def _record_outage(self, since_ms: int, until_ms: int, node_id: str) -> None:
+    def _back(self, mark_ms: int | None, now_ms: int, outage_after_ms: int, node_id: str) -> tuple[int, int] | None:
         with self.engine.begin() as conn:
+            # (self-exclusive; plain reads of the outages go on)
+            conn.execute(text("LOCK TABLE cluster_outages IN SHARE ROW EXCLUSIVE MODE"))
+            last = conn.execute(text(f"SELECT {_MS.format('max(until)')} FROM cluster_outages")).scalar()
+            outage = decide_outage(mark_ms, None if last is None else int(last), now_ms, outage_after_ms)
+            since, until = outage or (now_ms, now_ms)  # an empty one: only the mark that a node is back
             conn.execute(
                 text(
                     "INSERT INTO cluster_outages (since, until, recorded_by) VALUES "
                     "(timestamptz 'epoch' + :a * interval '1 millisecond', "
                     "timestamptz 'epoch' + :b * interval '1 millisecond', :n)"
                 ),
-                {"a": since_ms, "b": until_ms, "n": node_id},
+                {"a": since, "b": until, "n": node_id},
             )
+        return outage
 
     async def outages(self, since_ms: int) -> list[tuple[int, int]]:
         return await self._call(self._outages, since_ms)
@@ -516,7 +542,7 @@ class PgNodeStore(NodeStore):
             rows = conn.execute(
                 text(
                     f"SELECT {_MS.format('since')}, {_MS.format('until')} FROM cluster_outages "
-                    "WHERE until > timestamptz 'epoch' + :s * interval '1 millisecond' ORDER BY 1"
+                    "WHERE until > since AND until > timestamptz 'epoch' + :s * interval '1 millisecond' ORDER BY 1"
                 ),
                 {"s": since_ms},
             )

@@ -32,7 +32,16 @@ from scheduler_node.parts import (
     Took,
 )
 from scheduler_node.sim.loop import World
-from scheduler_node.store import Attempts, BackfillRow, ClusterConfig, Ident, NodeStore, TriggerRow, bitmap_slots
+from scheduler_node.store import (
+    Attempts,
+    BackfillRow,
+    ClusterConfig,
+    Ident,
+    NodeStore,
+    TriggerRow,
+    bitmap_slots,
+    decide_outage,
+)
 
 LATENCY = 0.001  # a round trip to Redis or PostgreSQL
 
@@ -223,6 +232,7 @@ class SimDb:
     duplicates: dict[tuple[str, int, int, int, str], int] = field(default_factory=dict)
     progress: dict[tuple[str, str], tuple[int, bytes]] = field(default_factory=dict)
     outages: list[tuple[int, int]] = field(default_factory=list)
+    backs: list[int] = field(default_factory=list)  # when a node was back and found no outage
     backfills: dict[str, SimBackfill] = field(default_factory=dict)
     down_until: float = 0.0
     polls: dict[str, list[float]] = field(default_factory=dict)  # holder -> when its feed reads succeeded
@@ -393,9 +403,17 @@ class SimStore(NodeStore):
         top = max((ms for ms, _ in self.db.progress.values()), default=None)
         return marks, top
 
-    async def record_outage(self, since_ms: int, until_ms: int, node_id: str) -> None:
+    async def back(
+        self, mark_ms: int | None, now_ms: int, outage_after_ms: int, node_id: str
+    ) -> tuple[int, int] | None:
         await self.db.call()
-        self.db.outages.append((since_ms, until_ms))
+        last = max([b for _, b in self.db.outages] + self.db.backs, default=None)
+        outage = decide_outage(mark_ms, last, now_ms, outage_after_ms)
+        if outage is None:
+            self.db.backs.append(now_ms)
+        else:
+            self.db.outages.append(outage)
+        return outage
 
     async def outages(self, since_ms: int) -> list[tuple[int, int]]:
         await self.db.call()

@@ -372,7 +372,11 @@ def test_after_a_full_outage_the_misfire_policy_decides(
     assert skipped_rows == sorted(at_iso(t0 + d) for d in skipped)
     assert all(e["error"].startswith("misfire: no scheduler was running") for e in rows if e["status"] == "skipped")
     with db.connect() as conn:
-        outages = conn.execute(text("SELECT extract(epoch from until - since) FROM cluster_outages")).scalars().all()
+        outages = (
+            conn.execute(text("SELECT extract(epoch from until - since) FROM cluster_outages WHERE until > since"))
+            .scalars()
+            .all()
+        )
     assert len(outages) == 1 and 105 < float(outages[0]) < 120
 
 
@@ -402,6 +406,57 @@ def test_a_job_created_again_is_a_new_incarnation_created_then(client: FlaskClie
     assert incarnation != first["again-1"][0]
     assert before - 1000 <= created_ms <= int(time.time() * 1000) + 1000
     assert created_ms > first["again-1"][1]
+
+
+def test_nodes_back_together_decide_once_whether_there_was_an_outage(db) -> None:  # type: ignore[no-untyped-def]
+    """The whole cluster stopped for 4.7 s (outage after 5 s). Two nodes come back together; the
+    second one's clock is 1.1 s ahead, so by its own reading no scheduler ran for 5.8 s. Whoever
+    decides first decides for both: either no outage (the second sees that a node was back) or
+    one outage that both apply; never one node skipping what the other fires late (seed 82247).
+    Then both at once, from threads: one decision again."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scheduler_node.store import PgNodeStore
+
+    stores = [PgNodeStore(db, ThreadPoolExecutor(1)) for _ in range(2)]
+    after = 5000
+    mark = 4_102_444_800_000  # 2100-01-01: later than anything another test recorded
+
+    def back(store: PgNodeStore, mark: int, now: int, node: str) -> tuple[int, int] | None:
+        return asyncio.run(store.back(mark, now, after, node))
+
+    def outages(since: int) -> list[tuple[int, int]]:
+        return asyncio.run(stores[0].outages(since))
+
+    # the node with the slow clock first: no outage, and the other one agrees
+    assert back(stores[0], mark, mark + 4736, "a") is None
+    assert back(stores[1], mark, mark + 5836, "b") is None
+    assert outages(mark - 1) == []
+    # the node with the fast clock first: one outage, and the other one does not record another
+    mark += 3_600_000
+    assert back(stores[1], mark, mark + 5836, "b") == (mark, mark + 5836)
+    assert back(stores[0], mark, mark + 4736, "a") is None
+    assert outages(mark - 1) == [(mark, mark + 5836)]
+    # both at once, many times: one outage at most each time
+    for _ in range(10):
+        mark += 3_600_000
+        gate = threading.Barrier(2)
+        results: list[tuple[int, int] | None] = []
+
+        def run(i: int, now: int, m: int = mark, g: threading.Barrier = gate) -> None:
+            g.wait(5)
+            results.append(back(stores[i], m, now, str(i)))
+
+        threads = [threading.Thread(target=run, args=(i, mark + now)) for i, now in enumerate((4736, 5836))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        recorded = [r for r in results if r is not None]
+        assert len(results) == 2 and len(recorded) <= 1
+        assert outages(mark - 1) == recorded
 
 
 def test_completed_jobs_are_deleted_in_one_batch_unless_they_changed(client: FlaskClient, db) -> None:  # type: ignore[no-untyped-def]
