@@ -65,6 +65,7 @@ _OVERLAP = "overlap: the previous execution of this job was still in flight"
 _SWEEP_LIMIT = 500  # open claims looked at per slot per sweep
 WAITING_LEASES = 3  # an execution waiting for a permit or a slot is leased this many leases at a time
 RECREATED_KEPT = 10_000  # jobs deleted and created again remembered for adoption (the latest)
+PAUSE_RECHECK_MS = 1000  # a takeover this node cannot judge paused yet is parked again this long
 DELETE_GATHER_S = 0.05  # completed jobs gathered this long into one delete (delete_after_completion)
 
 
@@ -156,6 +157,9 @@ class Firer:
         self._done_wake = asyncio.Event()
         self.stopping = False
         self.progress_ms: int | None = None  # every occurrence due up to here has been claimed
+        # When the last change-feed read that succeeded began (this node's clock; set by the node):
+        # what this node knows of its jobs is at least that recent. None: not read yet.
+        self.feed_read_ms: int | None = None
         # Standing by for the other owner of a slot, when it leads (scheduler_node.standby); None:
         # every occurrence is claimed on time. What this node last published of its own firing:
         self.standby: Standby | None = None
@@ -475,6 +479,17 @@ class Firer:
             self._cancel(e, "the job was deleted")
             return
         if current.paused and e.trigger == Trigger.SCHEDULE and not e.d.suffix:
+            if e.taken and (self.feed_read_ms is None or self.feed_read_ms < e.scheduled_ms):
+                # Taken over from another node, which fired the occurrence (it saw the job live
+                # then), while what this node read of the job is older than that: the pause it
+                # read may have been undone since (seed 82449: a node paused, then cut off from
+                # PostgreSQL, took over its co-owner's parked retry of a job resumed 8 s earlier,
+                # and cancelled it). Not this node's to end on that view: parked again shortly, for
+                # the slot's owners (this one too, once it has read the job again).
+                if self.trace:
+                    self.trace("defer", e, "paused in a view of the job older than the occurrence")
+                self._park(e, self.clock() + PAUSE_RECHECK_MS, here=False)
+                return
             self._cancel(e, "the job was paused")
             return
         e.job = current  # a newer definition applies to what has not been sent yet

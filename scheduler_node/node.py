@@ -705,6 +705,7 @@ class Node:
         assert self.parts is not None and self.firer is not None
         if self.feed_cursor is None or "stall_feed" in self.s.faults:  # test fault: job changes never arrive
             return
+        started = self.now_ms()
         cursor, rows, triggers = await self.parts.store.poll_changes(self.feed_cursor, self.owned)
         if any(self._names_unknown_calendar(row) for row in rows if row.slot in self.owned):
             # a calendar made just before the job that names it: know it before the job fires
@@ -719,6 +720,7 @@ class Node:
             cutoff = self.now_ms() - 2 * TRIGGER_LOOKBACK_MS
             self._seen_triggers = {k: v for k, v in self._seen_triggers.items() if v > cutoff}
         self.feed_cursor = cursor
+        self.firer.feed_read_ms = started
         self.metrics.jobs_owned.set(len(self.jobs))
 
     def _apply_triggers(self, triggers: list[TriggerRow], verify: bool) -> None:
