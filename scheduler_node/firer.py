@@ -419,6 +419,10 @@ class Firer:
                 # parking its next attempt): history says which attempt comes next, or that it ended.
                 e.verify = took.state is TakeState.TAKEN_UNKNOWN or not ours
                 e.taken = not ours
+                # The claim is this node's again: a loss of it learned while this take was out (a
+                # park answered LOST, seed 83247) is past. Left set, _send would refuse it forever,
+                # and the renewer would keep its lease, so no other node could take it either.
+                e.superseded = False
                 self._hold(e, asked)
                 self._won(e)
             elif took.state is TakeState.UNKNOWN and ours:

@@ -44,7 +44,7 @@ def test_every_seed_keeps_the_guarantee() -> None:
 
 
 # Seeds beyond the regular range that once found a defect (each named in docs/architecture.md).
-FOUND = [545, 20011, 20202, 20543, 20746, 20929, 20988, 61726, 65289, 65641, 70469, 74337, 79428, 82247, 82449]
+FOUND = [545, 20011, 20202, 20543, 20746, 20929, 20988, 61726, 65289, 65641, 70469, 74337, 79428, 82247, 82449, 83247]
 
 
 @pytest.mark.parametrize("seed", FOUND)
