@@ -445,9 +445,11 @@ def test_nodes_back_together_decide_once_whether_there_was_an_outage(db) -> None
         gate = threading.Barrier(2)
         results: list[tuple[int, int] | None] = []
 
-        def run(i: int, now: int, m: int = mark, g: threading.Barrier = gate) -> None:
+        def run(
+            i: int, now: int, m: int = mark, g: threading.Barrier = gate, out: list[tuple[int, int] | None] = results
+        ) -> None:
             g.wait(5)
-            results.append(back(stores[i], m, now, str(i)))
+            out.append(back(stores[i], m, now, str(i)))
 
         threads = [threading.Thread(target=run, args=(i, mark + now)) for i, now in enumerate((4736, 5836))]
         for t in threads:
