@@ -3,7 +3,8 @@ states it):
 
 1. every occurrence due while any node was alive is delivered at least once, late or not;
 2. every extra delivery of one attempt is attributable to a named fault (a process killed after
-   delivering, a process paused past its lease, Redis losing its keys or being unreachable);
+   delivering, a process paused past its lease, Redis losing its keys, being unreachable or too
+   slow to renew a lease);
 3. retries, manual triggers, redeliveries and backfills survive every handover (Redis losing its
    data loses the retries parked there whose holder has stopped since, and the claims of a
    backfill's executions not sent yet: that is the one named exception);
@@ -69,8 +70,8 @@ def _near(t: float, spans: list[tuple[float, float]]) -> bool:
 
 def _edges(sim: Sim, points: list[float]) -> list[tuple[float, float]]:
     """Around each change of a job, the time it may take to reach the nodes: longer while the
-    database is down (a node learns of changes from it)."""
-    down = sorted((f.start, f.end) for f in sim.faults if f.kind == "db_down")
+    database is down or slow (a node learns of changes from it)."""
+    down = sorted((f.start, f.end) for f in sim.faults if f.kind in ("db_down", "db_slow"))
     out = []
     for p in points:
         reached = p
@@ -268,6 +269,15 @@ def _cause(sim: Sim, first: Arrival, second: Arrival, lease: float) -> str | Non
             return "redis lost its keys"
         if f.kind == "redis_down" and f.start <= second.at and f.end >= first.at - lease:
             return "redis unreachable"
+        # Slow enough to let a lease run out: leases are renewed every third of one, each renewal
+        # awaited, so arrivals drift apart by up to four one-way delays.
+        if (
+            f.kind == "redis_slow"
+            and lease / 3 + 4 * f.worst > lease
+            and f.start <= second.at
+            and f.end >= first.at - lease
+        ):
+            return "redis too slow to renew a lease"
         if f.kind == "cluster_stop" and first.at - lease <= f.start <= second.at:
             return "killed after delivering"
     return None

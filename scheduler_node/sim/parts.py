@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -46,6 +47,22 @@ from scheduler_node.store import (
 LATENCY = 0.001  # a round trip to Redis or PostgreSQL
 
 
+@dataclass
+class Spells:
+    """Slow spells of a server (a Redis busy with a slow command or a fork, a PostgreSQL behind a
+    checkpoint or a lock): while one lasts, each way of a round trip takes up to its worst extra
+    seconds more, drawn from a generator of their own (so that a run without spells draws nothing)."""
+
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    spans: list[tuple[float, float, float]] = field(default_factory=list)  # (start, end, worst extra s)
+
+    def extra(self, now: float) -> float:
+        for start, end, worst in self.spans:
+            if start <= now < end:
+                return self.rng.uniform(0.0, worst)
+        return 0.0
+
+
 # --------------------------------------------------------------------------- Redis
 @dataclass
 class SimRedis:
@@ -59,9 +76,14 @@ class SimRedis:
     losses: list[float] = field(default_factory=list)  # when it lost everything
     epoch: str = ""
     progress: int | None = None
+    slow: Spells = field(default_factory=Spells)
 
     def __post_init__(self) -> None:
         self.space = ClaimSpace(now=self.now_ms)
+
+    async def half(self) -> None:
+        """One way of a round trip."""
+        await asyncio.sleep(LATENCY / 2 + self.slow.extra(self.world.now))
 
     def now_ms(self) -> int:
         return int(self.world.now * 1000)
@@ -79,7 +101,7 @@ class SimRedis:
         if self.world.now < self.down_until:
             await asyncio.sleep(0.5)
             raise TransientError("redis: connection refused")
-        await asyncio.sleep(LATENCY / 2)
+        await self.half()
         if self.world.now < self.down_until:
             raise TransientError("redis: connection reset")
 
@@ -95,7 +117,7 @@ class SimClaims(Claims):
         self.inner = MemoryClaims(redis.space, holder, keep_ms)
 
     async def _after(self) -> None:
-        await asyncio.sleep(LATENCY / 2)
+        await self.redis.half()
 
     async def claim(self, tickets: Sequence[Ticket], lease_ms: int) -> list[ClaimResult]:
         await self.redis.call()
@@ -148,7 +170,7 @@ class SimMembership(Membership):
         if progress_ms is not None and progress_ms > (self.redis.progress or 0):
             self.redis.progress = progress_ms
         beat = Beat(self.redis.epoch, self.redis.progress)
-        await asyncio.sleep(LATENCY / 2)
+        await self.redis.half()
         return beat
 
     async def live(self) -> list[Member]:
@@ -162,14 +184,14 @@ class SimMembership(Membership):
                 continue
             info = json.loads(info_text)
             out.append(Member(node_id, (now - beat) / 1000, bool(info.get("ready")), info))
-        await asyncio.sleep(LATENCY / 2)
+        await self.redis.half()
         return out
 
     async def leave(self) -> None:
         await self.redis.call()
         self.redis.members.pop(self.node_id, None)
         self.redis.standings.pop(self.node_id, None)
-        await asyncio.sleep(LATENCY / 2)
+        await self.redis.half()
 
     async def stand(self, standing: str | None) -> dict[str, str]:
         await self.redis.call()
@@ -178,7 +200,7 @@ class SimMembership(Membership):
         else:
             self.redis.standings[self.node_id] = standing
         out = dict(self.redis.standings)
-        await asyncio.sleep(LATENCY / 2)
+        await self.redis.half()
         return out
 
 
@@ -235,6 +257,7 @@ class SimDb:
     backs: list[int] = field(default_factory=list)  # when a node was back and found no outage
     backfills: dict[str, SimBackfill] = field(default_factory=dict)
     down_until: float = 0.0
+    slow: Spells = field(default_factory=Spells)
     polls: dict[str, list[float]] = field(default_factory=dict)  # holder -> when its feed reads succeeded
     change: int = 1
     version: int = 1
@@ -306,7 +329,7 @@ class SimDb:
         if self.world.now < self.down_until:
             await asyncio.sleep(1.0)
             raise TransientError("database: connection refused")
-        await asyncio.sleep(LATENCY)
+        await asyncio.sleep(LATENCY + self.slow.extra(self.world.now))
         if self.world.now < self.down_until:
             raise TransientError("database: server closed the connection unexpectedly")
 

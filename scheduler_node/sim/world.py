@@ -18,6 +18,7 @@ from scheduler_node.senders import Senders
 from scheduler_node.sim.loop import InlineExecutor, SimLoop, World
 from scheduler_node.sim.parts import Receivers, SimClaims, SimDb, SimMembership, SimRedis, SimSender, SimStore
 
+SLOW_FROM = 100_000  # seeds from here on also draw slow spells (SimConfig.slow)
 EPOCH = 1_893_456_000.0  # 2030-01-01T00:00:00Z: a fixed start, so runs do not depend on today
 
 FAULTS = (
@@ -44,6 +45,9 @@ class SimConfig:
     fault_every: float = 5.0  # mean seconds between faults
     lease_seconds: float = 2.0
     standby: bool | None = None  # a slot's standby leaves occurrences to its leader; None: odd seeds
+    # Slow spells of Redis and PostgreSQL (round trips up to a second longer for a few seconds);
+    # None: seeds from SLOW_FROM on, so that the seeds below replay the runs they always had.
+    slow: bool | None = None
 
 
 @dataclass
@@ -53,6 +57,7 @@ class Fault:
     end: float
     node: str = ""
     holder: str = ""
+    worst: float = 0.0  # a slow spell's longest extra delay, each way of a round trip (s)
 
 
 @dataclass
@@ -345,6 +350,22 @@ class Sim:
                     self.terminate(n)
             self.world.at(now + d, lambda: self._revive_all(alive))
 
+    def _slow_spells(self) -> None:
+        """One to three spells in which Redis or PostgreSQL answers slowly: each way of a round
+        trip takes up to 50 ms to 1 s more, so that answers come late and out of order (a renewal
+        may come back after its lease ran out). Drawn from a generator of their own: the rest of
+        the run is drawn as it would be without them."""
+        rng = random.Random(f"slow/{self.cfg.seed}")
+        for server in (self.redis, self.db):
+            server.slow.rng = random.Random(rng.random())
+        for _ in range(rng.randint(1, 3)):
+            start = EPOCH + rng.uniform(self.cfg.warmup, self.cfg.duration - 2)
+            end = min(start + rng.uniform(1.0, 6.0), EPOCH + self.cfg.duration)
+            worst = rng.choice((0.05, 0.2, 1.0))
+            kind = rng.choice(("redis_slow", "db_slow"))
+            (self.redis if kind == "redis_slow" else self.db).slow.spans.append((start, end, worst))
+            self.faults.append(Fault(kind, start, end, worst=worst))
+
     def _revive_all(self, node_ids: list[str]) -> None:
         for n in node_ids:
             self._revive(n)
@@ -371,6 +392,8 @@ class Sim:
             self._job_events()
             self._backfills()
             self._nemesis()
+            if cfg.slow if cfg.slow is not None else cfg.seed >= SLOW_FROM:
+                self._slow_spells()
             self.world.run_until(EPOCH + cfg.duration)
             # the nemesis rests: everything comes back and nothing fails any more
             self.redis.down_until = self.db.down_until = 0
