@@ -136,6 +136,10 @@ class MemoryClaims(Claims):
                 result = RenewResult.RECLAIMED
             elif v.startswith(self._mine):
                 result = RenewResult.RENEWED
+                held = v[len(self._mine) :].split("|")[0]
+                if held.isdigit() and int(held) > h.attempt:  # stale: sent before the next attempt's park
+                    out.append(result)
+                    continue
             else:
                 out.append(RenewResult.LOST)
                 continue

@@ -4,6 +4,9 @@
 -- KEYS, three per execution: claim key, the slot's index, overlap guard (the claim key if none).
 -- ARGV[1]: holder. ARGV[2]: how long a finished mark is kept (ms). Then four per execution:
 --   index member, attempt, duration (ms), '1' if it has a guard.
+-- A renewal of an earlier attempt than the claim holds is stale (it was sent before the park of
+-- the next attempt and arrived after it: a slow or retried call) and changes nothing: the claim
+-- keeps the attempt and the time it was parked with.
 -- Returns per execution: 1 renewed, 2 re-claimed (the claim had vanished), 0 lost to another node.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -21,7 +24,8 @@ for i = 1, #KEYS / 3 do
   elseif string.sub(v, 1, #mine) == mine then
     result = 1
   end
-  if result > 0 then
+  local stale = result == 1 and tonumber(string.match(string.sub(v, #mine + 1), '^(%d+)|') or '0') > tonumber(attempt)
+  if result > 0 and not stale then
     local deadline = now + duration
     redis.call('SET', key, mine .. attempt .. '|' .. deadline, 'PX', keep + duration)
     redis.call('ZADD', open, deadline, member)

@@ -292,6 +292,27 @@ def test_a_parked_retry_is_due_at_its_time_and_taken_at_its_attempt(store_of: Ca
     run(store_of, scenario)
 
 
+def test_a_renewal_that_arrives_after_the_next_attempts_park_changes_nothing(store_of: Callable[[], Store]) -> None:
+    """A lease renewal of attempt 2, sent while it was in flight and delayed (a slow Redis, a
+    retried call), lands after the park of attempt 3. Were it applied, the claim would fall back
+    to attempt 2 and come due early, and the slot's other owner would deliver attempt 2 again."""
+
+    async def scenario(store: Store) -> None:
+        a, owner = store.claims("node-a/1"), store.claims("node-b/1")
+        t = ticket(14, "e14")
+        await a.claim([t], LEASE_MS)
+        assert await a.renew([Hold(t, 2, LEASE_MS)]) == [RenewResult.RENEWED]  # attempt 2 in flight
+        park_ms = 3 * LEASE_MS
+        assert await a.renew([Hold(t, 3, park_ms)]) == [RenewResult.RENEWED]  # attempt 3 parked
+        assert await a.renew([Hold(t, 2, 0)]) == [RenewResult.RENEWED]  # attempt 2's late renewal
+        assert (await owner.sweep([14], 10, -1)).due == {}  # still parked for its whole backoff
+        assert (await owner.take([t], LEASE_MS))[0].state is TakeState.HELD
+        await asyncio.sleep(park_ms / 1000 + 0.15)
+        assert await owner.take([t], LEASE_MS) == [Took(TakeState.TAKEN, 3)]
+
+    run(store_of, scenario)
+
+
 def test_handing_over_parks_for_now_and_the_owner_takes_it(store_of: Callable[[], Store]) -> None:
     async def scenario(store: Store) -> None:
         a, owner = store.claims("node-a/1"), store.claims("node-b/1")
