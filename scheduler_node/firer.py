@@ -138,6 +138,7 @@ class Firer:
         # executions held: claimed and not over, by claim name
         self.held: dict[str, Execution] = {}
         self.parked: dict[str, Execution] = {}  # by index member
+        self.taking: set[str] = set()  # index members whose take is out
         self.gate: InFlight[Execution] = InFlight(cfg.max_in_flight, cfg.namespace_share)
         self.sending: dict[asyncio.Future[Outcome], tuple[Execution, int]] = {}
         self._reverify: list[Execution] = []
@@ -399,9 +400,23 @@ class Firer:
     async def _take(self, items: list[Execution]) -> None:
         """Take executions whose time came back from the claim store: our own parked retries,
         and open claims of our slots whose holder is gone (found by the sweep)."""
+        # One take of an execution at a time: the timer and the sweep both come to a parked retry
+        # when it is due, and a second answer (HELD: the first take's own lease) must not end
+        # what the first one started (seed 100199: the execution was sending, marked over, its
+        # lease no longer renewed, and the slot's other owner delivered the attempt again).
+        taking = self.taking
+        unique = {e.ticket.member: e for e in items if e.ticket.member not in taking}
+        if not unique:
+            return
+        items = list(unique.values())
+        parked = {e.ticket.member for e in items if self.parked.get(e.ticket.member) is e}
+        taking.update(unique)
         loop = asyncio.get_running_loop()
         asked = loop.time()
-        results = await self.claims.take([e.ticket for e in items], self.cfg.lease_ms)
+        try:
+            results = await self.claims.take([e.ticket for e in items], self.cfg.lease_ms)
+        finally:
+            taking.difference_update(unique)
         lost: list[Execution] = []
         taken_over: list[Execution] = []
         for e, took in zip(items, results, strict=True):
@@ -410,6 +425,14 @@ class Firer:
                 self.trace("take", e, f"{took.state.name} attempt {took.attempt} ours={ours}")
             if ours:
                 del self.parked[e.ticket.member]
+            elif e.ticket.member in parked or e.ticket.name in self.held or e.ticket.name in self.closing:
+                # It left this node's hands while the take was out: closed (a pause or a delete
+                # cancelled it; its done mark lands on the claim just taken), handed over (its
+                # slot moved: parked again for the slot's owners), or held by another path.
+                if e.stage is Stage.OVER and took.state in (TakeState.TAKEN, TakeState.TAKEN_UNKNOWN):
+                    e.attempt = max(e.attempt, took.attempt)
+                    self._park(e, self.clock(), here=False)
+                continue
             if took.state in (TakeState.TAKEN, TakeState.TAKEN_UNKNOWN):
                 if not ours:
                     self.metrics.claim["taken_over"].inc()
