@@ -532,6 +532,15 @@ class PgNodeStore(NodeStore):
                 ),
                 {"a": since, "b": until, "n": node_id},
             )
+            # Only the latest end counts for the next decision: earlier empty marks go, so the
+            # table keeps the outages and one mark, not a row for every node start.
+            conn.execute(
+                text(
+                    "DELETE FROM cluster_outages WHERE until = since "
+                    "AND until < timestamptz 'epoch' + :b * interval '1 millisecond'"
+                ),
+                {"b": until},
+            )
         return outage
 
     async def outages(self, since_ms: int) -> list[tuple[int, int]]:
