@@ -124,6 +124,12 @@ class MemoryClaims(Claims):
             out.append(ClaimResult.WON)
         return out
 
+    def _stale(self, value: str, attempt: int) -> bool:
+        """A renewal of an attempt earlier than our claim holds: sent before the park of the next
+        attempt, landed after it; it changes nothing (renew.lua)."""
+        held = value[len(self._mine) :].split("|")[0]
+        return held.isdigit() and int(held) > attempt
+
     async def renew(self, holds: Sequence[Hold]) -> list[RenewResult]:
         sp = self.space
         now = sp.now()
@@ -136,8 +142,7 @@ class MemoryClaims(Claims):
                 result = RenewResult.RECLAIMED
             elif v.startswith(self._mine):
                 result = RenewResult.RENEWED
-                held = v[len(self._mine) :].split("|")[0]
-                if held.isdigit() and int(held) > h.attempt:  # stale: sent before the next attempt's park
+                if self._stale(v, h.attempt):
                     out.append(result)
                     continue
             else:

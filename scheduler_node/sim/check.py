@@ -28,7 +28,7 @@ from cronman.backfills import occurrences
 from cronman.execution import Trigger, backfill_trigger, execution_id
 from cronman.schedule import timing_from_dict
 from scheduler_node.sim.parts import Arrival
-from scheduler_node.sim.world import EPOCH, JobPlan, Sim
+from scheduler_node.sim.world import EPOCH, Fault, JobPlan, Sim
 
 FUZZ = 3.0  # seconds around a boundary that are not judged (change propagation, clock skew)
 
@@ -269,18 +269,34 @@ def _cause(sim: Sim, first: Arrival, second: Arrival, lease: float) -> str | Non
             return "redis lost its keys"
         if f.kind == "redis_down" and f.start <= second.at and f.end >= first.at - lease:
             return "redis unreachable"
-        # Slow enough to let a lease run out: leases are renewed every third of one, each renewal
-        # awaited, so arrivals drift apart by up to four one-way delays.
-        if (
-            f.kind == "redis_slow"
-            and lease / 3 + 4 * f.worst > lease
-            and f.start <= second.at
-            and f.end >= first.at - lease
-        ):
+        if f.kind == "redis_slow" and _lapsed(sim, f, first, second, lease):
             return "redis too slow to renew a lease"
         if f.kind == "cluster_stop" and first.at - lease <= f.start <= second.at:
             return "killed after delivering"
     return None
+
+
+def _lapsed(sim: Sim, f: Fault, first: Arrival, second: Arrival, lease: float) -> bool:
+    """A slow spell let the first holder's lease run out while it still held the attempt it
+    delivered, and the second holder took the claim over then. Leases are renewed every third of
+    one, each renewal awaited, so renewals land up to four one-way delays further apart: only a
+    spell that slow can do it. The first holder held the attempt at most its timeout after
+    delivering it, and its park or done mark lands within one one-way delay after that: a
+    takeover later than that took over what came next, not that attempt (a renewal that lands
+    late must not bring an attempt back)."""
+    if lease / 3 + 4 * f.worst <= lease:
+        return False
+    plan = sim.jobs.get(first.job_id)
+    timeout = float(plan.doc["target"].get("timeout_seconds", 2.0)) if plan is not None else 2.0
+    return any(
+        name.split(":")[0] == first.execution_id
+        and previous == first.holder
+        and taker == second.holder
+        and first.at - lease <= at <= first.at + timeout + f.worst + 0.01
+        and f.start <= at
+        and f.end >= first.at - lease
+        for at, name, previous, taker in sim.redis.takeovers
+    )
 
 
 def _overlapped(sim: Sim, job_id: str, t_ms: int) -> bool:

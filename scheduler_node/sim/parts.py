@@ -13,7 +13,7 @@ from typing import Any
 
 from cronman.errors import TransientError
 from cronman.hashing import slot_of
-from scheduler_node.claims.memory import ClaimSpace, MemoryClaims
+from scheduler_node.claims.memory import ClaimSpace, MemoryClaims, _claim_key
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder, JobRow, OwnedJob
 from scheduler_node.parts import (
@@ -29,6 +29,7 @@ from scheduler_node.parts import (
     RenewResult,
     Sender,
     Swept,
+    TakeState,
     Ticket,
     Took,
 )
@@ -77,6 +78,9 @@ class SimRedis:
     epoch: str = ""
     progress: int | None = None
     slow: Spells = field(default_factory=Spells)
+    # claims taken over from another holder: (when, claim name, from holder, by holder), so that
+    # the checks can tell a lease that ran out from an attempt number gone stale
+    takeovers: list[tuple[float, str, str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.space = ClaimSpace(now=self.now_ms)
@@ -139,7 +143,14 @@ class SimClaims(Claims):
 
     async def take(self, tickets: Sequence[Ticket], lease_ms: int) -> list[Took]:
         await self.redis.call()
+        space = self.redis.space
+        before = [space.get(_claim_key(t)) for t in tickets]
         out = await self.inner.take(tickets, lease_ms)
+        for t, value, took in zip(tickets, before, out, strict=True):
+            if took.state is TakeState.TAKEN and value is not None and value.startswith("c|"):
+                previous = value.split("|")[1]
+                if previous != self.holder:
+                    self.redis.takeovers.append((self.redis.world.now, t.name, previous, self.holder))
         await self._after()
         return out
 
