@@ -51,7 +51,7 @@ from scheduler_node.parts import (
 )
 from scheduler_node.senders import Senders
 from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
-from scheduler_node.store import Attempts, NodeStore
+from scheduler_node.store import Attempts, Ident, NodeStore
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.tracing import Tracing
 
@@ -547,6 +547,11 @@ class Firer:
         except Exception:  # noqa: BLE001 - cannot verify: deliver (at least once)
             log.exception("could not check history before a takeover")
             found = {}
+        # What this node did itself and has not written yet counts as history (seed 904: a node
+        # paused while delivering came back, finished the execution, and took it over again from
+        # the node that had taken it meanwhile; its success was still in its buffer, PostgreSQL
+        # having been away, so history did not show it, and it delivered the attempt again).
+        _fold(found, self.history.unwritten({e.ident for e in items}))
         for e in items:
             e.verify = False
             if e.stage is not Stage.WAITING:
@@ -1254,6 +1259,22 @@ def _adoptable(job: OwnedJob, d: Descriptor, since_ms: int) -> bool:
         and d.scheduled_ms > since_ms
         and _next(job, d.scheduled_ms - 1) == d.scheduled_ms
     )
+
+
+def _fold(found: dict[Ident, Attempts], rows: Iterable[HistoryRow]) -> None:
+    """Add history rows not written yet to what history says of their executions, as
+    ``NodeStore.attempts`` would once they are written (one row per attempt: the first written,
+    unless a later one is a success)."""
+    kept: dict[tuple[str, int, int, int, str], HistoryRow] = {}
+    for r in rows:
+        if r.key not in kept or r.status == Status.SUCCEEDED.value:
+            kept[r.key] = r
+    for r in kept.values():
+        ident = (r.job_id, r.scheduled_ms, r.event_index, r.trigger)
+        old = found.get(ident, Attempts(0, False))
+        final = old.final or r.status in FINAL
+        ended = (old.final and not old.only_skipped) or (r.status in FINAL and r.status != Status.SKIPPED.value)
+        found[ident] = Attempts(max(old.last_attempt, r.attempt), final, final and not ended)
 
 
 def _next(job: OwnedJob, after_ms: int) -> int | None:

@@ -12,11 +12,12 @@ database being unavailable is split until the rows that fail alone are found; th
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Executor
 from typing import Any, NamedTuple
 
@@ -119,6 +120,7 @@ class HistoryWriter:
         self.max_rows = max_rows
         self._buffer: deque[HistoryRow] = deque()
         self._quarantine: deque[HistoryRow] = deque()
+        self._writing: list[HistoryRow] = []  # the batch being written
         self._quarantine_retry_at = 0.0
         self._on_batch, self._on_failure, self._on_dropped = on_batch, on_failure, on_dropped
         self._on_poison = on_poison
@@ -133,6 +135,16 @@ class HistoryWriter:
     @property
     def quarantined(self) -> int:
         return len(self._quarantine)
+
+    def unwritten(self, idents: Collection[tuple[str, int, int, str]]) -> list[HistoryRow]:
+        """Rows of these executions ((job id, scheduled ms, event, trigger)) not in the database
+        yet: buffered, being written, or quarantined."""
+        wanted = set(idents)
+        return [
+            r
+            for r in itertools.chain(self._buffer, self._writing, self._quarantine)
+            if (r.job_id, r.scheduled_ms, r.event_index, r.trigger) in wanted
+        ]
 
     def add(self, row: HistoryRow) -> HistoryRow:
         """Buffer a row for the next write; returns it as it will be written."""
@@ -176,6 +188,7 @@ class HistoryWriter:
             self._quarantine.clear()
         while self._buffer:
             batch = [self._buffer.popleft() for _ in range(min(limit, len(self._buffer)))]
+            self._writing = batch
             try:
                 await self._write_isolating(batch)
             except asyncio.CancelledError:
@@ -189,6 +202,8 @@ class HistoryWriter:
                 self._on_failure()
                 log.warning("history write failed, %d rows held: %s", len(self._buffer), self.last_error)
                 return False
+            finally:
+                self._writing = []
             self._backoff = 0.0
             self.last_error = None
         return True

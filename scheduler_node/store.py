@@ -280,9 +280,13 @@ _UNAVAILABLE = (
 
 
 def _dedupe(batch: list[HistoryRow]) -> list[HistoryRow]:
+    """One row per attempt, as the database keeps them across batches: the first, unless a later
+    one is a success (a batch can hold a survivor's success and the failure it recovered from the
+    node that died, of the same attempt)."""
     seen: dict[tuple[str, int, int, int, str], HistoryRow] = {}
     for r in batch:
-        seen[r.key] = r
+        if r.key not in seen or r.status == "succeeded":
+            seen[r.key] = r
     return list(seen.values())
 
 

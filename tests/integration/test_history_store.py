@@ -143,6 +143,34 @@ def test_history_tells_an_execution_ended_by_a_skip_from_one_that_ran(db) -> Non
     assert asyncio.run(store.attempts([ident]))[ident] == Attempts(2, True, False)
 
 
+def test_rows_not_written_yet_say_what_history_will_say(db) -> None:  # type: ignore[no-untyped-def]
+    """A takeover's check of history also reads the node's own rows not written yet (PostgreSQL
+    away, or the batch on its way): folded as the database folds them once written, for every
+    sequence of outcomes of two attempts."""
+    import asyncio
+    import itertools
+
+    from scheduler_node.firer import _fold
+
+    statuses = ["failed", "succeeded", "permanently_failed", "skipped", "cancelled"]
+    when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    base = parse_iso(when)
+    job = f"fold-{uuid.uuid4().hex[:8]}"
+    cases: list[list[HistoryRow]] = []
+    for n, (a, b) in enumerate(itertools.product(statuses, [None, *statuses])):
+        for same_attempt in (False, True):
+            ms = base + 1000 * (2 * n + same_attempt)
+            row = _row(when)._replace(job_id=job, scheduled_ms=ms, execution_id=str(uuid.uuid4()), status=a)
+            rows = [row] if b is None else [row, row._replace(attempt=1 if same_attempt else 2, status=b)]
+            cases.append(rows)
+    folded: dict[tuple[str, int, int, str], Attempts] = {}
+    _fold(folded, [r for rows in cases for r in rows])
+    asyncio.run(_write(db, [r for rows in cases for r in rows]))
+    store = PgNodeStore(db, ThreadPoolExecutor(1))
+    idents = [(job, rows[0].scheduled_ms, 0, "schedule") for rows in cases]
+    assert asyncio.run(store.attempts(idents)) == {i: folded[i] for i in idents}
+
+
 def test_a_row_postgresql_cannot_store_as_given_is_cleaned_not_lost(db) -> None:  # type: ignore[no-untyped-def]
     """A receiver's error text with NUL bytes and lone surrogates, a lag past int4 (a redelivery of
     an execution weeks old): each row is stored, and the rows beside it too."""
