@@ -4,7 +4,8 @@ states it):
 1. every occurrence due while any node was alive is delivered at least once, late or not;
 2. every extra delivery of one attempt is attributable to a named fault (a process killed after
    delivering, a process paused past its lease, Redis losing its keys, being unreachable or too
-   slow to renew a lease);
+   slow to renew a lease), and never comes from the process that had itself already delivered that
+   attempt with success;
 3. retries, manual triggers, redeliveries and backfills survive every handover (Redis losing its
    data loses the retries parked there whose holder has stopped since, and the claims of a
    backfill's executions not sent yet: that is the one named exception);
@@ -234,6 +235,7 @@ def _stopped_after(plan: JobPlan, t: float) -> bool:
 
 def _duplicates(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) -> None:
     lease = sim.cfg.lease_seconds
+    succeeded = {(r.execution_id, r.attempt): r for r in sim.db.history.values() if r.status == "succeeded"}
     for eid, got in arrivals.items():
         by_attempt: dict[int, list[Arrival]] = defaultdict(list)
         for a in got:
@@ -244,6 +246,24 @@ def _duplicates(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) ->
             same.sort(key=lambda a: a.at)
             for second in same[1:]:
                 report.duplicates += 1
+                row = succeeded.get((eid, attempt))
+                if (
+                    row is not None
+                    and row.finished_ms is not None
+                    and second.holder == same[0].holder == row.node + "/" + second.holder.split("/")[1]
+                ):
+                    finished = row.finished_ms / 1000 - sim.skew.get(row.node, 0.0)
+                    # (Redis losing its keys is the exception: the node claims what it lost again)
+                    lost = any(
+                        f.kind == "redis_loss" and same[0].at - lease <= f.start <= second.at for f in sim.faults
+                    )
+                    if same[0].at <= finished < second.at - 0.01 and not lost:
+                        report.violations.append(
+                            f"delivered again by the process that had finished it: execution {eid} "
+                            f"({same[0].job_id}) attempt {attempt}, by {second.holder} at {_at(same[0].at)}, "
+                            f"succeeded at {_at(finished)}, and again at {_at(second.at)}"
+                        )
+                        continue
                 cause = _cause(sim, same[0], second, lease)
                 if cause is None:
                     report.violations.append(
