@@ -287,7 +287,9 @@ def _cause(sim: Sim, first: Arrival, second: Arrival, lease: float) -> str | Non
             return "paused past its lease"
         if f.kind == "redis_loss" and first.at - 60 <= f.start <= second.at:
             return "redis lost its keys"
-        if f.kind == "redis_down" and f.start <= second.at and f.end >= first.at - lease:
+        # Renewals fail while Redis is away: the claim store saw the claim taken from one of the
+        # two holders by the other then, or at the first sweeps after it came back.
+        if f.kind == "redis_down" and _taken(sim, first, second, f.start, f.end + lease + 4.0):
             return "redis unreachable"
         if f.kind == "redis_slow" and _lapsed(sim, f, first, second, lease):
             return "redis too slow to renew a lease"
@@ -308,15 +310,30 @@ def _lapsed(sim: Sim, f: Fault, first: Arrival, second: Arrival, lease: float) -
         return False
     plan = sim.jobs.get(first.job_id)
     timeout = float(plan.doc["target"].get("timeout_seconds", 2.0)) if plan is not None else 2.0
-    return any(
-        name.split(":")[0] == first.execution_id
-        and previous == first.holder
-        and taker == second.holder
-        and first.at - lease <= at <= first.at + timeout + f.worst + 0.01
-        and f.start <= at
-        and f.end >= first.at - lease
-        for at, name, previous, taker in sim.redis.takeovers
+    return f.end >= first.at - lease and _taken(
+        sim, first, second, max(f.start, first.at - lease), first.at + timeout + f.worst + 0.01, one_way=True
     )
+
+
+def _taken(sim: Sim, first: Arrival, second: Arrival, since: float, until: float, one_way: bool = False) -> bool:
+    """The claim store saw the execution's claim taken, between ``since`` and ``until``, from the
+    first delivery's holder by the second's: directly when ``one_way``, else through a chain of
+    takeovers (A to B to A: a node can take back what was taken from it), either way round."""
+    takes = sorted(
+        (at, previous, taker)
+        for at, name, previous, taker in sim.redis.takeovers
+        if name.split(":")[0] == first.execution_id and since <= at <= until
+    )
+    if one_way:
+        return any((previous, taker) == (first.holder, second.holder) for _, previous, taker in takes)
+    for a, b in ((first.holder, second.holder), (second.holder, first.holder)):
+        reached = {a}
+        for _, previous, taker in takes:
+            if previous in reached:
+                if taker == b:
+                    return True
+                reached.add(taker)
+    return False
 
 
 def _overlapped(sim: Sim, job_id: str, t_ms: int) -> bool:
