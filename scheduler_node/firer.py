@@ -51,7 +51,7 @@ from scheduler_node.parts import (
 )
 from scheduler_node.senders import Senders
 from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
-from scheduler_node.store import Attempts, Ident, NodeStore
+from scheduler_node.store import Attempts, Ident, NodeStore, one_row_per_attempt
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.tracing import Tracing
 
@@ -429,7 +429,11 @@ class Firer:
                 # It left this node's hands while the take was out: closed (a pause or a delete
                 # cancelled it; its done mark lands on the claim just taken), handed over (its
                 # slot moved: parked again for the slot's owners), or held by another path.
-                if e.stage is Stage.OVER and took.state in (TakeState.TAKEN, TakeState.TAKEN_UNKNOWN):
+                if (
+                    e.ticket.member in parked
+                    and e.stage is Stage.OVER
+                    and took.state in (TakeState.TAKEN, TakeState.TAKEN_UNKNOWN)
+                ):
                     e.attempt = max(e.attempt, took.attempt)
                     self._park(e, self.clock(), here=False)
                 continue
@@ -1265,11 +1269,7 @@ def _fold(found: dict[Ident, Attempts], rows: Iterable[HistoryRow]) -> None:
     """Add history rows not written yet to what history says of their executions, as
     ``NodeStore.attempts`` would once they are written (one row per attempt: the first written,
     unless a later one is a success)."""
-    kept: dict[tuple[str, int, int, int, str], HistoryRow] = {}
-    for r in rows:
-        if r.key not in kept or r.status == Status.SUCCEEDED.value:
-            kept[r.key] = r
-    for r in kept.values():
+    for r in one_row_per_attempt(rows):
         ident = (r.job_id, r.scheduled_ms, r.event_index, r.trigger)
         old = found.get(ident, Attempts(0, False))
         final = old.final or r.status in FINAL

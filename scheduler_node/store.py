@@ -279,7 +279,7 @@ _UNAVAILABLE = (
 )
 
 
-def _dedupe(batch: list[HistoryRow]) -> list[HistoryRow]:
+def one_row_per_attempt(batch: Iterable[HistoryRow]) -> list[HistoryRow]:
     """One row per attempt, as the database keeps them across batches: the first, unless a later
     one is a success (a batch can hold a survivor's success and the failure it recovered from the
     node that died, of the same attempt)."""
@@ -662,7 +662,7 @@ class PgNodeStore(NodeStore):
                         self._ensure_days(days)
                     cur = raw.cursor()
                     try:
-                        rows = _dedupe(batch)
+                        rows = one_row_per_attempt(batch)
                         cur.execute(_INSERT_NEW, _columns(rows))
                         new = {(r[0], int(r[1]), r[2], r[3], r[4]) for r in cur.fetchall()}
                         fresh = [r for r in rows if r.key in new]
