@@ -39,15 +39,17 @@ SOLO = {
     # parallel pass it missed occurrences only because they arrived after its window closed
     "tests/engines/test_failover_under_load.py",
 }
+# Two groups of about equal length (the durations of `make test`): each is one worker's queue.
 PROCESS_GROUPS = {
     "tests/cluster/test_node_loss.py": "processes-a",
     "tests/cluster/test_claims.py": "processes-a",
     "tests/cluster/test_redis_restart.py": "processes-a",
+    "tests/cluster/test_rolling_restart.py": "processes-a",
     "tests/faults/test_outages.py": "processes-b",
     "tests/fleet/test_fleet_processes.py": "processes-b",
-    "tests/cluster/test_rolling_restart.py": "processes-b",
     "tests/cluster/test_backfill.py": "processes-b",
     "tests/cluster/test_membership.py": "processes-b",
+    "tests/cluster/test_standby.py": "processes-b",
 }
 
 
