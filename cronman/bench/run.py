@@ -127,7 +127,7 @@ def run_bench(
 
     signal.signal(signal.SIGTERM, on_term)
     workdir = data_dir or Path(tempfile.mkdtemp(prefix="cronman-bench-", dir="/tmp"))
-    stack = BenchStack(workdir, node_env=dict(node_env or {}), say=say)
+    stack = BenchStack(workdir, node_env=dict(node_env or {}), say=say, statements=profile_dir is not None)
     bench = Bench(stack, params, say=say, profile_dir=profile_dir)
     errors: dict[str, str] = {}
     timings: dict[str, float] = {}

@@ -205,13 +205,17 @@ def run_steady(b: Bench) -> dict[str, Any]:
     stack.receiver.reset()
     sleep_until(t0)
     meter = CpuMeter(stack.processes()).start()
-    spy = None
+    spy = stores = None
     if b.profile_dir is not None:
         from cronman.bench.profiling import start_py_spy
+        from cronman.bench.storeprofile import StoreMeter
 
+        stores = StoreMeter(stack.database_url, stack.redis_url).start()
         spy = start_py_spy(nodes[0].pid, measure, b.profile_dir, stack.logs)
     sleep_until(t1)
     cpu = meter.stop()
+    if stores is not None:
+        stores.stop()
     sleep_until(t1 + tail)
     counters = node_counters(nodes)
     arrivals = stack.receiver.snapshot()
@@ -222,6 +226,12 @@ def run_steady(b: Bench) -> dict[str, Any]:
         from cronman.bench.profiling import finish_py_spy
 
         profile = finish_py_spy(spy, nodes[0].node_id)
+    if stores is not None and b.profile_dir is not None:
+        from cronman.bench.storeprofile import write_report
+
+        report = stores.report(round(fig.arrivals_per_s * measure))
+        write_report(report, b.profile_dir / "bench-stores.txt")
+        profile = {**(profile or {}), "stores": report}
     b.say(f"  steady: {fig.fires_per_s:.0f} fires/s, lag p99 {fig.lag_ms['p99']} ms; stopping nodes")
     stopped = stack.stop_nodes()
     out = fig.as_dict()

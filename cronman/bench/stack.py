@@ -60,6 +60,7 @@ class BenchStack:
     replication: int = 2
     node_env: dict[str, str] = field(default_factory=dict)
     say: Any = print
+    statements: bool = False  # PostgreSQL counts its statements (pg_stat_statements): --profile
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
@@ -82,11 +83,18 @@ class BenchStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.workdir, 0o755)  # PostgreSQL runs as 'nobody' when the bench runs as root
         self.logs.mkdir(exist_ok=True)
-        self.pg = EmbeddedPostgres(self.workdir / "postgres", durable=False, log=self.logs / "postgres.log")
+        settings = {"shared_preload_libraries": "pg_stat_statements"} if self.statements else None
+        self.pg = EmbeddedPostgres(
+            self.workdir / "postgres", durable=False, log=self.logs / "postgres.log", settings=settings
+        )
         self.database_url = self.pg.start()
         self.redis = EmbeddedRedis(self.workdir / "redis", persist=False, log=self.logs / "redis.log")
         self.redis_url = self.redis.start()
         upgrade(self.database_url)
+        if self.statements:
+            from cronman.bench.storeprofile import enable_statements
+
+            enable_statements(self.database_url)
         engine = make_engine(self.database_url, pool_size=1)
         run_maintenance(engine, datetime.now(UTC).date(), 45, 7)
         engine.dispose()
