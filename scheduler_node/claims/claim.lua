@@ -16,11 +16,14 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local holder, lease, keep = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local mine = 'c|' .. holder .. '|'
 local deadline = now + lease
+-- the same for every execution of the call: built once (a Lua string is hashed when it is made)
+local first = mine .. '1|'
+local value, ttl, n = first .. deadline, keep + lease, #mine + 2
 local out = {}
 for i = 1, #KEYS / 3 do
   local key, open, guard = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local member, guarded = ARGV[2 + 2 * i], ARGV[3 + 2 * i] == '1'
-  if redis.call('SET', key, mine .. '1|' .. deadline, 'NX', 'PX', keep + lease) then
+  if redis.call('SET', key, value, 'NX', 'PX', ttl) then
     local busy = false
     if guarded then
       local g = redis.call('GET', guard)
@@ -37,7 +40,7 @@ for i = 1, #KEYS / 3 do
     else
       redis.call('ZADD', open, deadline, member)
       if guarded then
-        redis.call('SET', guard, key .. '|' .. deadline, 'PX', keep + lease)
+        redis.call('SET', guard, key .. '|' .. deadline, 'PX', ttl)
       end
       out[i] = 1
     end
@@ -46,14 +49,14 @@ for i = 1, #KEYS / 3 do
     -- Our own first-attempt claim, made by a call whose answer we never got: still ours, and held
     -- from now (a repeat may come after its lease ran out: a batch that failed on another shard).
     -- A retry of ours parked there is not: it is taken when its time comes.
-    if v and string.sub(v, 1, #mine + 2) == mine .. '1|' then
+    if v and string.sub(v, 1, n) == first then
       if tonumber(string.match(v, '|(%d+)$') or '0') < deadline then
-        redis.call('SET', key, mine .. '1|' .. deadline, 'PX', keep + lease)
+        redis.call('SET', key, value, 'PX', ttl)
         redis.call('ZADD', open, deadline, member)
         if guarded then
           local g = redis.call('GET', guard)
           if g == false or string.sub(g, 1, #key + 1) == key .. '|' then
-            redis.call('SET', guard, key .. '|' .. deadline, 'PX', keep + lease)
+            redis.call('SET', guard, key .. '|' .. deadline, 'PX', ttl)
           end
         end
       end

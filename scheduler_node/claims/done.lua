@@ -12,13 +12,15 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local holder, keep = ARGV[1], tonumber(ARGV[2])
 local mine = 'c|' .. holder .. '|'
+local finished = 'd|' .. holder .. '|'  -- (built once per call, as are their lengths)
+local nm, nf = #mine, #finished
 local out = {}
 for i = 1, #KEYS / 4 do
   local key, open, guard, unrec = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local base = 2 + 4 * (i - 1)
   local member, value, row, guarded = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4] == '1'
   local v = redis.call('GET', key)
-  if v == false or string.sub(v, 1, #mine) == mine or string.sub(v, 1, #holder + 3) == 'd|' .. holder .. '|' then
+  if v == false or string.sub(v, 1, nm) == mine or string.sub(v, 1, nf) == finished then
     redis.call('SET', key, value, 'PX', keep)
     redis.call('ZREM', open, member)
     if guarded then
