@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     standby_grace_seconds: float = Field(0.0, ge=0)
     standby_publish_seconds: float = Field(0.1, gt=0, le=5)
     max_in_flight: int = Field(1000, ge=1)
-    history_flush_seconds: float = Field(0.1, gt=0)
+    history_flush_seconds: float = Field(0.3, gt=0)
     history_buffer_max: int = Field(1_000_000, ge=1000)
     maintain_interval_seconds: float = Field(3600.0, gt=0)
     # The firing core: no namespace holds more than this share of max_in_flight while another
