@@ -19,9 +19,11 @@ for i = 1, #KEYS / 4 do
   local key, open, guard, unrec = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
   local base = 2 + 4 * (i - 1)
   local member, value, row, guarded = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4] == '1'
-  local v = redis.call('GET', key)
+  -- Marked at once, reading what was there (one call, where a GET before the SET was two): when
+  -- it was another node's, it is put back as it was, a claim with the expiry it had (its deadline
+  -- and the time a mark is kept), a finished mark kept from now.
+  local v = redis.call('SET', key, value, 'PX', keep, 'GET')
   if v == false or string.sub(v, 1, nm) == mine or string.sub(v, 1, nf) == finished then
-    redis.call('SET', key, value, 'PX', keep)
     redis.call('ZREM', open, member)
     if guarded then
       local g = redis.call('GET', guard)
@@ -31,6 +33,11 @@ for i = 1, #KEYS / 4 do
     end
     out[i] = 1
   else
+    local ttl = keep
+    if string.sub(v, 1, 2) == 'c|' then
+      ttl = math.max(1, tonumber(string.match(v, '|(%d+)$') or '0') + keep - now)
+    end
+    redis.call('SET', key, v, 'PX', ttl)
     out[i] = 0
   end
   if row ~= '' then

@@ -373,6 +373,7 @@ def test_done_by_another_than_the_holder_is_a_duplicate_and_rows_wait_until_reco
             False,
             True,
         ]
+        assert await b.renew([Hold(t, 1, LEASE_MS)]) == [RenewResult.RENEWED]  # still b's claim
         assert await b.done([Finish(t, "succeeded", 1, "row-b-t")]) == [True]
         assert (await b.sweep([30, 31], 10, 60_000)).unrecorded == []  # too recent for a sweep to act
         swept = await b.sweep([30, 31], 10, 0)
