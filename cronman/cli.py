@@ -246,6 +246,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     """Run the deterministic simulation of a cluster under faults (scheduler_node.sim)."""
     import json as _json
     import time as _time
+    from dataclasses import replace
 
     from scheduler_node.sim.run import run_seeds, trace
     from scheduler_node.sim.world import FAULTS, SimConfig
@@ -255,7 +256,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if unknown:
         print(f"cronman sim: unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}", file=sys.stderr)
         return 2
-    base = SimConfig(0, faults=faults) if args.duration is None else SimConfig(0, duration=args.duration, faults=faults)
+    if args.tick is not None and not 0 < args.tick <= 1:
+        print("cronman sim: --tick is seconds between timer passes, above 0 and at most 1", file=sys.stderr)
+        return 2
+    base = SimConfig(0, faults=faults, tick=args.tick)
+    if args.duration is not None:
+        base = replace(base, duration=args.duration)
     if args.trace:
         report, steps, injected = trace(args.seed if args.seed is not None else args.start, args.trace, base)
         print("\n".join(["faults:", *injected, "steps:", *steps]))
@@ -277,7 +283,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     for r in failed:
         print(
             f"seed {r['seed']}: {r['violations'][0]} ({len(r['violations'])} in all); replay: cronman sim --seed "
-            f"{r['seed']} --trace '*'"
+            f"{r['seed']}{'' if args.tick is None else f' --tick {args.tick:g}'} --trace '*'"
         )
     if args.json:
         with open(args.json, "w") as f:
@@ -366,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--duration", type=float, default=None, help="seconds of simulated faults per seed (default 35)")
     s.add_argument("--faults", default="all", help="comma-separated fault kinds, or all")
+    s.add_argument(
+        "--tick", type=float, default=None, help="the nodes' timer_tick_seconds (default: the product's default)"
+    )
     s.add_argument("--processes", type=int, default=None, help="parallel processes (default: one per core)")
     s.add_argument("--json", default=None, metavar="FILE", help="write every seed's report to FILE")
     s.set_defaults(fn=cmd_sim)

@@ -113,6 +113,9 @@ class Node:
         self._absent_since: dict[str, float] = {}
         self._members: dict[str, bool] = {}  # node id -> ready, as last seen
         self._pending_catch_up: dict[str, int] = {}  # job id -> from when, until this node is ready
+        # Slots loaded since the firer last claimed through the time they were loaded at: what they
+        # owe (their catch-up) is not claimed yet, so this node's progress does not speak for them.
+        self._unsettled: dict[int, int] = {}  # slot -> loaded at (ms)
         self._outages: list[tuple[int, int]] = []
         self._stopping = False
         self._epoch: str | None = None  # the Redis data's epoch token, as last seen
@@ -155,6 +158,7 @@ class Node:
                 max_in_flight=s.max_in_flight,
                 namespace_share=s.namespace_inflight_share,
                 sweep_seconds=max(0.2, s.lease_seconds / 2),
+                tick_seconds=s.timer_tick_seconds,
                 unrecorded_after_ms=int(s.history_recover_after_seconds * 1000),
                 faults=s.faults,
                 slots=self.slot_count,
@@ -422,6 +426,8 @@ class Node:
         if removed:
             self.firer.set_slots(self.owned - removed)
             self.owned = self.owned - removed
+            for slot in removed:
+                self._unsettled.pop(slot, None)
             if standby is not None:
                 standby.set_owned(self.owned)
             self.metrics.slots_moved.labels("dropped").inc(len(removed))
@@ -435,6 +441,8 @@ class Node:
             except BaseException:
                 self.firer.set_slots(self.owned)
                 raise
+            loaded_at = self.now_ms()
+            self._unsettled.update(dict.fromkeys(added, loaded_at))
             self.owned = self.owned | added
             if standby is not None:
                 standby.loaded(sorted(added))
@@ -612,9 +620,18 @@ class Node:
         firer = self.firer
         if firer is None or firer.progress_ms is None or not self.ready:
             return
+        # A slot counts once the firer has claimed through the time it was loaded: before that, its
+        # mark stays what its previous owners recorded, and whoever takes it next catches up from
+        # there. (This node's progress predates the slot's catch-up; saved for the slot while the
+        # claim store was away, it lost the catch-up of a node killed meanwhile: seed 100656.)
+        unsettled = self._unsettled
+        if unsettled:
+            for slot in [s for s, at in unsettled.items() if firer.progress_ms >= at]:
+                del unsettled[slot]
+        owned = self.owned.difference(unsettled) if unsettled else self.owned
         try:
             await self.parts.store.save_progress(
-                self.node_id, self.incarnation, firer.progress_ms, bitmap(self.owned, self.slot_count)
+                self.node_id, self.incarnation, firer.progress_ms, bitmap(owned, self.slot_count)
             )
         except TransientError as exc:
             log.warning("could not record how far this node fired: %s", exc)

@@ -48,6 +48,7 @@ class SimConfig:
     # Slow spells of Redis and PostgreSQL (round trips up to a second longer for a few seconds);
     # None: seeds from SLOW_FROM on, so that the seeds below replay the runs they always had.
     slow: bool | None = None
+    tick: float | None = None  # the nodes' timer_tick_seconds; None: the product's default
 
 
 @dataclass
@@ -154,6 +155,8 @@ class Sim:
             node_port=-1,
             dev_mode=True,
         )
+        if cfg.tick is not None:
+            self.settings = self.settings.model_copy(update={"timer_tick_seconds": cfg.tick})
         self.processes: dict[str, Process] = {}
         self.starts = 0
         self.faults: list[Fault] = []

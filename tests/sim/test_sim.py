@@ -64,6 +64,7 @@ def test_seeds_with_slow_spells_keep_the_guarantee() -> None:
 # Seeds beyond the regular range that once found a defect (each named in docs/architecture.md).
 FOUND = [
     545,
+    904,
     20011,
     20202,
     20543,
@@ -87,6 +88,16 @@ FOUND = [
 def test_seeds_that_found_a_defect_keep_the_guarantee(seed: int) -> None:
     report = run_seed(seed, SimConfig(seed))
     assert not report.violations, f"{report.violations[:3]} - replay: cronman sim --seed {seed} --trace '*'"
+
+
+# Seeds that found a defect with timer passes at least 50 ms apart (timer_tick_seconds=0.05).
+FOUND_TICK_50MS = [100656]
+
+
+@pytest.mark.parametrize("seed", FOUND_TICK_50MS)
+def test_seeds_found_with_longer_timer_passes_keep_the_guarantee(seed: int) -> None:
+    report = run_seed(seed, SimConfig(seed, tick=0.05))
+    assert not report.violations, f"{report.violations[:3]} - replay with SimConfig(seed, tick=0.05)"
 
 
 def test_a_seed_replays_exactly() -> None:
