@@ -65,7 +65,7 @@ _OVERLAP = "overlap: the previous execution of this job was still in flight"
 _SWEEP_LIMIT = 500  # open claims looked at per slot per sweep
 WAITING_LEASES = 3  # an execution waiting for a permit or a slot is leased this many leases at a time
 RECREATED_KEPT = 10_000  # jobs deleted and created again remembered for adoption (the latest)
-RETAKE_MS = 250  # a parked retry whose take found a live lease is taken again this much later
+RETAKE_MS = 250  # a parked retry whose take found a live lease is taken again at least this much later
 PAUSE_RECHECK_MS = 1000  # a takeover this node cannot judge paused yet is parked again this long
 DELETE_GATHER_S = 0.05  # completed jobs gathered this long into one delete (delete_after_completion)
 
@@ -458,11 +458,13 @@ class Firer:
             elif took.state is TakeState.HELD and ours:
                 # Our retry, and the claim store shows a live lease: our clock is ahead of Redis's,
                 # or the park of this attempt did not land (Redis was away) and the lease is the
-                # attempt before's. Still parked here, taken again shortly; the sweep, which goes by
+                # attempt before's. Still parked here, taken again when that lease ends (the answer
+                # says when, by Redis's clock), and not sooner than shortly: a lease another node
+                # holds for a long backoff is not asked after all that time. The sweep, which goes by
                 # Redis's clock, finds this same execution. (Dropped instead, a sweep took it back at
                 # the attempt before and sent that again: seed 463.)
                 self.parked[e.ticket.member] = e
-                self._later(self.clock() + RETAKE_MS, e)
+                self._later(max(self.clock() + RETAKE_MS, took.attempt), e)
             else:
                 e.stage = Stage.OVER
         if taken_over:  # one line per batch (a dead node's slots can hold thousands)
