@@ -235,7 +235,21 @@ node_progress = Table(
     Column("fired_through", DateTime(timezone=True), nullable=False),
     Column("slots", LargeBinary, nullable=False, comment="bitmap of the slots fired through that time"),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The Redis data the claims were made in: when it is lost, fired_through is lowered to what
+    # the loss leaves standing, and firing_through (never lowered) still says the cluster fired.
+    Column("epoch", Text),
+    Column("firing_through", DateTime(timezone=True)),
     PrimaryKeyConstraint("node_id", "incarnation"),
+)
+
+# Redis data lost (by its epoch token): progress claimed in it speaks for occurrences up to `since`.
+lost_epochs = Table(
+    "lost_epochs",
+    metadata,
+    Column("epoch", Text, primary_key=True),
+    Column("since", DateTime(timezone=True), nullable=False),
+    Column("noticed_by", Text),
+    Column("noticed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
 # Times when no scheduler was running at all: only occurrences due then are misfires.

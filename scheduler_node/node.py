@@ -120,6 +120,7 @@ class Node:
         self._stopping = False
         self._epoch: str | None = None  # the Redis data's epoch token, as last seen
         self._epoch_ok_ms = 0
+        self._losses: list[tuple[str, str, int]] = []  # Redis data lost: (epoch, the new one, since ms)
         self._cluster_progress_ms: int | None = None  # as Redis last reported it
         self.firer: Firer | None = None
         self.history: HistoryWriter | None = None
@@ -308,25 +309,35 @@ class Node:
                 beat = await self.parts.membership.beat(self._info(), progress)
                 self.metrics.heartbeat_age.set(0)
                 if self._epoch is not None and beat.epoch != self._epoch:
-                    self._redis_lost(self._epoch_ok_ms)
+                    self._redis_lost(self._epoch, beat.epoch, self._epoch_ok_ms)
                 self._epoch = beat.epoch
                 self._epoch_ok_ms = self.now_ms()
                 self._cluster_progress_ms = beat.progress_ms
             except TransientError as exc:
                 log.warning("heartbeat failed: %s", exc)
+            if self._losses:
+                await self._record_losses()
             await asyncio.sleep(self.s.heartbeat_interval_seconds)
 
-    def _redis_lost(self, intact_ms: int) -> None:
+    def _redis_lost(self, lost: str, current: str, intact_ms: int) -> None:
         """Redis restarted empty (its epoch token changed): the claims it held are gone. What this
         node holds itself it claims again (renewals, parked retries); what nobody held in memory
         (claims of nodes that died or handed work over) is found again here: every occurrence of
         the owned jobs since shortly before Redis was last seen intact is claimed once more,
-        checked against history first, so what was delivered is not delivered again."""
+        checked against history first, so what was delivered is not delivered again.
+
+        Progress recorded before the loss spoke for those claims: it is lowered to the same point
+        (``NodeStore.lose_epoch``) before this node records progress again, so that a node dying
+        before its claims are made again leaves its slots' next owner a mark it can resume from
+        (seed 101319 with 50 ms passes)."""
+        s = self.s
+        since = intact_ms - int((s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2) * 1000)
+        self._losses.append((lost, current, since))
         firer = self.firer
         if firer is None or not self.ready:
             return
-        s = self.s
-        since = intact_ms - int((s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2) * 1000)
+        if firer.progress_ms is not None:  # until the next pass says how far the claims got again
+            firer.progress_ms = min(firer.progress_ms, since - 1)
         now = self.now_ms()
         # Occurrences due while the whole cluster was down got their misfire policy, which is
         # not to be undone here (seed 65289: Redis lost its data seconds after an outage ended,
@@ -349,6 +360,20 @@ class Node:
         )
         firer._repark_all()
         firer.enqueue(again)
+
+    async def _record_losses(self) -> bool:
+        """Record the losses of Redis data this node noticed (oldest first); False while some are
+        not recorded yet."""
+        assert self.parts is not None
+        while self._losses:
+            lost, current, since = self._losses[0]
+            try:
+                await self.parts.store.lose_epoch(lost, current, since, self.node_id)
+            except TransientError as exc:
+                log.warning("could not record that Redis lost its data: %s", exc)
+                return False
+            self._losses.pop(0)
+        return True
 
     async def _membership_loop(self) -> None:
         """Track the live set. A node counts as gone only after it has been missing for a heartbeat
@@ -629,9 +654,11 @@ class Node:
             for slot in [s for s, at in unsettled.items() if firer.progress_ms >= at]:
                 del unsettled[slot]
         owned = self.owned.difference(unsettled) if unsettled else self.owned
+        if self._losses and not await self._record_losses():
+            return  # progress of the new data is saved once the old data's loss is on record
         try:
             await self.parts.store.save_progress(
-                self.node_id, self.incarnation, firer.progress_ms, bitmap(owned, self.slot_count)
+                self.node_id, self.incarnation, firer.progress_ms, bitmap(owned, self.slot_count), self._epoch
             )
         except TransientError as exc:
             log.warning("could not record how far this node fired: %s", exc)

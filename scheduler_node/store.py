@@ -130,11 +130,25 @@ class NodeStore(abc.ABC):
     async def cluster_config(self) -> ClusterConfig: ...
 
     @abc.abstractmethod
-    async def save_progress(self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes) -> None: ...
+    async def save_progress(
+        self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes, epoch: str | None
+    ) -> None:
+        """This node has claimed every occurrence of ``slots`` through ``fired_through_ms``, in the
+        Redis data of ``epoch``. Progress only grows within an epoch; claimed in an epoch recorded
+        lost, it counts up to where the loss left it (see :meth:`lose_epoch`)."""
 
     @abc.abstractmethod
-    async def slot_marks(self) -> tuple[dict[int, int], int | None]:
-        """How far each slot was fired (by any node), and how far the cluster fired at all."""
+    async def lose_epoch(self, epoch: str, current: str, since_ms: int, node_id: str) -> None:
+        """Redis lost the data of ``epoch`` (its claims, done marks, unwritten rows), noticed when
+        it answered with ``current``: progress claimed in any other epoch than ``current`` speaks
+        for occurrences up to ``since_ms`` only, now and when saved later, and how far the cluster
+        fired stays as it was."""
+
+    @abc.abstractmethod
+    async def slot_marks(self, firing: bool = False) -> tuple[dict[int, int], int | None]:
+        """How far each slot was fired (by any node), and how far the cluster fired at all. A
+        slot's mark is lowered by a loss of Redis's data (what a node taking it over resumes
+        from); with ``firing``, how far it was fired anyway (what the watchdog goes by)."""
 
     @abc.abstractmethod
     async def back(
@@ -484,37 +498,74 @@ class PgNodeStore(NodeStore):
         return out
 
     # -- progress and outages
-    async def save_progress(self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes) -> None:
-        await self._call(self._save_progress, node_id, incarnation, fired_through_ms, slots)
+    async def save_progress(
+        self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes, epoch: str | None
+    ) -> None:
+        await self._call(self._save_progress, node_id, incarnation, fired_through_ms, slots, epoch)
 
-    def _save_progress(self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes) -> None:
+    def _save_progress(
+        self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes, epoch: str | None
+    ) -> None:
+        # Within an epoch a node's mark only grows; a node that noticed a loss saves in the new
+        # epoch the progress it lowered itself. Claimed in an epoch since lost (by a node that has
+        # not noticed yet), the mark goes no further than the loss left it.
         with self.engine.begin() as conn:
             conn.execute(
                 text(
-                    "INSERT INTO node_progress (node_id, incarnation, fired_through, slots, updated_at) VALUES "
-                    "(:n, :i, timestamptz 'epoch' + :ms * interval '1 millisecond', :s, now()) "
-                    "ON CONFLICT (node_id, incarnation) DO UPDATE SET slots = EXCLUDED.slots, updated_at = now(), "
-                    "fired_through = GREATEST(node_progress.fired_through, EXCLUDED.fired_through)"
+                    "INSERT INTO node_progress AS p "
+                    "(node_id, incarnation, fired_through, firing_through, slots, epoch, updated_at) "
+                    "SELECT :n, :i, LEAST(t.at, (SELECT since FROM lost_epochs WHERE epoch = :e)), t.at, :s, :e, now() "
+                    "FROM (SELECT timestamptz 'epoch' + :ms * interval '1 millisecond' AS at) t "
+                    "ON CONFLICT (node_id, incarnation) DO UPDATE SET slots = EXCLUDED.slots, "
+                    "updated_at = now(), epoch = EXCLUDED.epoch, "
+                    "firing_through = GREATEST(p.firing_through, EXCLUDED.firing_through), "
+                    "fired_through = CASE WHEN p.epoch IS NOT DISTINCT FROM EXCLUDED.epoch "
+                    "THEN GREATEST(p.fired_through, EXCLUDED.fired_through) ELSE EXCLUDED.fired_through END"
                 ),
-                {"n": node_id, "i": incarnation, "ms": fired_through_ms, "s": slots},
+                {"n": node_id, "i": incarnation, "ms": fired_through_ms, "s": slots, "e": epoch},
             )
 
-    async def slot_marks(self) -> tuple[dict[int, int], int | None]:
-        return await self._call(self._slot_marks)
+    async def lose_epoch(self, epoch: str, current: str, since_ms: int, node_id: str) -> None:
+        await self._call(self._lose_epoch, epoch, current, since_ms, node_id)
 
-    def _slot_marks(self) -> tuple[dict[int, int], int | None]:
+    def _lose_epoch(self, epoch: str, current: str, since_ms: int, node_id: str) -> None:
+        since = "timestamptz 'epoch' + :ms * interval '1 millisecond'"
+        with self.engine.begin() as conn:
+            conn.execute(
+                text(
+                    f"INSERT INTO lost_epochs (epoch, since, noticed_by) VALUES (:e, {since}, :n) "
+                    "ON CONFLICT (epoch) DO UPDATE SET since = LEAST(lost_epochs.since, EXCLUDED.since)"
+                ),
+                {"e": epoch, "ms": since_ms, "n": node_id},
+            )
+            # Every mark not claimed in the data Redis holds now (rows of older epochs, and rows
+            # written before epochs were recorded) spoke for claims that are gone.
+            conn.execute(
+                text(
+                    "UPDATE node_progress SET firing_through = GREATEST(firing_through, fired_through), "
+                    f"fired_through = {since} WHERE epoch IS DISTINCT FROM :c AND fired_through > {since}"
+                ),
+                {"c": current, "ms": since_ms},
+            )
+
+    async def slot_marks(self, firing: bool = False) -> tuple[dict[int, int], int | None]:
+        return await self._call(self._slot_marks, firing)
+
+    def _slot_marks(self, firing: bool) -> tuple[dict[int, int], int | None]:
+        mark = "GREATEST(firing_through, fired_through)" if firing else "fired_through"
         with self.engine.connect() as conn:
             rows = conn.execute(
                 text(
-                    f"SELECT {_MS.format('fired_through')}, slots FROM node_progress "
+                    f"SELECT {_MS.format(mark)}, slots, "
+                    f"{_MS.format('GREATEST(firing_through, fired_through)')} FROM node_progress "
                     "WHERE updated_at > now() - interval '7 days' ORDER BY 1"
                 )
             ).all()
         marks: dict[int, int] = {}
-        for ms, slots in rows:  # oldest first: later rows overwrite
+        for ms, slots, _ in rows:  # oldest first: later rows overwrite
             for s in bitmap_slots(bytes(slots)):
                 marks[s] = int(ms)
-        return marks, (int(rows[-1][0]) if rows else None)
+        return marks, max((int(firing) for _, _, firing in rows), default=None)
 
     async def back(
         self, mark_ms: int | None, now_ms: int, outage_after_ms: int, node_id: str

@@ -181,7 +181,7 @@ class Watch:
 
     # ------------------------------------------------------------------ the watchdog
     async def find_late(self, now: int) -> list[HistoryRow]:
-        marks, cluster_mark = await self.store.slot_marks()
+        marks, cluster_mark = await self.store.slot_marks(firing=True)  # not lowered by a loss of Redis
         if cluster_mark is None:
             return []  # no node has ever run: nothing was owed yet
         slack = int((self.s.progress_seconds + self.s.watch_seconds) * 1000)

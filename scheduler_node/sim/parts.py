@@ -254,6 +254,16 @@ class SimJob:
 
 
 @dataclass
+class Progress:
+    """A row of node_progress."""
+
+    fired_through: int
+    slots: bytes
+    epoch: str | None
+    firing_through: int
+
+
+@dataclass
 class SimDb:
     """The database: what the API would have written, what nodes write; down until a time."""
 
@@ -263,7 +273,8 @@ class SimDb:
     triggers: list[tuple[int, TriggerRow, int]] = field(default_factory=list)  # (change, row, slot)
     history: dict[tuple[str, int, int, int, str], HistoryRow] = field(default_factory=dict)
     duplicates: dict[tuple[str, int, int, int, str], int] = field(default_factory=dict)
-    progress: dict[tuple[str, str], tuple[int, bytes]] = field(default_factory=dict)
+    progress: dict[tuple[str, str], Progress] = field(default_factory=dict)
+    lost_epochs: dict[str, int] = field(default_factory=dict)  # epoch -> since (ms)
     outages: list[tuple[int, int]] = field(default_factory=list)
     backs: list[int] = field(default_factory=list)  # when a node was back and found no outage
     backfills: dict[str, SimBackfill] = field(default_factory=dict)
@@ -422,19 +433,40 @@ class SimStore(NodeStore):
         await self.db.call()
         return ClusterConfig({}, {})
 
-    async def save_progress(self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes) -> None:
+    async def save_progress(
+        self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes, epoch: str | None
+    ) -> None:
         await self.db.call()
-        old = self.db.progress.get((node_id, incarnation))
-        ms = max(fired_through_ms, old[0]) if old else fired_through_ms
-        self.db.progress[(node_id, incarnation)] = (ms, slots)
+        db = self.db
+        ms = fired_through_ms
+        if epoch is not None and epoch in db.lost_epochs:
+            ms = min(ms, db.lost_epochs[epoch])
+        old = db.progress.get((node_id, incarnation))
+        if old is not None and old.epoch == epoch:
+            ms = max(ms, old.fired_through)
+        firing = max(fired_through_ms, old.firing_through) if old is not None else fired_through_ms
+        db.progress[(node_id, incarnation)] = Progress(ms, slots, epoch, firing)
 
-    async def slot_marks(self) -> tuple[dict[int, int], int | None]:
+    async def lose_epoch(self, epoch: str, current: str, since_ms: int, node_id: str) -> None:
+        await self.db.call()
+        db = self.db
+        db.lost_epochs[epoch] = min(since_ms, db.lost_epochs.get(epoch, since_ms))
+        for p in db.progress.values():
+            if p.epoch != current and p.fired_through > since_ms:
+                p.firing_through = max(p.firing_through, p.fired_through)
+                p.fired_through = since_ms
+
+    async def slot_marks(self, firing: bool = False) -> tuple[dict[int, int], int | None]:
         await self.db.call()
         marks: dict[int, int] = {}
-        for ms, slots in sorted(self.db.progress.values()):
-            for s in bitmap_slots(slots):
+        rows = [
+            (max(p.firing_through, p.fired_through) if firing else p.fired_through, p)
+            for p in self.db.progress.values()
+        ]
+        for ms, p in sorted(rows, key=lambda r: r[0]):
+            for s in bitmap_slots(p.slots):
                 marks[s] = ms
-        top = max((ms for ms, _ in self.db.progress.values()), default=None)
+        top = max((max(p.firing_through, p.fired_through) for p in self.db.progress.values()), default=None)
         return marks, top
 
     async def back(

@@ -6,8 +6,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from sqlalchemy import text
 
 from cronman.embedded import EmbeddedRedis, free_port
+from cronman.store import make_engine
 from cronman.timeutil import iso
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.helpers import wait_for
@@ -71,6 +73,7 @@ def test_redis_restarted_empty_mid_run(cluster: Cluster) -> None:
             pass  # asserted below
         rows = recorded()
         alive = {n: cluster.nodes[n].alive() and cluster.nodes[n].pid == pids[n] for n in ids}
+        epochs = _epochs(cluster.database_url)
         cluster.stop_nodes()
     finally:
         cluster.stop_nodes()  # before Redis, so the nodes can leave cleanly
@@ -96,4 +99,25 @@ def test_redis_restarted_empty_mid_run(cluster: Cluster) -> None:
     # Redis forgot which executions were done, so a second delivery is possible here, but only
     # one, and each must be recorded as a duplicate in the history row of that execution.
     assert max(whole.counts.values()) <= 2
+    # The loss is on record, and every node's progress is now claimed in the new data: the marks
+    # recorded before the loss no longer speak for claims Redis forgot.
+    lost, current = epochs
+    assert len(lost) == 1, f"one loss of Redis's data recorded: {lost}"
+    assert len(current) == 1 and current != lost, f"every node records progress in the new data: {current}"
     assert not unrecorded, f"second deliveries not recorded in history: {unrecorded[:10]}"
+
+
+def _epochs(database_url: str) -> tuple[set[str], set[str]]:
+    """The epochs recorded lost, and those the nodes' progress was last claimed in."""
+    engine = make_engine(database_url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            lost = set(conn.execute(text("SELECT epoch FROM lost_epochs")).scalars())
+            current = set(
+                conn.execute(
+                    text("SELECT DISTINCT epoch FROM node_progress WHERE updated_at > now() - interval '5 seconds'")
+                ).scalars()
+            )
+    finally:
+        engine.dispose()
+    return lost, current

@@ -1,0 +1,112 @@
+"""How far each slot was fired, across a loss of Redis's data: the marks that spoke for the lost
+claims are lowered to where the loss leaves them, a node that has not noticed the loss yet cannot
+raise them again, and how far the cluster was firing (which decides outages) is not lowered.
+
+The same steps run on PostgreSQL's store and on the simulation's, which must agree: the
+simulation's findings about progress hold for the product only as long as they do."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from scheduler_node.sim.loop import World
+from scheduler_node.sim.parts import SimDb, SimStore
+from scheduler_node.store import NodeStore, PgNodeStore, bitmap
+
+SLOTS = 64
+T = 1_893_456_000_000  # 2030-01-01: later than any wall clock the suite runs at
+
+
+def _marks(store: NodeStore, firing: bool = False) -> tuple[dict[int, int], int | None]:
+    marks, cluster = asyncio.run(store.slot_marks(firing))
+    return {s: m - T for s, m in marks.items()}, None if cluster is None else cluster - T
+
+
+def _steps(store: NodeStore, legacy_row: Callable[[], None]) -> list[Any]:
+    """The steps, and what the store said after each."""
+
+    def save(node: str, ms: int, slots: set[int], epoch: str | None) -> None:
+        asyncio.run(store.save_progress(node, f"{node}-1", T + ms, bitmap(frozenset(slots), SLOTS), epoch))
+
+    def lose(epoch: str, current: str, since: int, node: str) -> None:
+        asyncio.run(store.lose_epoch(epoch, current, T + since, node))
+
+    seen = []
+    save("a", 10_000, {1, 2}, "e1")
+    save("b", 12_000, {3}, "e1")
+    save("b", 9_000, {3}, "e1")  # within an epoch a mark only grows
+    seen.append(_marks(store))
+    legacy_row()  # slot 4, through 11 s, saved by a version that did not record epochs
+    lose("e1", "e2", 5_000, "a")  # a notices: every mark claimed in e1 (or unknown) goes to 5 s
+    seen.append(_marks(store))
+    save("b", 20_000, {3}, "e1")  # b has not noticed: its claims of e1 count up to 5 s only
+    seen.append(_marks(store))
+    save("a", 4_999, {1, 2}, "e2")  # a saves what it lowered itself, in the new data
+    save("a", 15_000, {1, 2}, "e2")  # and claims further
+    seen.append(_marks(store))
+    lose("e1", "e2", 6_000, "b")  # b notices later, from a later sight of e1: the earlier stands
+    save("b", 4_000, {3}, "e2")
+    seen.append(_marks(store))
+    save("b", 7_000, {3}, "e1")  # a save b sent before it noticed, arriving late: capped again
+    seen.append(_marks(store))
+    seen.append(_marks(store, firing=True))  # how far each slot was fired anyway: the watchdog's
+    return seen
+
+
+EXPECTED = [
+    ({1: 10_000, 2: 10_000, 3: 12_000}, 12_000),
+    ({1: 5_000, 2: 5_000, 3: 5_000, 4: 5_000}, 12_000),
+    ({1: 5_000, 2: 5_000, 3: 5_000, 4: 5_000}, 20_000),
+    ({1: 15_000, 2: 15_000, 3: 5_000, 4: 5_000}, 20_000),
+    ({1: 15_000, 2: 15_000, 3: 4_000, 4: 5_000}, 20_000),
+    ({1: 15_000, 2: 15_000, 3: 5_000, 4: 5_000}, 20_000),
+    ({1: 15_000, 2: 15_000, 3: 20_000, 4: 11_000}, 20_000),
+]
+
+
+def test_postgresql_lowers_the_marks_of_lost_claims_and_keeps_how_far_the_cluster_fired(db) -> None:  # type: ignore[no-untyped-def]
+    store = PgNodeStore(db, ThreadPoolExecutor(1))
+
+    def legacy_row() -> None:
+        with db.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO node_progress (node_id, incarnation, fired_through, slots) "
+                    "VALUES ('old', 'x', timestamptz 'epoch' + :ms * interval '1 millisecond', :s)"
+                ),
+                {"ms": T + 11_000, "s": bitmap(frozenset({4}), SLOTS)},
+            )
+
+    assert _steps(store, legacy_row) == EXPECTED
+    with db.connect() as conn:
+        lost = conn.execute(text("SELECT epoch, noticed_by FROM lost_epochs")).all()
+    assert [tuple(r) for r in lost] == [("e1", "a")]
+
+
+def test_the_simulations_store_agrees() -> None:
+    db = SimDb(World(T / 1000), SLOTS)
+    store = SimStore(db)
+
+    def legacy_row() -> None:
+        from scheduler_node.sim.parts import Progress
+
+        db.progress[("old", "x")] = Progress(T + 11_000, bitmap(frozenset({4}), SLOTS), None, T + 11_000)
+
+    assert _steps(store, legacy_row) == EXPECTED
+
+
+@pytest.mark.parametrize("epoch", ["e1", None])
+def test_a_first_save_in_an_epoch_already_lost_is_capped(db, epoch: str | None) -> None:  # type: ignore[no-untyped-def]
+    """A node that started, and saved first, after another noticed a loss of the data it claims
+    in (it cannot have, unless it saw the old data): capped like any other save of that epoch;
+    a save without an epoch is not capped (nothing says which data it was claimed in)."""
+    store = PgNodeStore(db, ThreadPoolExecutor(1))
+    asyncio.run(store.lose_epoch("e1", "e2", T + 5_000, "a"))
+    asyncio.run(store.save_progress("c", "c-1", T + 9_000, bitmap(frozenset({7}), SLOTS), epoch))
+    assert _marks(store) == ({7: 5_000 if epoch else 9_000}, 9_000)
