@@ -280,10 +280,18 @@ def cmd_sim(args: argparse.Namespace) -> int:
         if not failed
         else f"{len(results)} seeds: {len(failed)} failed"
     )
+    # the replay names every option that shapes a run, so that it replays the same one
+    options = "".join(
+        [
+            "" if faults == frozenset(FAULTS) else f" --faults {','.join(sorted(faults))}",
+            "" if args.duration is None else f" --duration {args.duration:g}",
+            "" if args.tick is None else f" --tick {args.tick:g}",
+        ]
+    )
     for r in failed:
         print(
             f"seed {r['seed']}: {r['violations'][0]} ({len(r['violations'])} in all); replay: cronman sim --seed "
-            f"{r['seed']}{'' if args.tick is None else f' --tick {args.tick:g}'} --trace '*'"
+            f"{r['seed']}{options} --trace '*'"
         )
     if args.json:
         with open(args.json, "w") as f:

@@ -99,6 +99,21 @@ def test_seeds_found_with_longer_timer_passes_keep_the_guarantee(seed: int) -> N
     assert not report.violations, f"{report.violations[:3]} - replay with SimConfig(seed, tick=0.05)"
 
 
+# Seeds that found a defect with only crashes, pauses, restarts and losses of Redis's data, and
+# timer passes 50 ms apart: 200563 (a progress recorded before the loss spoke for a claim the loss
+# took), 200106 (a backfill's execution in flight when its job was paused: cancelled, as documented).
+CRASHES_AND_LOSSES = frozenset({"kill", "pause", "restart", "redis_loss"})
+FOUND_CRASHES_AND_LOSSES = [200106, 200563]
+
+
+@pytest.mark.parametrize("seed", FOUND_CRASHES_AND_LOSSES)
+def test_seeds_found_with_crashes_and_losses_only_keep_the_guarantee(seed: int) -> None:
+    report = run_seed(seed, SimConfig(seed, faults=CRASHES_AND_LOSSES, tick=0.05))
+    assert not report.violations, (
+        f"{report.violations[:3]} - replay: cronman sim --seed {seed} --faults kill,pause,redis_loss,restart --tick 0.05"
+    )
+
+
 def test_a_seed_replays_exactly() -> None:
     assert digest(7) == digest(7)
     assert digest(7) != digest(8)
@@ -137,3 +152,23 @@ def test_the_simulation_finds_a_broken_core(monkeypatch: pytest.MonkeyPatch, bro
         if any(found in v for v in run_seed(seed, SimConfig(seed)).violations):
             return
     pytest.fail(f"no seed noticed that {broken}")
+
+
+def test_a_failing_seeds_replay_names_the_options_of_its_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`cronman sim` prints, for each failing seed, a command that replays that very run: with the
+    faults, duration and timer passes it ran with (a replay without them is another run)."""
+    from cronman.cli import main
+
+    def park(self, e, due_ms, here=True):  # type: ignore[no-untyped-def]
+        self._close(e, "failed", "")
+
+    monkeypatch.setattr(Firer, "_park", park)  # a planted defect, so that seeds fail
+    argv = ["sim", "--seeds", "3", "--faults", "redis_loss,kill", "--duration", "20", "--tick", "0.05"]
+    assert main([*argv, "--processes", "1"]) == 1
+    out = capsys.readouterr().out
+    replays = [line.partition("replay: ")[2] for line in out.splitlines() if "replay: " in line]
+    assert replays, out
+    for replay in replays:
+        assert replay.endswith(" --faults kill,redis_loss --duration 20 --tick 0.05 --trace '*'"), replay
