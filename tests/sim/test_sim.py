@@ -110,7 +110,8 @@ FOUND_CRASHES_AND_LOSSES = [200106, 200563]
 def test_seeds_found_with_crashes_and_losses_only_keep_the_guarantee(seed: int) -> None:
     report = run_seed(seed, SimConfig(seed, faults=CRASHES_AND_LOSSES, tick=0.05))
     assert not report.violations, (
-        f"{report.violations[:3]} - replay: cronman sim --seed {seed} --faults kill,pause,redis_loss,restart --tick 0.05"
+        f"{report.violations[:3]} - replay: cronman sim --seed {seed} "
+        "--faults kill,pause,redis_loss,restart --tick 0.05"
     )
 
 
