@@ -135,6 +135,9 @@ class Firer:
         self.fires: list[tuple[int, str, int]] = []
         self.retries: list[tuple[int, int, Execution]] = []
         self.due: list[Execution] = []  # to claim at the next pass (triggers, catch-up)
+        # Slots taken over whose marks a loss of Redis's data lowered: occurrences up to how far
+        # they were fired anyway may have been delivered, and are checked against history.
+        self.verify_through: dict[int, int] = {}
         self.to_verify: list[Execution] = []  # won, but check history before sending
         # executions held: claimed and not over, by claim name
         self.held: dict[str, Execution] = {}
@@ -216,6 +219,8 @@ class Firer:
             return
         for job_id in [j.id for j in self.jobs.values() if j.slot in dropped]:
             self.jobs.pop(job_id).gen = -1
+        for slot in dropped.intersection(self.verify_through):
+            del self.verify_through[slot]
         self.due = [e for e in self.due if e.job.slot not in dropped]
         for member in [m for m, e in self.parked.items() if e.job.slot in dropped]:
             self.parked.pop(member).stage = Stage.OVER  # stays parked in the claim store
@@ -242,7 +247,7 @@ class Firer:
             started = loop.time()
             now = self.clock()
             due, self.due = self.due, []
-            fires, jobs, standby = self.fires, self.jobs, self.standby
+            fires, jobs, standby, verify = self.fires, self.jobs, self.standby, self.verify_through
             # what this pass's standing will say: the cursor and the slots led before it began
             cursor, led = (standby.cursor, standby.led()) if standby is not None else (0, b"")
             while fires and fires[0][0] <= now and len(due) < MAX_BATCH:
@@ -251,7 +256,11 @@ class Firer:
                 if job is None or job.gen != gen:
                     continue
                 if standby is None or (leader := standby.defers(job.slot)) is None:
-                    due.extend(self.occurrence(job, when))
+                    fired = self.occurrence(job, when)
+                    if verify and when <= verify.get(job.slot, -1):
+                        for e in fired:
+                            e.verify = True
+                    due.extend(fired)
                 else:  # another owner leads the slot: held back until it is known to have claimed
                     standby.hold(leader, Held(when, job_id, gen, job.slot, standby.until(when, now)))
                 nxt = _next(job, when)
@@ -261,7 +270,11 @@ class Firer:
                 for h in standby.release(now, loop.time()):
                     job = jobs.get(h.job_id)
                     if job is not None and job.gen == h.gen:
-                        due.extend(self.occurrence(job, h.when))
+                        fired = self.occurrence(job, h.when)
+                        if verify and h.when <= verify.get(job.slot, -1):
+                            for e in fired:
+                                e.verify = True
+                        due.extend(fired)
                 if standby.covered:
                     self.metrics.claim["covered"].inc(standby.covered)
                     self.left_to_leader += standby.covered

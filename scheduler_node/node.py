@@ -495,12 +495,18 @@ class Node:
         # calendars decide what fires: know the current ones before firing what is loaded
         self._set_config(await store.cluster_config())
         cursor, loaded = await store.load_slots(added, self.decoder)
-        marks, _ = await store.slot_marks()
+        marks = await store.slot_marks()
         now = self.now_ms()
         floor = now - MAX_CATCH_UP_MS
+        # Slots whose marks a loss of Redis's data lowered: what was fired after the lowered mark
+        # may have been delivered before the loss, and is checked against history before sending.
+        for slot in added:
+            claimed, fired = marks.claimed.get(slot), marks.fired.get(slot)
+            if claimed is not None and fired is not None and fired > claimed:
+                self.firer.verify_through[slot] = fired
         starts: list[tuple[OwnedJob, int]] = []
         for job, updated_ms in loaded:
-            mark = marks.get(job.slot)
+            mark = marks.claimed.get(job.slot)
             start = now - self.lease_ms if mark is None else mark
             starts.append((job, max(start, updated_ms - 1, floor)))
         del loaded
@@ -566,7 +572,7 @@ class Node:
         assert self.parts is not None and self.firer is not None
         store = self.parts.store
         now = self.now_ms()
-        _, cluster_mark = await store.slot_marks()
+        cluster_mark = (await store.slot_marks()).cluster
         if self._cluster_progress_ms is not None:  # nodes kept firing while PostgreSQL was away
             cluster_mark = max(cluster_mark or 0, self._cluster_progress_ms)
         since = min(self._pending_catch_up.values(), default=now)
@@ -653,6 +659,8 @@ class Node:
         if unsettled:
             for slot in [s for s, at in unsettled.items() if firer.progress_ms >= at]:
                 del unsettled[slot]
+        if firer.verify_through:
+            firer.verify_through = {s: t for s, t in firer.verify_through.items() if t > firer.progress_ms}
         owned = self.owned.difference(unsettled) if unsettled else self.owned
         if self._losses and not await self._record_losses():
             return  # progress of the new data is saved once the old data's loss is on record

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg2
 import sqlalchemy.exc
@@ -100,6 +100,30 @@ class Attempts:
     only_skipped: bool = False
 
 
+class SlotMarks(NamedTuple):
+    """How far the slots were fired, from every node's recorded progress."""
+
+    claimed: dict[int, int]  # slot -> every occurrence up to here was claimed (a node resumes here)
+    cluster: int | None  # how far any node fired at all (outages are judged by it); None: never
+    # slot -> how far it was fired, claims lost with Redis's data or not (the watchdog's view):
+    # past `claimed` only after such a loss, and what lies between may have been delivered
+    fired: dict[int, int]
+
+
+def slot_marks_of(rows: Iterable[tuple[int, int, bytes]]) -> SlotMarks:
+    """From progress rows (claimed through, fired through, bitmap of slots): each slot's furthest."""
+    rows = list(rows)
+    claimed: dict[int, int] = {}
+    fired: dict[int, int] = {}
+    for ms, _, slots in sorted(rows, key=lambda r: r[0]):  # later rows overwrite
+        for s in bitmap_slots(slots):
+            claimed[s] = ms
+    for _, ms, slots in sorted(rows, key=lambda r: r[1]):
+        for s in bitmap_slots(slots):
+            fired[s] = ms
+    return SlotMarks(claimed, max((r[1] for r in rows), default=None), fired)
+
+
 class NodeStore(abc.ABC):
     @abc.abstractmethod
     async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, list[tuple[OwnedJob, int]]]:
@@ -145,10 +169,8 @@ class NodeStore(abc.ABC):
         fired stays as it was."""
 
     @abc.abstractmethod
-    async def slot_marks(self, firing: bool = False) -> tuple[dict[int, int], int | None]:
-        """How far each slot was fired (by any node), and how far the cluster fired at all. A
-        slot's mark is lowered by a loss of Redis's data (what a node taking it over resumes
-        from); with ``firing``, how far it was fired anyway (what the watchdog goes by)."""
+    async def slot_marks(self) -> SlotMarks:
+        """How far each slot was claimed and fired (by any node), and how far the cluster fired."""
 
     @abc.abstractmethod
     async def back(
@@ -548,24 +570,19 @@ class PgNodeStore(NodeStore):
                 {"c": current, "ms": since_ms},
             )
 
-    async def slot_marks(self, firing: bool = False) -> tuple[dict[int, int], int | None]:
-        return await self._call(self._slot_marks, firing)
+    async def slot_marks(self) -> SlotMarks:
+        return await self._call(self._slot_marks)
 
-    def _slot_marks(self, firing: bool) -> tuple[dict[int, int], int | None]:
-        mark = "GREATEST(firing_through, fired_through)" if firing else "fired_through"
+    def _slot_marks(self) -> SlotMarks:
         with self.engine.connect() as conn:
             rows = conn.execute(
                 text(
-                    f"SELECT {_MS.format(mark)}, slots, "
+                    f"SELECT {_MS.format('fired_through')}, slots, "
                     f"{_MS.format('GREATEST(firing_through, fired_through)')} FROM node_progress "
-                    "WHERE updated_at > now() - interval '7 days' ORDER BY 1"
+                    "WHERE updated_at > now() - interval '7 days'"
                 )
             ).all()
-        marks: dict[int, int] = {}
-        for ms, slots, _ in rows:  # oldest first: later rows overwrite
-            for s in bitmap_slots(bytes(slots)):
-                marks[s] = int(ms)
-        return marks, max((int(firing) for _, _, firing in rows), default=None)
+        return slot_marks_of([(int(ms), int(firing), bytes(slots)) for ms, slots, firing in rows])
 
     async def back(
         self, mark_ms: int | None, now_ms: int, outage_after_ms: int, node_id: str

@@ -40,9 +40,10 @@ from scheduler_node.store import (
     ClusterConfig,
     Ident,
     NodeStore,
+    SlotMarks,
     TriggerRow,
-    bitmap_slots,
     decide_outage,
+    slot_marks_of,
 )
 
 LATENCY = 0.001  # a round trip to Redis or PostgreSQL
@@ -456,18 +457,11 @@ class SimStore(NodeStore):
                 p.firing_through = max(p.firing_through, p.fired_through)
                 p.fired_through = since_ms
 
-    async def slot_marks(self, firing: bool = False) -> tuple[dict[int, int], int | None]:
+    async def slot_marks(self) -> SlotMarks:
         await self.db.call()
-        marks: dict[int, int] = {}
-        rows = [
-            (max(p.firing_through, p.fired_through) if firing else p.fired_through, p)
-            for p in self.db.progress.values()
-        ]
-        for ms, p in sorted(rows, key=lambda r: r[0]):
-            for s in bitmap_slots(p.slots):
-                marks[s] = ms
-        top = max((max(p.firing_through, p.fired_through) for p in self.db.progress.values()), default=None)
-        return marks, top
+        return slot_marks_of(
+            (p.fired_through, max(p.firing_through, p.fired_through), p.slots) for p in self.db.progress.values()
+        )
 
     async def back(
         self, mark_ms: int | None, now_ms: int, outage_after_ms: int, node_id: str

@@ -8,8 +8,10 @@ simulation's findings about progress hold for the product only as long as they d
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -24,8 +26,11 @@ T = 1_893_456_000_000  # 2030-01-01: later than any wall clock the suite runs at
 
 
 def _marks(store: NodeStore, firing: bool = False) -> tuple[dict[int, int], int | None]:
-    marks, cluster = asyncio.run(store.slot_marks(firing))
-    return {s: m - T for s, m in marks.items()}, None if cluster is None else cluster - T
+    marks = asyncio.run(store.slot_marks())
+    cluster = marks.cluster
+    return {
+        s: m - T for s, m in (marks.fired if firing else marks.claimed).items()
+    }, None if cluster is None else cluster - T
 
 
 def _steps(store: NodeStore, legacy_row: Callable[[], None]) -> list[Any]:
@@ -110,3 +115,82 @@ def test_a_first_save_in_an_epoch_already_lost_is_capped(db, epoch: str | None) 
     asyncio.run(store.lose_epoch("e1", "e2", T + 5_000, "a"))
     asyncio.run(store.save_progress("c", "c-1", T + 9_000, bitmap(frozenset({7}), SLOTS), epoch))
     assert _marks(store) == ({7: 5_000 if epoch else 9_000}, 9_000)
+
+
+def test_a_slot_taken_over_after_a_loss_checks_history_before_sending_what_was_fired_anyway(
+    client, settings, db
+) -> None:  # type: ignore[no-untyped-def]
+    """The slot's mark was lowered by a loss of Redis's data to T0-30 s, while it had been fired
+    through T0. A node taking it over (on an empty Redis) resumes from the lowered mark, and sends
+    only what history does not show delivered: T0-16 to T0-8 s (owed: their claims may have been
+    lost), not T0-28 to T0-18 s (delivered before the loss), and on from there as usual."""
+    from cronman.execution import execution_id
+    from cronman.receiver import Receiver
+    from scheduler_node.history import HistoryRow
+    from tests.helpers import NodeThread, wait_for
+
+    t0 = (int(time.time()) // 2) * 2
+    start = datetime.fromtimestamp(t0 - 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    with Receiver() as receiver:
+        r = client.post(
+            "/v1/jobs",
+            json={
+                "id": "lost-1",
+                "schedule": {"type": "interval", "every_seconds": 2, "start_at": start},
+                "target": {"type": "http", "url": receiver.url},
+            },
+        )
+        assert r.status_code == 201, r.json
+        with db.begin() as conn:
+            conn.execute(
+                text("UPDATE jobs SET created_at = now() - interval '120 s', updated_at = now() - interval '120 s'")
+            )
+            incarnation, namespace = conn.execute(text("SELECT incarnation, namespace FROM jobs")).one()
+            conn.execute(
+                text(
+                    "INSERT INTO node_progress (node_id, incarnation, fired_through, firing_through, slots, epoch) "
+                    "VALUES ('gone', 'x', to_timestamp(:claimed), to_timestamp(:fired), :all, 'e1')"
+                ),
+                {"claimed": t0 - 30, "fired": time.time(), "all": b"\xff" * 512},
+            )
+        delivered = [(t0 - d) * 1000 for d in range(28, 17, -2)]
+        PgNodeStore(db, ThreadPoolExecutor(1)).write_history(
+            [
+                HistoryRow(
+                    "lost-1",
+                    ms,
+                    0,
+                    1,
+                    execution_id("lost-1", ms),
+                    "schedule",
+                    "succeeded",
+                    "gone",
+                    ms,
+                    ms + 5,
+                    0,
+                    200,
+                    None,
+                    incarnation=int(incarnation),
+                    namespace=namespace,
+                )
+                for ms in delivered
+            ]
+        )
+        owed = {_iso(t0 - d) for d in range(16, 7, -2)}
+        with NodeThread(settings):
+
+            def sent() -> set[str]:
+                return {h.headers["Cronman-Scheduled-For"] for h in receiver.snapshot()}
+
+            try:
+                wait_for(lambda: owed <= sent() and _iso(t0 + 4) in sent(), 15, "the owed occurrences")
+            finally:
+                print(sorted(sent()))
+            time.sleep(0.5)
+        got = sent()
+    assert not got & {_iso(ms // 1000) for ms in delivered}, "delivered before the loss: not sent again"
+    assert owed <= got, "owed since the lowered mark: sent"
+
+
+def _iso(unix: int) -> str:
+    return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
