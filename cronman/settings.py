@@ -93,7 +93,7 @@ class Settings(BaseSettings):
     # Timer passes are at least this far apart under load: each pass's round trips carry that many
     # more executions (at 4,000 fires/s, 0.05 took a sixth off the machine's CPU and added 12 ms to
     # the median lag; docs/performance.md). An occurrence due right after a pass waits for the next.
-    timer_tick_seconds: float = Field(0.02, gt=0, le=1)
+    timer_tick_seconds: float = Field(0.05, gt=0, le=1)
     history_buffer_max: int = Field(1_000_000, ge=1000)
     maintain_interval_seconds: float = Field(3600.0, gt=0)
     # The firing core: no namespace holds more than this share of max_in_flight while another

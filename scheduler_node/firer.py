@@ -76,7 +76,7 @@ class FirerConfig:
     lease_ms: int
     max_in_flight: int = 1000
     namespace_share: float = 0.5
-    tick_seconds: float = 0.02  # timer passes are at least this far apart under load (timer_tick_seconds)
+    tick_seconds: float = 0.05  # timer passes are at least this far apart under load (timer_tick_seconds)
     idle_seconds: float = 0.1  # and at most this far apart when nothing is due
     sweep_seconds: float = 1.0
     unrecorded_after_ms: int = 30_000  # a delivered row not written by then: an owner writes it
