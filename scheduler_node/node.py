@@ -366,13 +366,14 @@ class Node:
         not recorded yet."""
         assert self.parts is not None
         while self._losses:
-            lost, current, since = self._losses[0]
+            loss = self._losses[0]
             try:
-                await self.parts.store.lose_epoch(lost, current, since, self.node_id)
+                await self.parts.store.lose_epoch(*loss, self.node_id)
             except TransientError as exc:
                 log.warning("could not record that Redis lost its data: %s", exc)
                 return False
-            self._losses.pop(0)
+            if loss in self._losses:  # (the heartbeat and a progress save may both record it)
+                self._losses.remove(loss)
         return True
 
     async def _membership_loop(self) -> None:
@@ -651,6 +652,8 @@ class Node:
         firer = self.firer
         if firer is None or firer.progress_ms is None or not self.ready:
             return
+        if self._losses and not await self._record_losses():
+            return  # progress of the new data is saved once the old data's loss is on record
         # A slot counts once the firer has claimed through the time it was loaded: before that, its
         # mark stays what its previous owners recorded, and whoever takes it next catches up from
         # there. (This node's progress predates the slot's catch-up; saved for the slot while the
@@ -662,8 +665,6 @@ class Node:
         if firer.verify_through:
             firer.verify_through = {s: t for s, t in firer.verify_through.items() if t > firer.progress_ms}
         owned = self.owned.difference(unsettled) if unsettled else self.owned
-        if self._losses and not await self._record_losses():
-            return  # progress of the new data is saved once the old data's loss is on record
         try:
             await self.parts.store.save_progress(
                 self.node_id, self.incarnation, firer.progress_ms, bitmap(owned, self.slot_count), self._epoch

@@ -274,8 +274,16 @@ class Cluster:
         return list(r.json()["executions"])
 
     # -------------------------------------------------------------- figures
-    def analyse(self, t0: float, t1: float) -> Figures:
-        return analyse(self.schedules, self.receiver.snapshot(), t0, t1)
+    def analyse(self, t0: float, t1: float, wait: float = 10.0) -> Figures:
+        """The window's figures. An occurrence of the window that has not arrived yet may be on its
+        way (sent, its request not yet served on a busy machine): it is waited for, up to ``wait``
+        seconds. How late deliveries are is what the lags measure; a miss is one that never comes."""
+        deadline = time.monotonic() + wait
+        while True:
+            figures = analyse(self.schedules, self.receiver.snapshot(), t0, t1)
+            if not figures.missed or time.monotonic() >= deadline:
+                return figures
+            time.sleep(0.25)
 
     def report(self, **figures: Any) -> dict[str, Any]:
         def plain(v: Any) -> Any:
