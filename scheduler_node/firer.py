@@ -232,7 +232,11 @@ class Firer:
         self._wake.set()
 
     def occurrence(self, job: OwnedJob, when: int, trigger: str = Trigger.SCHEDULE) -> list[Execution]:
-        return [Execution.of(job, when, i, trigger) for i in range(job.opts.events)]
+        out = [Execution.of(job, when, i, trigger) for i in range(job.opts.events)]
+        if self.verify_through and when <= self.verify_through.get(job.slot, -1):
+            for e in out:  # its slot's mark was lowered by a loss of Redis's data past this time
+                e.verify = True
+        return out
 
     def stop(self) -> None:
         """The timer and the sweeper end after the pass they are in."""
@@ -247,7 +251,7 @@ class Firer:
             started = loop.time()
             now = self.clock()
             due, self.due = self.due, []
-            fires, jobs, standby, verify = self.fires, self.jobs, self.standby, self.verify_through
+            fires, jobs, standby = self.fires, self.jobs, self.standby
             # what this pass's standing will say: the cursor and the slots led before it began
             cursor, led = (standby.cursor, standby.led()) if standby is not None else (0, b"")
             while fires and fires[0][0] <= now and len(due) < MAX_BATCH:
@@ -256,11 +260,7 @@ class Firer:
                 if job is None or job.gen != gen:
                     continue
                 if standby is None or (leader := standby.defers(job.slot)) is None:
-                    fired = self.occurrence(job, when)
-                    if verify and when <= verify.get(job.slot, -1):
-                        for e in fired:
-                            e.verify = True
-                    due.extend(fired)
+                    due.extend(self.occurrence(job, when))
                 else:  # another owner leads the slot: held back until it is known to have claimed
                     standby.hold(leader, Held(when, job_id, gen, job.slot, standby.until(when, now)))
                 nxt = _next(job, when)
@@ -270,11 +270,7 @@ class Firer:
                 for h in standby.release(now, loop.time()):
                     job = jobs.get(h.job_id)
                     if job is not None and job.gen == h.gen:
-                        fired = self.occurrence(job, h.when)
-                        if verify and h.when <= verify.get(job.slot, -1):
-                            for e in fired:
-                                e.verify = True
-                        due.extend(fired)
+                        due.extend(self.occurrence(job, h.when))
                 if standby.covered:
                     self.metrics.claim["covered"].inc(standby.covered)
                     self.left_to_leader += standby.covered

@@ -121,6 +121,7 @@ class Node:
         self._epoch: str | None = None  # the Redis data's epoch token, as last seen
         self._epoch_ok_ms = 0
         self._losses: list[tuple[str, str, int]] = []  # Redis data lost: (epoch, the new one, since ms)
+        self._recording: asyncio.Task[bool] | None = None  # the heartbeat's recording of those
         self._cluster_progress_ms: int | None = None  # as Redis last reported it
         self.firer: Firer | None = None
         self.history: HistoryWriter | None = None
@@ -315,8 +316,9 @@ class Node:
                 self._cluster_progress_ms = beat.progress_ms
             except TransientError as exc:
                 log.warning("heartbeat failed: %s", exc)
-            if self._losses:
-                await self._record_losses()
+            if self._losses and (self._recording is None or self._recording.done()):
+                # beside the heartbeats, not in their way: a PostgreSQL that hangs must not stop them
+                self._recording = asyncio.create_task(self._record_losses())
             await asyncio.sleep(self.s.heartbeat_interval_seconds)
 
     def _redis_lost(self, lost: str, current: str, intact_ms: int) -> None:
