@@ -4,7 +4,7 @@ job's slot rebuild it from the slot's index of open claims (a handover needs not
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cronman.execution import Trigger, execution_id
 from cronman.misfire import MisfirePlan
@@ -21,8 +21,7 @@ class Stage(enum.Enum):
     OVER = "over"  # nothing more to do here (finished, lost to another node, or handed over)
 
 
-@dataclass(frozen=True, slots=True)
-class Descriptor:
+class Descriptor(NamedTuple):
     """What identifies an execution across nodes: job (and incarnation), occurrence, event,
     trigger, and a suffix that gives a redelivery a claim of its own."""
 

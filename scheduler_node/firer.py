@@ -278,6 +278,7 @@ class Firer:
             full = len(due) >= MAX_BATCH
             retries = self._pop_retries(now)
             ok = await self._pass(due, retries)
+            self.metrics.tally.flush()
             if ok:
                 pending = self._pending(now)
                 claimed = self._claimed(now, pending)
@@ -887,12 +888,12 @@ class Firer:
         m = self.metrics
         if e.attempt == 1 and not backfill_of(e.trigger):  # a backfill is late on purpose
             lag = max(0, fired - e.scheduled_ms - e.throttle_wait_ms)
-            m.lag.observe(lag / 1000)
+            m.tally.observe(m.lag, lag / 1000)
             self._lags.append(lag)
             if len(self._lags) > 2000:
                 del self._lags[:1000]
         self._fired_recent.append(fired)
-        m.latency_of(job.target.kind).observe((finished - fired) / 1000)
+        m.tally.observe(m.latency_of(job.target.kind), (finished - fired) / 1000)
         retry = job.retry
         error = outcome.error
         current = self.jobs.get(job.id)
@@ -1003,7 +1004,7 @@ class Firer:
         dead_lettered: bool | None = None,
         response: bytes | None = None,
     ) -> HistoryRow:
-        self.metrics.status_of(status.value).inc()
+        self.metrics.tally.inc(self.metrics.status_of(status.value))
         row = self.history.add(
             HistoryRow(
                 e.d.job_id,
@@ -1146,7 +1147,7 @@ class Firer:
         exec_id: str | None = None,
         trigger: str = Trigger.SCHEDULE,
     ) -> None:
-        self.metrics.status_of(Status.SKIPPED.value).inc()
+        self.metrics.tally.inc(self.metrics.status_of(Status.SKIPPED.value))
         self.history.add(
             HistoryRow(
                 job.id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -76,6 +77,7 @@ class NodeMetrics:
         )
         self._status: dict[str, Any] = {}
         self._latency: dict[str, Any] = {}
+        self.tally = Tally()  # the firing path's per-delivery observations, handed over in bulk
         for k in ("succeeded", "failed", "permanently_failed", "skipped", "cancelled"):
             self.status_of(k)
         for k in ("http", "sqs"):
@@ -93,3 +95,53 @@ class NodeMetrics:
         if child is None:
             child = self._latency[kind] = self.callback_latency.labels(kind)
         return child
+
+
+class Tally:
+    """Observations of the firing path gathered in plain Python and handed to their series in bulk
+    by :meth:`flush` (every timer pass, and before the series are read). A histogram's observe takes
+    a lock for its sum and for a bucket, and a counter's inc one more: per delivery, that was about a
+    twentieth of a node's time."""
+
+    __slots__ = ("_values", "_counts")
+
+    def __init__(self) -> None:
+        self._values: dict[Any, list[float]] = {}
+        self._counts: dict[Any, int] = {}
+
+    def observe(self, histogram: Any, value: float) -> None:
+        values = self._values.get(histogram)
+        if values is None:
+            values = self._values[histogram] = []
+        values.append(value)
+
+    def inc(self, counter: Any, n: int = 1) -> None:
+        self._counts[counter] = self._counts.get(counter, 0) + n
+
+    def flush(self) -> None:
+        values, self._values = self._values, {}
+        counts, self._counts = self._counts, {}
+        for counter, n in counts.items():
+            counter.inc(n)
+        for histogram, observed in values.items():
+            observe_many(histogram, observed)
+
+
+def observe_many(histogram: Any, values: list[float]) -> None:
+    """``histogram.observe(v)`` for every value: one increment per bucket hit and one of the sum.
+    Falls back to one observe per value on a histogram without the client's usual inner parts."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for v in values:
+            histogram.observe(v)
+        return
+    hits = [0] * len(bounds)
+    last = len(bounds) - 1
+    for v in values:
+        hits[min(bisect_left(bounds, v), last)] += 1  # the first bound >= v, as observe finds it
+    total.inc(sum(values))
+    for i, n in enumerate(hits):
+        if n:
+            buckets[i].inc(n)

@@ -49,8 +49,7 @@ class Took(NamedTuple):
     attempt: int
 
 
-@dataclass(frozen=True, slots=True)
-class Ticket:
+class Ticket(NamedTuple):
     """How the claim store names one execution: its job's slot, the claim's name (the execution
     id, plus a suffix for a redelivery), its entry in the slot's index of open claims (a
     descriptor any owner of the slot can rebuild the execution from), and the overlap guard's
@@ -62,8 +61,7 @@ class Ticket:
     guard: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Hold:
+class Hold(NamedTuple):
     """Keep (renew) or park a claim: ``duration_ms`` from now, at ``attempt``."""
 
     ticket: Ticket
@@ -71,8 +69,7 @@ class Hold:
     duration_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class Finish:
+class Finish(NamedTuple):
     ticket: Ticket
     status: str
     attempt: int
@@ -126,8 +123,7 @@ class Claims(abc.ABC):
 
 
 # --------------------------------------------------------------------------- delivery
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """How one delivery attempt went: a 2xx (or an accepted message) is success; anything else,
     a timeout or a connection error is a failure, described by ``error``."""
 
@@ -137,8 +133,7 @@ class Outcome:
     response: bytes | None = None  # the start of the answer, when the delivery asked to capture it
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
     """What one attempt sends: the payload verbatim and the execution metadata."""
 
     job_id: str

@@ -39,6 +39,7 @@ async def start_web(node: Node, host: str, port: int) -> tuple[web.AppRunner, in
     async def metrics(_: web.Request) -> web.Response:
         if node.history is not None:
             node.metrics.history_buffered.set(len(node.history))
+        node.metrics.tally.flush()
         return web.Response(body=generate_latest(node.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
