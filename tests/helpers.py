@@ -203,6 +203,83 @@ class BlackHole:
         self.close()
 
 
+class FreezingProxy:
+    """A TCP proxy to ``upstream`` that can go silent: while frozen it accepts and keeps every
+    connection but forwards nothing either way, as a server that hangs (a stopped process, a full
+    disk, a lock) does: the kernel still acknowledges what is sent, so no timeout of the client's
+    own TCP ends the wait. Thawed, what waited is forwarded in order."""
+
+    def __init__(self, upstream: tuple[str, int], host: str = "127.0.0.1") -> None:
+        self.upstream = upstream
+        self._server = socket.socket()
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind((host, 0))
+        self._server.listen(128)
+        self.host, self.port = host, int(self._server.getsockname()[1])
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="freezing-proxy", daemon=True).start()
+
+    def freeze(self) -> None:
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                while not self._flowing.wait(0.5):  # frozen: hold what came until thawed
+                    if self._closed:
+                        return
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._closed = True
+        self._flowing.set()
+        self._server.close()
+        with self._lock:
+            for s in self._sockets:
+                s.close()
+
+    def __enter__(self) -> FreezingProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class RawRequest(NamedTuple):
     request_line: str  # as received, e.g. "POST /caf%C3%A9 HTTP/1.1"
     headers: list[tuple[str, str]]  # as received, in order

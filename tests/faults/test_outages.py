@@ -4,6 +4,7 @@ and every scheduler node is down for a while. Real processes, a real receiver.""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 import uuid
@@ -20,7 +21,7 @@ from cronman.migrate import run_maintenance, upgrade
 from cronman.receiver import Receiver
 from cronman.store import make_engine
 from tests.conftest import ADMIN_KEY
-from tests.helpers import start_api_process, start_node_process, wait_for
+from tests.helpers import FreezingProxy, start_api_process, start_node_process, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -173,3 +174,73 @@ def test_all_nodes_down_then_up_applies_the_misfire_policy(
 
 def _ts(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def _heartbeat_ages(api_url: str) -> dict[str, float]:
+    r = requests.get(f"{api_url}/v1/cluster", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=5)
+    r.raise_for_status()
+    return {n["id"]: n["heartbeat_age_seconds"] for n in r.json()["nodes"]}
+
+
+def test_a_postgres_that_hangs_stops_neither_heartbeats_nor_firing(settings_env: dict[str, str], workdir: Path) -> None:
+    """PostgreSQL goes silent for a node (it accepts, acknowledges and never answers: a hung server,
+    which no TCP timeout of the node's own notices) for 8 s while 30 jobs fire every second. The
+    node keeps its heartbeat, so nobody takes its slots; it keeps firing from what it holds; and
+    once PostgreSQL answers again, every delivery of the hang has its history row."""
+    database_url = settings_env["CRONMAN_DATABASE_URL"]
+    pg_host, pg_port = re.search(r"@([\d.]+):(\d+)/", database_url).groups()  # type: ignore[union-attr]
+    logs = workdir / f"pg-hang-{uuid.uuid4().hex[:6]}"
+    logs.mkdir()
+    with FreezingProxy((pg_host, int(pg_port))) as proxy:
+        through_proxy = database_url.replace(f"@{pg_host}:{pg_port}/", f"@{proxy.host}:{proxy.port}/")
+        api, api_url = start_api_process(settings_env, logs / "api.log")
+        node, _ = start_node_process(_env(settings_env, through_proxy), "node-1", logs / "node-1.log")
+        try:
+            with Receiver() as receiver:
+                _create(
+                    api_url,
+                    [
+                        {
+                            "id": f"hang-{i}",
+                            "schedule": {"type": "interval", "every_seconds": 1},
+                            "target": {"type": "http", "url": receiver.url},
+                        }
+                        for i in range(30)
+                    ],
+                )
+                wait_for(lambda: len(receiver.snapshot()) >= 60, 15, "the jobs to fire")
+                proxy.freeze()
+                frozen_at = time.time()
+                ages: list[float] = []
+                while time.time() - frozen_at < 8:
+                    ages.append(_heartbeat_ages(api_url).get("node-1", float("inf")))
+                    time.sleep(0.25)
+                thawed_at = time.time()
+                during = [r for r in receiver.snapshot() if frozen_at + 1 <= r.at < thawed_at]
+                # the hang is real: nothing the node fired in it reached PostgreSQL
+                written_in_hang = {r.execution_id for r in during} & _history_ids(database_url)
+                proxy.thaw()
+                time.sleep(2)
+                node.signal(signal.SIGTERM)
+                assert node.proc.wait(60) == 0
+                delivered = {r.execution_id for r in receiver.snapshot()}
+            rows = _history_ids(database_url)
+        finally:
+            node.stop()
+            api.stop()
+    missing = delivered - rows
+    gaps = sorted(b.at - a.at for a, b in zip(during, during[1:], strict=False))
+    report = {
+        "delivered_during_hang": len(during),
+        "worst_heartbeat_age_s": max(ages),
+        "longest_gap_s": round(gaps[-1], 2) if gaps else None,
+        "delivered": len(delivered),
+        "history_rows": len(rows),
+        "missing": len(missing),
+        "written_during_hang": len(written_in_hang),
+    }
+    print("\npostgres hang:", json.dumps(report))
+    assert not written_in_hang, f"PostgreSQL did not hang for the node: {report}"
+    assert max(ages) <= 2.0, f"the node's heartbeat stalled while PostgreSQL hung: ages {ages}"
+    assert len(during) >= 30 * 7 * 0.8, f"firing stalled while PostgreSQL hung: {report}"
+    assert not missing, f"{len(missing)} deliveries have no history row: {report}"
