@@ -45,6 +45,9 @@ class Report:
     covered: int = 0  # occurrences a standby left to the slot's leader (it had claimed them)
     faults: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
+    # The latest first delivery of a judged occurrence, seconds after it was due (a figure, not a
+    # violation: faults delay deliveries by design, up to a lease or a timeout of some kind).
+    worst_lag: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -72,7 +75,7 @@ def _near(t: float, spans: list[tuple[float, float]]) -> bool:
 def _edges(sim: Sim, points: list[float]) -> list[tuple[float, float]]:
     """Around each change of a job, the time it may take to reach the nodes: longer while the
     database is down or slow (a node learns of changes from it)."""
-    down = sorted((f.start, f.end) for f in sim.faults if f.kind in ("db_down", "db_slow"))
+    down = sorted((f.start, f.end) for f in sim.faults if f.kind in ("db_down", "db_slow", "db_hang"))
     out = []
     for p in points:
         reached = p
@@ -117,8 +120,11 @@ def check(sim: Sim) -> Report:
                 for ev in range(events):
                     report.occurrences += 1
                     eid = execution_id(plan.id, t_ms, ev, Trigger.SCHEDULE)
+                    got = arrivals.get(eid)
+                    if got:
+                        report.worst_lag = max(report.worst_lag, min(a.at for a in got) - t)
                     if (
-                        not arrivals.get(eid)
+                        not got
                         and not (overlap and _ended(sim, plan.id, t_ms, ev, "skipped"))
                         and not _stopped_after(plan, t)
                     ):

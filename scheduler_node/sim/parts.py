@@ -280,6 +280,7 @@ class SimDb:
     backs: list[int] = field(default_factory=list)  # when a node was back and found no outage
     backfills: dict[str, SimBackfill] = field(default_factory=dict)
     down_until: float = 0.0
+    hang_until: float = 0.0  # no answer (nor error) to any round trip before then
     slow: Spells = field(default_factory=Spells)
     polls: dict[str, list[float]] = field(default_factory=dict)  # holder -> when its feed reads succeeded
     change: int = 1
@@ -349,6 +350,8 @@ class SimDb:
 
     # -- what nodes do
     async def call(self) -> None:
+        if self.world.now < self.hang_until:
+            await asyncio.sleep(self.hang_until - self.world.now)
         if self.world.now < self.down_until:
             await asyncio.sleep(1.0)
             raise TransientError("database: connection refused")

@@ -32,6 +32,10 @@ FAULTS = (
     "db_down",
     "cluster_stop",
 )
+# Faults only a run that names them draws (--faults), so that the default mix, and with it every
+# seed's run, stays as it was. db_hang: PostgreSQL accepts and never answers for a while (a hung
+# server, not a refused connection), every round trip waiting until it answers again.
+OPT_IN_FAULTS = ("db_hang",)
 
 
 @dataclass(frozen=True)
@@ -341,6 +345,10 @@ class Sim:
             d = rng.uniform(1, 8)
             self.faults.append(Fault("db_down", now, now + d))
             self.db.down_until = now + d
+        elif kind == "db_hang":
+            d = rng.uniform(2, 15)
+            self.faults.append(Fault("db_hang", now, now + d))
+            self.db.hang_until = max(self.db.hang_until, now + d)
         elif kind == "cluster_stop":
             d = min(rng.uniform(8, 20), EPOCH + self.cfg.duration - now)  # everything is back by then
             self.faults.append(Fault("cluster_stop", now, now + d))
