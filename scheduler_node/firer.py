@@ -80,9 +80,6 @@ class FirerConfig:
     idle_seconds: float = 0.1  # and at most this far apart when nothing is due
     sweep_seconds: float = 1.0
     unrecorded_after_ms: int = 30_000  # a delivered row not written by then: an owner writes it
-    # How long the history check before a takeover waits for PostgreSQL before delivering anyway
-    # (at least once): a database that hangs, rather than refuses, must not hold occurrences back.
-    verify_seconds: float = 5.0
     faults: frozenset[str] = frozenset()
     slots: int = 4096  # how many slots job ids hash to (cronman.hashing.SLOTS)
 
@@ -568,15 +565,7 @@ class Firer:
         await asyncio.sleep(0)
         items, self.to_verify = self.to_verify, []
         try:
-            async with asyncio.timeout(self.cfg.verify_seconds):
-                found = await self.store.attempts([e.ident for e in items])
-        except TimeoutError:
-            log.warning(
-                "history did not answer within %gs before a takeover, delivering %d executions",
-                self.cfg.verify_seconds,
-                len(items),
-            )
-            found = {}
+            found = await self.store.attempts([e.ident for e in items])
         except TransientError as exc:
             log.warning("could not check history before a takeover, delivering: %s", exc)
             found = {}

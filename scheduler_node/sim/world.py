@@ -346,7 +346,7 @@ class Sim:
             self.faults.append(Fault("db_down", now, now + d))
             self.db.down_until = now + d
         elif kind == "db_hang":
-            d = rng.uniform(2, 15)
+            d = min(rng.uniform(2, 15), EPOCH + self.cfg.duration - now)  # answering again by then
             self.faults.append(Fault("db_hang", now, now + d))
             self.db.hang_until = max(self.db.hang_until, now + d)
         elif kind == "cluster_stop":

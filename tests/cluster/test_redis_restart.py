@@ -200,9 +200,5 @@ def test_redis_restarted_empty_while_postgres_hangs(cluster: Cluster) -> None:
     assert rejoin_s <= 5.0, "nodes should register again within a few seconds, PostgreSQL or not"
     assert max(ages) <= 2.0, f"heartbeats stalled while PostgreSQL hung: {ages}"
     assert whole.missed == 0, f"missed: {whole.missed_sample}"
-    # The history check before claiming the recent past again cannot be answered while PostgreSQL
-    # is silent: it is given up after a few seconds (delivering at least once), rather than holding
-    # every occurrence around the loss for as long as PostgreSQL hangs.
-    assert (whole.worst_lag_ms or 0) <= 8000, f"occurrences waited for PostgreSQL: {whole.worst_lag_ms} ms late"
     assert max(whole.counts.values()) <= 2
     assert current != lost
