@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import socket
 import sys
 import threading
@@ -222,6 +223,17 @@ class FreezingProxy:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, name="freezing-proxy", daemon=True).start()
+
+    @classmethod
+    def in_front_of(cls, database_url: str) -> FreezingProxy:
+        """A proxy to the server of a ``postgresql://user@host:port/db`` URL."""
+        m = re.search(r"@([^:/@]+):(\d+)/", database_url)
+        assert m is not None, f"no host:port in {database_url}"
+        return cls((m.group(1), int(m.group(2))))
+
+    def url_for(self, database_url: str) -> str:
+        """``database_url`` through this proxy."""
+        return re.sub(r"@[^:/@]+:\d+/", f"@{self.host}:{self.port}/", database_url, count=1)
 
     def freeze(self) -> None:
         self._flowing.clear()

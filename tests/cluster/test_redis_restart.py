@@ -3,7 +3,6 @@ nothing is missed, and a second delivery of an occurrence is recorded in its his
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
@@ -17,6 +16,24 @@ from tests.helpers import FreezingProxy, wait_for
 
 OUTAGE = 1.5  # seconds Redis is gone before it is back, empty
 HANG_AFTER_LOSS = 10.0  # seconds PostgreSQL stays silent after Redis is back (the double fault)
+
+
+def _restart_empty(server: EmbeddedRedis, cluster: Cluster, ids: list[str]) -> tuple[float, float]:
+    """Redis dies (SIGKILL), stays away for a moment as a real restart would, and comes back on
+    the same port with no data at all; returns when it was back, and how long every node then
+    took to register again."""
+    assert server.child is not None
+    server.child.proc.kill()
+    server.child.proc.wait(10)
+    time.sleep(OUTAGE)
+    server.restart_empty()
+    t_up = time.time()
+
+    def listed() -> bool:
+        return sorted(n["id"] for n in cluster.cluster_view()["nodes"]) == ids
+
+    wait_for(listed, 10, "every node to register again after the restart", interval=0.1)
+    return t_up, time.time() - t_up
 
 
 @pytest.mark.cluster
@@ -36,21 +53,8 @@ def test_redis_restarted_empty_mid_run(cluster: Cluster) -> None:
 
         t0 = time.time() + 1.0
         sleep_until(t0 + 6)
-        # Redis dies (SIGKILL), stays away for a moment as a real restart would, and comes back
-        # on the same port with no data at all.
         t_down = time.time()
-        assert server.child is not None
-        server.child.proc.kill()
-        server.child.proc.wait(10)
-        time.sleep(OUTAGE)
-        server.restart_empty()
-        t_up = time.time()
-
-        def listed() -> bool:
-            return sorted(n["id"] for n in cluster.cluster_view()["nodes"]) == ids
-
-        wait_for(listed, 10, "every node to register again after the restart", interval=0.1)
-        rejoin_s = time.time() - t_up
+        t_up, rejoin_s = _restart_empty(server, cluster, ids)
         settle_s = cluster.wait_settled(ids, timeout=15)
         sleep_until(t_up + 12)
         t1 = time.time() - 3.0
@@ -133,9 +137,8 @@ def test_redis_restarted_empty_while_postgres_hangs(cluster: Cluster) -> None:
     answers the loss is on record and progress is claimed in the new data."""
     server = EmbeddedRedis(cluster.logdir / "redis", port=free_port(), persist=False, log=cluster.logdir / "redis.log")
     server.start()
-    pg_host, pg_port = re.search(r"@([\d.]+):(\d+)/", cluster.database_url).groups()  # type: ignore[union-attr]
-    proxy = FreezingProxy((pg_host, int(pg_port)))
-    through_proxy = cluster.database_url.replace(f"@{pg_host}:{pg_port}/", f"@{proxy.host}:{proxy.port}/")
+    proxy = FreezingProxy.in_front_of(cluster.database_url)
+    through_proxy = proxy.url_for(cluster.database_url)
     ids = ["node-a", "node-b", "node-c"]
     try:
         cluster.use_redis(server.url())
@@ -151,18 +154,7 @@ def test_redis_restarted_empty_while_postgres_hangs(cluster: Cluster) -> None:
         proxy.freeze()
         t_frozen = time.time()
         time.sleep(1.0)
-        assert server.child is not None
-        server.child.proc.kill()
-        server.child.proc.wait(10)
-        time.sleep(OUTAGE)
-        server.restart_empty()
-        t_up = time.time()
-
-        def listed() -> bool:
-            return sorted(n["id"] for n in cluster.cluster_view()["nodes"]) == ids
-
-        wait_for(listed, 10, "every node to register again while PostgreSQL hangs", interval=0.1)
-        rejoin_s = time.time() - t_up
+        t_up, rejoin_s = _restart_empty(server, cluster, ids)  # PostgreSQL silent all along
         ages: list[float] = []
         while time.time() < t_up + HANG_AFTER_LOSS:  # PostgreSQL still silent: heartbeats must go on
             ages.append(max(n["heartbeat_age_seconds"] for n in cluster.cluster_view()["nodes"]))

@@ -4,7 +4,6 @@ and every scheduler node is down for a while. Real processes, a real receiver.""
 from __future__ import annotations
 
 import json
-import re
 import signal
 import time
 import uuid
@@ -52,6 +51,17 @@ def _create(api_url: str, jobs: list[dict]) -> None:
         assert r.status_code == 201, r.text
 
 
+def _every_second(prefix: str, url: str, count: int = 30) -> list[dict]:
+    return [
+        {
+            "id": f"{prefix}-{i}",
+            "schedule": {"type": "interval", "every_seconds": 1},
+            "target": {"type": "http", "url": url},
+        }
+        for i in range(count)
+    ]
+
+
 def _history_ids(database_url: str) -> set[str]:
     engine = make_engine(database_url, pool_size=1)
     with engine.connect() as conn:
@@ -70,17 +80,7 @@ def test_a_postgres_crash_loses_no_history(
     node, _ = start_node_process(env, "node-1", logs / "node-1.log")
     try:
         with Receiver() as receiver:
-            _create(
-                api_url,
-                [
-                    {
-                        "id": f"pg-{i}",
-                        "schedule": {"type": "interval", "every_seconds": 1},
-                        "target": {"type": "http", "url": receiver.url},
-                    }
-                    for i in range(30)
-                ],
-            )
+            _create(api_url, _every_second("pg", receiver.url))
             time.sleep(4)
             before = len(receiver.snapshot())
             own_postgres.kill()  # SIGKILL: a crash, not a clean shutdown
@@ -188,26 +188,15 @@ def test_a_postgres_that_hangs_stops_neither_heartbeats_nor_firing(settings_env:
     node keeps its heartbeat, so nobody takes its slots; it keeps firing from what it holds; and
     once PostgreSQL answers again, every delivery of the hang has its history row."""
     database_url = settings_env["CRONMAN_DATABASE_URL"]
-    pg_host, pg_port = re.search(r"@([\d.]+):(\d+)/", database_url).groups()  # type: ignore[union-attr]
     logs = workdir / f"pg-hang-{uuid.uuid4().hex[:6]}"
     logs.mkdir()
-    with FreezingProxy((pg_host, int(pg_port))) as proxy:
-        through_proxy = database_url.replace(f"@{pg_host}:{pg_port}/", f"@{proxy.host}:{proxy.port}/")
+    with FreezingProxy.in_front_of(database_url) as proxy:
+        through_proxy = proxy.url_for(database_url)
         api, api_url = start_api_process(settings_env, logs / "api.log")
         node, _ = start_node_process(_env(settings_env, through_proxy), "node-1", logs / "node-1.log")
         try:
             with Receiver() as receiver:
-                _create(
-                    api_url,
-                    [
-                        {
-                            "id": f"hang-{i}",
-                            "schedule": {"type": "interval", "every_seconds": 1},
-                            "target": {"type": "http", "url": receiver.url},
-                        }
-                        for i in range(30)
-                    ],
-                )
+                _create(api_url, _every_second("hang", receiver.url))
                 wait_for(lambda: len(receiver.snapshot()) >= 60, 15, "the jobs to fire")
                 proxy.freeze()
                 frozen_at = time.time()
