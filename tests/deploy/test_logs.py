@@ -95,8 +95,14 @@ def test_gunicorn_logconfig_writes_redacted_json(capsys: pytest.CaptureFixture[s
     """The dictConfig document gunicorn applies: its own error log and ours both become JSON lines."""
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
-    names = ("gunicorn.error", "gunicorn.access")
+    names = ("gunicorn.error", "gunicorn.access", "cronman")
     saved_loggers = {n: (logging.getLogger(n).handlers[:], logging.getLogger(n).level) for n in names}
+    # An in-process simulation run earlier in this process quiets "cronman" (level, propagation):
+    # start from a process's defaults, as gunicorn does.
+    cronman_logger = logging.getLogger("cronman")
+    saved_propagate = cronman_logger.propagate
+    cronman_logger.setLevel(logging.NOTSET)
+    cronman_logger.propagate = True
     try:
         logging.config.dictConfig(logconfig_dict("info"))
         logging.getLogger("gunicorn.error").info("Booting worker with pid: %s", 42)
@@ -109,6 +115,7 @@ def test_gunicorn_logconfig_writes_redacted_json(capsys: pytest.CaptureFixture[s
         for n, (handlers, level) in saved_loggers.items():
             logging.getLogger(n).handlers[:] = handlers
             logging.getLogger(n).setLevel(level)
+        cronman_logger.propagate = saved_propagate
     docs = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert {"logger": "gunicorn.error", "msg": "Booting worker with pid: 42"}.items() <= docs[0].items()
     assert docs[1]["logger"] == "cronman.api" and docs[1]["api_key"] == REDACTED
