@@ -102,6 +102,11 @@ class Settings(BaseSettings):
     namespace_inflight_share: float = Field(0.5, gt=0, le=1)
     progress_seconds: float = Field(2.0, gt=0)
     outage_after_seconds: float = Field(10.0, gt=0)
+    # After Redis lost its data, the recent past is claimed again (checked against history). A node
+    # gone before the loss that recorded progress at most this long before it, and less than the
+    # recent past, may have made claims from further back that were lost before anyone took them
+    # over: the nodes claim again from as far back as its record (longer: more history checks).
+    loss_lookback_seconds: float = Field(60.0, gt=0)
     # A delivered row its writer has not recorded by then (it died) is written by a slot owner.
     history_recover_after_seconds: float = Field(30.0, gt=0)
 

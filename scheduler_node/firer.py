@@ -704,19 +704,25 @@ class Firer:
     async def run_renewer(self) -> None:
         """Keep the leases of what this node holds. An execution in flight is renewed every third
         of a lease; one waiting for a permit or a delivery slot gets leases of WAITING_LEASES
-        leases, renewed when one lease is left, so a deep backlog costs Redis little."""
+        leases, renewed when one lease is left, so a deep backlog costs Redis little. One finished
+        whose done mark has not landed after a third of a lease (done marks go one round trip at
+        a time, and a slow Redis queues them) is renewed too: its lease must not run out before
+        the mark says it is over (seed 820443 with db_hang: a finished retry taken over and
+        delivered again while its done mark waited behind a slow one)."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
-                soon = loop.time() + self.lease_s * 1.5
-                await self._renew(
-                    [
-                        e
-                        for e in self.held.values()
-                        if e.stage is Stage.SENDING or (e.stage is Stage.WAITING and e.lease_until < soon)
-                    ]
-                )
+                now = loop.time()
+                soon, closed = now + self.lease_s * 1.5, now + self.lease_s * 2 / 3
+                items = [
+                    e
+                    for e in self.held.values()
+                    if e.stage is Stage.SENDING or (e.stage is Stage.WAITING and e.lease_until < soon)
+                ]
+                if self.closing:
+                    items += [e for e in self.closing.values() if e.stage is Stage.FINISHING and e.lease_until < closed]
+                await self._renew(items)
                 if self.throttle is not None:
                     await self.throttle.renew(self.clock())
                 self.senders.maintain()
@@ -732,7 +738,10 @@ class Firer:
         results = await self.claims.renew([Hold(e.ticket, e.attempt, d) for e, d in zip(items, durations, strict=True)])
         reclaimed = False
         for e, r, d in zip(items, results, durations, strict=True):
-            if r is RenewResult.LOST:
+            if e.stage is Stage.FINISHING:  # the done mark's answer says whether it was still ours
+                if r is not RenewResult.LOST:
+                    e.lease_until = asked + d / 1000
+            elif r is RenewResult.LOST:
                 self._lose(e)
             elif e.stage in (Stage.WAITING, Stage.SENDING):
                 e.lease_until = asked + d / 1000

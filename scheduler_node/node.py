@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, NamedTuple
 
 from cronman import misfire
 from cronman.calendars import timing_with
@@ -120,7 +120,8 @@ class Node:
         self._stopping = False
         self._epoch: str | None = None  # the Redis data's epoch token, as last seen
         self._epoch_ok_ms = 0
-        self._losses: list[tuple[str, str, int]] = []  # Redis data lost: (epoch, the new one, since ms)
+        self._losses: list[Loss] = []  # Redis data lost, to be recorded
+        self._seen: dict[str, float] = {}  # incarnation -> when its heartbeat was last seen (loop time)
         self._recording: asyncio.Task[bool] | None = None  # the heartbeat's recording of those
         self._cluster_progress_ms: int | None = None  # as Redis last reported it
         self.firer: Firer | None = None
@@ -331,16 +332,30 @@ class Node:
         Progress recorded before the loss spoke for those claims: it is lowered to the same point
         (``NodeStore.lose_epoch``) before this node records progress again, so that a node dying
         before its claims are made again leaves its slots' next owner a mark it can resume from
-        (seed 101319 with 50 ms passes)."""
+        (seed 101319 with 50 ms passes). Recording it may reach further back (:meth:`_record_losses`)."""
         s = self.s
         since = intact_ms - int((s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2) * 1000)
-        self._losses.append((lost, current, since))
+        reach = intact_ms - int(s.loss_lookback_seconds * 1000)
+        # heartbeating when the loss was noticed: they claim again what they hold themselves
+        recent = asyncio.get_running_loop().time() - 2 * s.heartbeat_interval_seconds - s.membership_poll_seconds
+        live = frozenset([self.incarnation, *(i for i, t in self._seen.items() if t >= recent)])
+        self._losses.append(Loss(lost, current, since, min(reach, since), live))
+        self._claim_again(since, self.now_ms())
+
+    def _claim_again(self, since: int, until: int) -> None:
+        """Claim once more, checked against history, every occurrence of the owned jobs from
+        ``since`` through ``until`` (what a loss of Redis's data may have left unclaimed)."""
         firer = self.firer
-        if firer is None or not self.ready:
+        if firer is None:
+            return
+        if not self.ready:  # what the loaded slots owe is caught up once ready: from no later than this
+            if self._pending_catch_up:
+                self._pending_catch_up = {j: min(t, since) for j, t in self._pending_catch_up.items()}
+                for slot in self.owned:
+                    firer.verify_through[slot] = max(firer.verify_through.get(slot, -1), until)
             return
         if firer.progress_ms is not None:  # until the next pass says how far the claims got again
             firer.progress_ms = min(firer.progress_ms, since - 1)
-        now = self.now_ms()
         # Occurrences due while the whole cluster was down got their misfire policy, which is
         # not to be undone here (seed 65289: Redis lost its data seconds after an outage ended,
         # and a skip policy's occurrence was claimed again and fired).
@@ -350,7 +365,7 @@ class Node:
             if job.paused:
                 continue
             t = _next_of(job, max(since, 0))
-            while t is not None and t <= now and len(again) < 100_000:
+            while t is not None and t <= until and len(again) < 100_000:
                 if not any(a < t <= b for a, b in outages):
                     for e in firer.occurrence(job, t):
                         e.verify = True
@@ -358,7 +373,7 @@ class Node:
                 t = _next_of(job, t)
         log.warning(
             "Redis lost its data: claiming recent occurrences again, checked against history",
-            extra={"since": iso(since), "executions": len(again)},
+            extra={"since": iso(since), "until": iso(until), "executions": len(again)},
         )
         firer._repark_all()
         firer.enqueue(again)
@@ -370,12 +385,19 @@ class Node:
         while self._losses:
             loss = self._losses[0]
             try:
-                await self.parts.store.lose_epoch(*loss, self.node_id)
+                since = await self.parts.store.lose_epoch(
+                    loss.lost, loss.current, loss.since, self.node_id, loss.reach, loss.live
+                )
             except TransientError as exc:
                 log.warning("could not record that Redis lost its data: %s", exc)
                 return False
             if loss in self._losses:  # (the heartbeat and a progress save may both record it)
                 self._losses.remove(loss)
+                if since < loss.since:
+                    # a node gone before the loss had last recorded progress from further back: its
+                    # claims made late, and lost before a sweep took them over, are older than the
+                    # recent past (seed 820315: claimed 3 s late, holder killed, Redis lost 5 s later)
+                    self._claim_again(since, loss.since - 1)
         return True
 
     async def _membership_loop(self) -> None:
@@ -392,6 +414,11 @@ class Node:
             try:
                 members = await self.parts.membership.live()
                 now = loop.time()
+                for m in members:  # (a dead node's heartbeat stays listed until its TTL runs out)
+                    self._seen[str(m.info.get("incarnation", ""))] = now - m.age_s
+                if len(self._seen) > 4 * len(members) + 100:  # forget the long gone
+                    ttl = s.heartbeat_ttl_seconds
+                    self._seen = {i: t for i, t in self._seen.items() if now - t <= 2 * ttl}
                 seen = {m.node_id: m.ready for m in members}
                 seen[self.node_id] = self.ready
                 for n in seen:
@@ -507,10 +534,17 @@ class Node:
             claimed, fired = marks.claimed.get(slot), marks.fired.get(slot)
             if claimed is not None and fired is not None and fired > claimed:
                 self.firer.verify_through[slot] = fired
+        # A loss noticed and not on record yet has not lowered the marks: from no later than it says.
+        lost = min((loss.since for loss in self._losses), default=None)
+        if lost is not None:
+            for slot in added:
+                self.firer.verify_through[slot] = max(self.firer.verify_through.get(slot, -1), now)
         starts: list[tuple[OwnedJob, int]] = []
         for job, updated_ms in loaded:
             mark = marks.claimed.get(job.slot)
             start = now - self.lease_ms if mark is None else mark
+            if lost is not None:
+                start = min(start, lost)
             starts.append((job, max(start, updated_ms - 1, floor)))
         del loaded
         gc.freeze()  # the loaded jobs live long: keep them out of every future collection
@@ -850,6 +884,16 @@ def _merged(outages: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 YIELD_EVERY = 5000  # jobs installed between two turns of the event loop
+
+
+class Loss(NamedTuple):
+    """Redis lost the data of an epoch, noticed when it answered with another."""
+
+    lost: str
+    current: str
+    since: int  # occurrences from then on are claimed again (the recent past)
+    reach: int  # and from as far back as this, where a node gone since had recorded less progress
+    live: frozenset[str]  # incarnations heartbeating before the loss (they claim again what they hold)
 
 
 class _Tally:

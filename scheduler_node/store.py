@@ -162,11 +162,22 @@ class NodeStore(abc.ABC):
         lost, it counts up to where the loss left it (see :meth:`lose_epoch`)."""
 
     @abc.abstractmethod
-    async def lose_epoch(self, epoch: str, current: str, since_ms: int, node_id: str) -> None:
+    async def lose_epoch(
+        self,
+        epoch: str,
+        current: str,
+        since_ms: int,
+        node_id: str,
+        reach_ms: int | None = None,
+        live: Collection[str] = (),
+    ) -> int:
         """Redis lost the data of ``epoch`` (its claims, done marks, unwritten rows), noticed when
         it answered with ``current``: progress claimed in any other epoch than ``current`` speaks
-        for occurrences up to ``since_ms`` only, now and when saved later, and how far the cluster
-        fired stays as it was."""
+        for occurrences up to a point only, now and when saved later, and how far the cluster
+        fired stays as it was. The point is ``since_ms``, or earlier: the least progress recorded
+        in ``epoch`` after ``reach_ms`` by an incarnation not in ``live`` (a node gone since, whose
+        claims made after its last record may have been lost before anyone took them over), and
+        not before ``reach_ms``. Returns the point (the earliest any node that noticed gave)."""
 
     @abc.abstractmethod
     async def slot_marks(self) -> SlotMarks:
@@ -547,19 +558,42 @@ class PgNodeStore(NodeStore):
                 {"n": node_id, "i": incarnation, "ms": fired_through_ms, "s": slots, "e": epoch},
             )
 
-    async def lose_epoch(self, epoch: str, current: str, since_ms: int, node_id: str) -> None:
-        await self._call(self._lose_epoch, epoch, current, since_ms, node_id)
+    async def lose_epoch(
+        self,
+        epoch: str,
+        current: str,
+        since_ms: int,
+        node_id: str,
+        reach_ms: int | None = None,
+        live: Collection[str] = (),
+    ) -> int:
+        return await self._call(self._lose_epoch, epoch, current, since_ms, node_id, reach_ms, sorted(live))
 
-    def _lose_epoch(self, epoch: str, current: str, since_ms: int, node_id: str) -> None:
+    def _lose_epoch(
+        self, epoch: str, current: str, since_ms: int, node_id: str, reach_ms: int | None, live: list[str]
+    ) -> int:
         since = "timestamptz 'epoch' + :ms * interval '1 millisecond'"
         with self.engine.begin() as conn:
-            conn.execute(
+            if reach_ms is not None and reach_ms < since_ms:
+                least = conn.execute(
+                    text(
+                        f"SELECT {_MS.format('min(fired_through)')} FROM node_progress "
+                        "WHERE epoch = :e AND updated_at > timestamptz 'epoch' + :r * interval '1 millisecond' "
+                        "AND NOT (incarnation = ANY(:live))"
+                    ),
+                    {"e": epoch, "r": reach_ms, "live": live},
+                ).scalar()
+                if least is not None:
+                    since_ms = max(reach_ms, min(since_ms, int(least)))
+            recorded = conn.execute(
                 text(
                     f"INSERT INTO lost_epochs (epoch, since, noticed_by) VALUES (:e, {since}, :n) "
-                    "ON CONFLICT (epoch) DO UPDATE SET since = LEAST(lost_epochs.since, EXCLUDED.since)"
+                    "ON CONFLICT (epoch) DO UPDATE SET since = LEAST(lost_epochs.since, EXCLUDED.since) "
+                    f"RETURNING {_MS.format('since')}"
                 ),
                 {"e": epoch, "ms": since_ms, "n": node_id},
-            )
+            ).scalar_one()
+            since_ms = int(recorded)
             # Every mark not claimed in the data Redis holds now (rows of older epochs, and rows
             # written before epochs were recorded) spoke for claims that are gone.
             conn.execute(
@@ -569,6 +603,7 @@ class PgNodeStore(NodeStore):
                 ),
                 {"c": current, "ms": since_ms},
             )
+        return since_ms
 
     async def slot_marks(self) -> SlotMarks:
         return await self._call(self._slot_marks)

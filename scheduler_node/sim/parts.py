@@ -262,6 +262,7 @@ class Progress:
     slots: bytes
     epoch: str | None
     firing_through: int
+    updated_ms: int = 0
 
 
 @dataclass
@@ -449,16 +450,33 @@ class SimStore(NodeStore):
         if old is not None and old.epoch == epoch:
             ms = max(ms, old.fired_through)
         firing = max(fired_through_ms, old.firing_through) if old is not None else fired_through_ms
-        db.progress[(node_id, incarnation)] = Progress(ms, slots, epoch, firing)
+        db.progress[(node_id, incarnation)] = Progress(ms, slots, epoch, firing, db.now_ms())
 
-    async def lose_epoch(self, epoch: str, current: str, since_ms: int, node_id: str) -> None:
+    async def lose_epoch(
+        self,
+        epoch: str,
+        current: str,
+        since_ms: int,
+        node_id: str,
+        reach_ms: int | None = None,
+        live: Collection[str] = (),
+    ) -> int:
         await self.db.call()
         db = self.db
-        db.lost_epochs[epoch] = min(since_ms, db.lost_epochs.get(epoch, since_ms))
+        if reach_ms is not None and reach_ms < since_ms:
+            gone = [
+                p.fired_through
+                for (_, incarnation), p in db.progress.items()
+                if p.epoch == epoch and p.updated_ms > reach_ms and incarnation not in live
+            ]
+            if gone:
+                since_ms = max(reach_ms, min(since_ms, *gone))
+        since_ms = db.lost_epochs[epoch] = min(since_ms, db.lost_epochs.get(epoch, since_ms))
         for p in db.progress.values():
             if p.epoch != current and p.fired_through > since_ms:
                 p.firing_through = max(p.firing_through, p.fired_through)
                 p.fired_through = since_ms
+        return since_ms
 
     async def slot_marks(self) -> SlotMarks:
         await self.db.call()

@@ -106,6 +106,69 @@ def test_the_simulations_store_agrees() -> None:
     assert _steps(store, legacy_row) == EXPECTED
 
 
+def _reach_steps(store: NodeStore, age: Callable[[str, int], None]) -> list[tuple[int, dict[int, int]]]:
+    """A node gone before the loss had recorded less progress than the recent past: the loss
+    reaches back to its record, no further than asked, and not for a node still heartbeating."""
+    now = int(time.time() * 1000)
+
+    def save(node: str, ms: int, slot: int, epoch: str) -> None:
+        asyncio.run(store.save_progress(node, f"{node}-1", now + ms, bitmap(frozenset({slot}), SLOTS), epoch))
+
+    def lose(epoch: str, reach: int, live: set[str]) -> tuple[int, dict[int, int]]:
+        since = asyncio.run(store.lose_epoch(epoch, "e9", now - 8_000, "a", now + reach, live))
+        marks = asyncio.run(store.slot_marks())
+        return since - now, {s: m - now for s, m in marks.claimed.items()}
+
+    seen = []
+    save("a", -1_000, 1, "e1")  # heartbeating at the loss
+    save("gone", -20_000, 2, "e1")  # stuck 20 s behind, then died
+    seen.append(lose("e1", -60_000, {"a-1"}))  # its record reaches back: from -20 s
+    save("a", -1_000, 1, "e2")
+    save("gone", -20_000, 2, "e2")
+    seen.append(lose("e2", -60_000, {"a-1", "gone-1"}))  # heartbeating too: the recent past only
+    save("a", -1_000, 1, "e3")
+    save("gone", -20_000, 2, "e3")
+    seen.append(lose("e3", -15_000, {"a-1"}))  # no further than the reach asked
+    save("a", -1_000, 1, "e4")
+    save("gone", -20_000, 2, "e4")
+    age("gone-1", 90_000)  # recorded longer ago than the reach: not counted
+    seen.append(lose("e4", -60_000, {"a-1"}))
+    return seen
+
+
+REACH_EXPECTED = [
+    (-20_000, {1: -20_000, 2: -20_000}),
+    (-8_000, {1: -8_000, 2: -20_000}),
+    (-15_000, {1: -15_000, 2: -20_000}),
+    (-8_000, {1: -8_000, 2: -20_000}),
+]
+
+
+def test_a_loss_reaches_back_to_the_record_of_a_node_gone_on_both_stores(db) -> None:  # type: ignore[no-untyped-def]
+    store = PgNodeStore(db, ThreadPoolExecutor(1))
+
+    def age(incarnation: str, ms: int) -> None:
+        with db.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE node_progress SET updated_at = updated_at - :ms * interval '1 millisecond' "
+                    "WHERE incarnation = :i"
+                ),
+                {"ms": ms, "i": incarnation},
+            )
+
+    assert _reach_steps(store, age) == REACH_EXPECTED
+
+    sim = SimDb(World(time.time()), SLOTS)
+
+    def sim_age(incarnation: str, ms: int) -> None:
+        for (_, i), p in sim.progress.items():
+            if i == incarnation:
+                p.updated_ms -= ms
+
+    assert _reach_steps(SimStore(sim), sim_age) == REACH_EXPECTED
+
+
 @pytest.mark.parametrize("epoch", ["e1", None])
 def test_a_first_save_in_an_epoch_already_lost_is_capped(db, epoch: str | None) -> None:  # type: ignore[no-untyped-def]
     """A node that started, and saved first, after another noticed a loss of the data it claims
