@@ -384,7 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--faults",
         default="all",
-        help="comma-separated fault kinds, or all (every kind but the opt-in db_hang: PostgreSQL silent for 2-15 s)",
+        help=(
+            "comma-separated fault kinds, or all (every kind but the opt-in ones: db_hang, PostgreSQL "
+            "silent for 2-15 s; partition and db_partition, one node cut off from Redis or PostgreSQL)"
+        ),
     )
     s.add_argument(
         "--tick", type=float, default=None, help="the nodes' timer_tick_seconds (default: the product's default)"

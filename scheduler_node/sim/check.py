@@ -75,7 +75,7 @@ def _near(t: float, spans: list[tuple[float, float]]) -> bool:
 def _edges(sim: Sim, points: list[float]) -> list[tuple[float, float]]:
     """Around each change of a job, the time it may take to reach the nodes: longer while the
     database is down or slow (a node learns of changes from it)."""
-    down = sorted((f.start, f.end) for f in sim.faults if f.kind in ("db_down", "db_slow", "db_hang"))
+    down = sorted((f.start, f.end) for f in sim.faults if f.kind in ("db_down", "db_slow", "db_hang", "db_partition"))
     out = []
     for p in points:
         reached = p
@@ -300,6 +300,12 @@ def _cause(sim: Sim, first: Arrival, second: Arrival, lease: float) -> str | Non
         # two holders by the other then, or at the first sweeps after it came back.
         if f.kind == "redis_down" and _taken(sim, first, second, f.start, f.end + lease + 4.0):
             return "redis unreachable"
+        if (
+            f.kind == "partition"
+            and f.holder in (first.holder, second.holder)
+            and _taken(sim, first, second, f.start, f.end + lease + 4.0)
+        ):
+            return "cut off from redis"
         if f.kind == "redis_slow" and _lapsed(sim, f, first, second, lease):
             return "redis too slow to renew a lease"
         if f.kind == "cluster_stop" and first.at - lease <= f.start <= second.at:

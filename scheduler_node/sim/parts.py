@@ -75,6 +75,7 @@ class SimRedis:
     members: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # id -> (expires, beat, info)
     standings: dict[str, str] = field(default_factory=dict)  # id -> standing (scheduler_node.standby)
     down_until: float = 0.0
+    cut: dict[str, float] = field(default_factory=dict)  # node id -> unreachable from it until
     losses: list[float] = field(default_factory=list)  # when it lost everything
     epoch: str = ""
     progress: int | None = None
@@ -101,13 +102,14 @@ class SimRedis:
         self.progress = None
         self.losses.append(self.world.now)
 
-    async def call(self) -> None:
-        """The request's way there; raises while Redis is unreachable (after a timeout)."""
-        if self.world.now < self.down_until:
+    async def call(self, node: str = "") -> None:
+        """The request's way there; raises while Redis is unreachable (after a timeout), for
+        every node or for ``node`` (cut off from it)."""
+        if self.world.now < max(self.down_until, self.cut.get(node, 0.0)):
             await asyncio.sleep(0.5)
             raise TransientError("redis: connection refused")
         await self.half()
-        if self.world.now < self.down_until:
+        if self.world.now < max(self.down_until, self.cut.get(node, 0.0)):
             raise TransientError("redis: connection reset")
 
 
@@ -119,31 +121,32 @@ class SimClaims(Claims):
     def __init__(self, redis: SimRedis, holder: str, keep_ms: int) -> None:
         self.redis = redis
         self.holder = holder
+        self.node = holder.split("/")[0]
         self.inner = MemoryClaims(redis.space, holder, keep_ms)
 
     async def _after(self) -> None:
         await self.redis.half()
 
     async def claim(self, tickets: Sequence[Ticket], lease_ms: int) -> list[ClaimResult]:
-        await self.redis.call()
+        await self.redis.call(self.node)
         out = await self.inner.claim(tickets, lease_ms)
         await self._after()
         return out
 
     async def renew(self, holds: Sequence[Hold]) -> list[RenewResult]:
-        await self.redis.call()
+        await self.redis.call(self.node)
         out = await self.inner.renew(holds)
         await self._after()
         return out
 
     async def done(self, finishes: Sequence[Finish]) -> list[bool]:
-        await self.redis.call()
+        await self.redis.call(self.node)
         out = await self.inner.done(finishes)
         await self._after()
         return out
 
     async def take(self, tickets: Sequence[Ticket], lease_ms: int) -> list[Took]:
-        await self.redis.call()
+        await self.redis.call(self.node)
         space = self.redis.space
         before = [space.get(_claim_key(t)) for t in tickets]
         out = await self.inner.take(tickets, lease_ms)
@@ -156,13 +159,13 @@ class SimClaims(Claims):
         return out
 
     async def sweep(self, slots: Sequence[int], limit: int, unrecorded_age_ms: int) -> Swept:
-        await self.redis.call()
+        await self.redis.call(self.node)
         out = await self.inner.sweep(slots, limit, unrecorded_age_ms)
         await self._after()
         return out
 
     async def recorded(self, rows: Sequence[tuple[int, str]]) -> None:
-        await self.redis.call()
+        await self.redis.call(self.node)
         await self.inner.recorded(rows)
         await self._after()
 
@@ -174,7 +177,7 @@ class SimMembership(Membership):
         self.ttl_ms = ttl_ms
 
     async def beat(self, info: dict[str, Any], progress_ms: int | None = None) -> Beat:
-        await self.redis.call()
+        await self.redis.call(self.node_id)
         now = self.redis.now_ms()
         self.redis.members[self.node_id] = (now + self.ttl_ms, now, json.dumps(info))
         if not self.redis.epoch:
@@ -186,7 +189,7 @@ class SimMembership(Membership):
         return beat
 
     async def live(self) -> list[Member]:
-        await self.redis.call()
+        await self.redis.call(self.node_id)
         now = self.redis.now_ms()
         out = []
         for node_id in sorted(self.redis.members):
@@ -200,13 +203,13 @@ class SimMembership(Membership):
         return out
 
     async def leave(self) -> None:
-        await self.redis.call()
+        await self.redis.call(self.node_id)
         self.redis.members.pop(self.node_id, None)
         self.redis.standings.pop(self.node_id, None)
         await self.redis.half()
 
     async def stand(self, standing: str | None) -> dict[str, str]:
-        await self.redis.call()
+        await self.redis.call(self.node_id)
         if standing is None:
             self.redis.standings.pop(self.node_id, None)
         else:
@@ -281,6 +284,7 @@ class SimDb:
     backs: list[int] = field(default_factory=list)  # when a node was back and found no outage
     backfills: dict[str, SimBackfill] = field(default_factory=dict)
     down_until: float = 0.0
+    cut: dict[str, float] = field(default_factory=dict)  # node id -> unreachable from it until
     hang_until: float = 0.0  # no answer (nor error) to any round trip before then
     slow: Spells = field(default_factory=Spells)
     polls: dict[str, list[float]] = field(default_factory=dict)  # holder -> when its feed reads succeeded
@@ -350,18 +354,21 @@ class SimDb:
         return row
 
     # -- what nodes do
-    async def call(self) -> None:
+    def _down(self, node: str) -> bool:
+        return self.world.now < max(self.down_until, self.cut.get(node, 0.0))
+
+    async def call(self, node: str = "") -> None:
         if self.world.now < self.hang_until:
             await asyncio.sleep(self.hang_until - self.world.now)
-        if self.world.now < self.down_until:
+        if self._down(node):
             await asyncio.sleep(1.0)
             raise TransientError("database: connection refused")
         await asyncio.sleep(LATENCY + self.slow.extra(self.world.now))
-        if self.world.now < self.down_until:
+        if self._down(node):
             raise TransientError("database: server closed the connection unexpectedly")
 
-    def write(self, rows: list[HistoryRow]) -> int:
-        if self.world.now < self.down_until:
+    def write(self, rows: list[HistoryRow], node: str = "") -> int:
+        if self._down(node):
             raise TransientError("database: connection refused")
         dups = 0
         for r in rows:
@@ -389,9 +396,10 @@ class SimStore(NodeStore):
     def __init__(self, db: SimDb, holder: str = "") -> None:
         self.db = db
         self.holder = holder
+        self.node = holder.split("/")[0]
 
     async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, list[tuple[OwnedJob, int]]]:
-        await self.db.call()
+        await self.db.call(self.node)
         wanted = set(slots)
         out = []
         for job in sorted(self.db.jobs.values(), key=lambda j: j.id):
@@ -402,7 +410,7 @@ class SimStore(NodeStore):
     async def poll_changes(
         self, cursor: int, slots: Collection[int] | None = None
     ) -> tuple[int, list[JobRow], list[TriggerRow]]:
-        await self.db.call()
+        await self.db.call(self.node)
         self.db.polls.setdefault(self.holder, []).append(self.db.world.now)
         wanted = None if slots is None else set(slots)
         jobs = sorted(self.db.jobs.values(), key=lambda j: j.change)
@@ -411,12 +419,12 @@ class SimStore(NodeStore):
         return self.db.change + 1, rows, triggers
 
     async def recent_triggers(self, slots: Sequence[int], since_ms: int) -> list[TriggerRow]:
-        await self.db.call()
+        await self.db.call(self.node)
         wanted = set(slots)
         return [t for _, t, slot in self.db.triggers if slot in wanted and t.requested_ms > since_ms]
 
     async def attempts(self, idents: Sequence[Ident]) -> dict[Ident, Attempts]:
-        await self.db.call()
+        await self.db.call(self.node)
         wanted = set(idents)
         found: dict[Ident, Attempts] = {}
         for (job_id, ms, ev, attempt, trigger), row in self.db.history.items():
@@ -430,18 +438,18 @@ class SimStore(NodeStore):
         return found
 
     async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
-        await self.db.call()
+        await self.db.call(self.node)
         jobs = self.db.jobs
         return {i: (jobs[i].incarnation, jobs[i].created_ms) for i in job_ids if i in jobs and not jobs[i].deleted}
 
     async def cluster_config(self) -> ClusterConfig:
-        await self.db.call()
+        await self.db.call(self.node)
         return ClusterConfig({}, {})
 
     async def save_progress(
         self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes, epoch: str | None
     ) -> None:
-        await self.db.call()
+        await self.db.call(self.node)
         db = self.db
         ms = fired_through_ms
         if epoch is not None and epoch in db.lost_epochs:
@@ -461,7 +469,7 @@ class SimStore(NodeStore):
         reach_ms: int | None = None,
         live: Collection[str] = (),
     ) -> int:
-        await self.db.call()
+        await self.db.call(self.node)
         db = self.db
         if reach_ms is not None and reach_ms < since_ms:
             gone = [
@@ -479,7 +487,7 @@ class SimStore(NodeStore):
         return since_ms
 
     async def slot_marks(self) -> SlotMarks:
-        await self.db.call()
+        await self.db.call(self.node)
         return slot_marks_of(
             (p.fired_through, max(p.firing_through, p.fired_through), p.slots) for p in self.db.progress.values()
         )
@@ -487,7 +495,7 @@ class SimStore(NodeStore):
     async def back(
         self, mark_ms: int | None, now_ms: int, outage_after_ms: int, node_id: str
     ) -> tuple[int, int] | None:
-        await self.db.call()
+        await self.db.call(self.node)
         last = max([b for _, b in self.db.outages] + self.db.backs, default=None)
         outage = decide_outage(mark_ms, last, now_ms, outage_after_ms)
         if outage is None:
@@ -497,11 +505,11 @@ class SimStore(NodeStore):
         return outage
 
     async def outages(self, since_ms: int) -> list[tuple[int, int]]:
-        await self.db.call()
+        await self.db.call(self.node)
         return sorted((a, b) for a, b in self.db.outages if b > since_ms)
 
     async def delete_completed(self, jobs: Sequence[tuple[str, int]]) -> list[str]:
-        await self.db.call()
+        await self.db.call(self.node)
         deleted = []
         for job_id, version in sorted(set(jobs)):
             job = self.db.jobs.get(job_id)
@@ -512,7 +520,7 @@ class SimStore(NodeStore):
         return deleted
 
     async def backfills(self) -> list[BackfillRow]:
-        await self.db.call()
+        await self.db.call(self.node)
         out = []
         for b in self.db.backfills.values():
             job = self.db.jobs.get(b.row.job_id)
@@ -521,7 +529,7 @@ class SimStore(NodeStore):
         return out
 
     async def lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
-        await self.db.call()
+        await self.db.call(self.node)
         b = self.db.backfills.get(backfill_id)
         now = self.db.now_ms()
         if b is None or b.row.state != "running" or (b.driver not in (None, holder) and b.lease_until >= now):
@@ -540,7 +548,7 @@ class SimStore(NodeStore):
         done: bool,
         release: bool,
     ) -> bool:
-        await self.db.call()
+        await self.db.call(self.node)
         b = self.db.backfills.get(backfill_id)
         if b is None or b.driver != holder:
             return False
@@ -554,13 +562,13 @@ class SimStore(NodeStore):
         return running
 
     async def end_backfill(self, backfill_id: str, reason: str) -> None:
-        await self.db.call()
+        await self.db.call(self.node)
         b = self.db.backfills.get(backfill_id)
         if b is not None and b.row.state == "running":
             b.row = replace(b.row, state="cancelled")
 
     def write_history(self, rows: list[HistoryRow]) -> int:
-        return self.db.write(rows)
+        return self.db.write(rows, self.node)
 
 
 # --------------------------------------------------------------------------- receivers

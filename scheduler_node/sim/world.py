@@ -34,8 +34,10 @@ FAULTS = (
 )
 # Faults only a run that names them draws (--faults), so that the default mix, and with it every
 # seed's run, stays as it was. db_hang: PostgreSQL accepts and never answers for a while (a hung
-# server, not a refused connection), every round trip waiting until it answers again.
-OPT_IN_FAULTS = ("db_hang",)
+# server, not a refused connection), every round trip waiting until it answers again. partition:
+# one node cut off from Redis for 1-8 s, the others reaching it as ever (its leases run out while it
+# still sends). db_partition: one node cut off from PostgreSQL, the others reaching it.
+OPT_IN_FAULTS = ("db_hang", "partition", "db_partition")
 
 
 @dataclass(frozen=True)
@@ -313,7 +315,7 @@ class Sim:
         rng, now = self.rng, self.world.now
         alive = self.alive()
         lease = self.cfg.lease_seconds
-        if kind in ("kill", "pause", "restart", "leave") and not alive:
+        if kind in ("kill", "pause", "restart", "leave", "partition", "db_partition") and not alive:
             return
         victim = rng.choice(alive) if alive else ""
         if kind == "kill":
@@ -341,6 +343,11 @@ class Sim:
             d = rng.uniform(1, 4)
             self.faults.append(Fault("redis_down", now, now + d))
             self.redis.down_until = now + d
+        elif kind in ("partition", "db_partition"):
+            d = min(rng.uniform(1, 8), EPOCH + self.cfg.duration - now)
+            self.faults.append(Fault(kind, now, now + d, victim, self.processes[victim].holder))
+            server = self.redis if kind == "partition" else self.db
+            server.cut[victim] = max(server.cut.get(victim, 0.0), now + d)
         elif kind == "db_down":
             d = rng.uniform(1, 8)
             self.faults.append(Fault("db_down", now, now + d))
@@ -408,6 +415,8 @@ class Sim:
             self.world.run_until(EPOCH + cfg.duration)
             # the nemesis rests: everything comes back and nothing fails any more
             self.redis.down_until = self.db.down_until = 0
+            self.redis.cut.clear()
+            self.db.cut.clear()
             self.held_until = 0.0
             self.world.paused.clear()
             for n in self.node_ids:

