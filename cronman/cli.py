@@ -386,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         help=(
             "comma-separated fault kinds, or all (every kind but the opt-in ones: db_hang, PostgreSQL "
-            "silent for 2-15 s; partition and db_partition, one node cut off from Redis or PostgreSQL)"
+            "silent for 2-15 s; partition and db_partition, one node cut off from Redis or PostgreSQL; "
+            "power_cut, Redis and every node down at once, Redis back empty)"
         ),
     )
     s.add_argument(

@@ -388,6 +388,10 @@ class Node:
                 since = await self.parts.store.lose_epoch(
                     loss.lost, loss.current, loss.since, self.node_id, loss.reach, loss.live
                 )
+                if since < loss.since:  # what is claimed again from there must not undo a misfire
+                    # policy: outages this node has not read (they ended before it caught up from)
+                    outages = await self.parts.store.outages(since)
+                    self._outages = _merged([*self._outages, *outages])
             except TransientError as exc:
                 log.warning("could not record that Redis lost its data: %s", exc)
                 return False
@@ -549,7 +553,7 @@ class Node:
         del loaded
         gc.freeze()  # the loaded jobs live long: keep them out of every future collection
         if self.ready:
-            self._outages = await store.outages(min((st for _, st in starts), default=now))
+            self._outages = _merged([*self._outages, *await store.outages(self._outages_from(starts, now))])
             tally = _Tally()
             for i, (job, start) in enumerate(starts):
                 self._catch_up(job, start, now, tally)
@@ -564,6 +568,15 @@ class Node:
         self._apply_triggers(triggers, verify=True)
         self.feed_cursor = cursor if self.feed_cursor is None else min(self.feed_cursor, cursor)
         return len(starts)
+
+    def _outages_from(self, starts: list[tuple[OwnedJob, int]], now: int) -> int:
+        """How far back this node must know the cluster's outages: what it catches up, and what a
+        loss of Redis's data makes it claim again (whose misfire policies must not be undone: seed
+        870158 with power cuts, an occurrence a skip policy skipped in an outage that ended before
+        the node caught up from was claimed again after a loss, and fired)."""
+        s = self.s
+        back = s.loss_lookback_seconds + s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2
+        return min(now - int(back * 1000), min((st for _, st in starts), default=now))
 
     def _catch_up(self, job: OwnedJob, start: int, now: int, tally: _Tally) -> None:
         """Install a job taken over from ``start``: occurrences since then are delivered late,
@@ -616,7 +629,7 @@ class Node:
         # decided once for the cluster: nodes back at the same time, each by its own clock, could
         # each judge the gap differently, and one fire late what another skips (seed 82247)
         outage = await store.back(cluster_mark, now, int(self.s.outage_after_seconds * 1000), self.node_id)
-        self._outages = await store.outages(since)
+        self._outages = await store.outages(min(since, self._outages_from([], now)))
         if outage is not None:
             log.warning(
                 "no scheduler was running: occurrences due then get their misfire policy",

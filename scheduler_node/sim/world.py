@@ -36,8 +36,10 @@ FAULTS = (
 # seed's run, stays as it was. db_hang: PostgreSQL accepts and never answers for a while (a hung
 # server, not a refused connection), every round trip waiting until it answers again. partition:
 # one node cut off from Redis for 1-8 s, the others reaching it as ever (its leases run out while it
-# still sends). db_partition: one node cut off from PostgreSQL, the others reaching it.
-OPT_IN_FAULTS = ("db_hang", "partition", "db_partition")
+# still sends). db_partition: one node cut off from PostgreSQL, the others reaching it. power_cut:
+# Redis (without persistence) and every node go down at once, Redis back empty, the nodes 1-8 s
+# later: nobody that saw the old data lives to notice the loss.
+OPT_IN_FAULTS = ("db_hang", "partition", "db_partition", "power_cut")
 
 
 @dataclass(frozen=True)
@@ -356,6 +358,16 @@ class Sim:
             d = min(rng.uniform(2, 15), EPOCH + self.cfg.duration - now)  # answering again by then
             self.faults.append(Fault("db_hang", now, now + d))
             self.db.hang_until = max(self.db.hang_until, now + d)
+        elif kind == "power_cut" and alive and now >= self.held_until:
+            d = min(rng.uniform(1, 8), EPOCH + self.cfg.duration - now)
+            self.faults.append(Fault("power_cut", now, now + d))
+            self.faults.append(Fault("redis_loss", now, now))
+            self.redis.lose_everything()
+            self.stopped_all.append((now, now + d))
+            self.held_until = now + d
+            for n in alive:
+                self.kill(n)
+            self.world.at(now + d, lambda: self._revive_all(alive))
         elif kind == "cluster_stop":
             d = min(rng.uniform(8, 20), EPOCH + self.cfg.duration - now)  # everything is back by then
             self.faults.append(Fault("cluster_stop", now, now + d))
