@@ -123,6 +123,7 @@ class Node:
         self._losses: list[Loss] = []  # Redis data lost, to be recorded
         self._seen: dict[str, float] = {}  # incarnation -> when its heartbeat was last seen (loop time)
         self._recording: asyncio.Task[bool] | None = None  # the heartbeat's recording of those
+        self._unnoticed: asyncio.Task[None] | None = None  # looking for losses nobody recorded
         self._cluster_progress_ms: int | None = None  # as Redis last reported it
         self.firer: Firer | None = None
         self.history: HistoryWriter | None = None
@@ -314,6 +315,8 @@ class Node:
                     self._redis_lost(self._epoch, beat.epoch, self._epoch_ok_ms)
                 self._epoch = beat.epoch
                 self._epoch_ok_ms = self.now_ms()
+                if self._unnoticed is None:
+                    self._unnoticed = asyncio.create_task(self._find_unnoticed_losses(beat.epoch))
                 self._cluster_progress_ms = beat.progress_ms
             except TransientError as exc:
                 log.warning("heartbeat failed: %s", exc)
@@ -377,6 +380,36 @@ class Node:
         )
         firer._repark_all()
         firer.enqueue(again)
+
+    async def _find_unnoticed_losses(self, current: str) -> None:
+        """Once, when this process first reaches Redis: progress recorded in data Redis no longer
+        has, whose loss nobody recorded (every node that saw it died first: a power cut of Redis
+        and the nodes). Recorded here, and the recent past of that data is claimed again, checked
+        against history: the deliveries whose history rows died with the nodes and Redis's copy
+        of them are delivered again and recorded (tests/cluster/test_power_cut.py)."""
+        assert self.parts is not None
+        s = self.s
+        margin = int((s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2) * 1000)
+        for _ in range(600):  # PostgreSQL may be away for a while; a node that has waited that long gives up
+            if self._stopping:
+                return
+            reach = self.now_ms() - int(s.loss_lookback_seconds * 1000)
+            try:
+                found = await self.parts.store.unnoticed_losses(current, reach, margin, self.node_id)
+                if found:
+                    self._outages = _merged([*self._outages, *await self.parts.store.outages(min(t for _, t in found))])
+                break
+            except TransientError as exc:
+                log.warning("could not look for losses of Redis's data: %s", exc)
+                await asyncio.sleep(1.0)
+        else:
+            return
+        for epoch, since in found:
+            log.warning(
+                "Redis lost data no node noticed: claiming its recent past again, checked against history",
+                extra={"epoch": epoch, "since": iso(since)},
+            )
+            self._claim_again(since, self.now_ms())
 
     async def _record_losses(self) -> bool:
         """Record the losses of Redis data this node noticed (oldest first); False while some are
@@ -529,6 +562,8 @@ class Node:
         # calendars decide what fires: know the current ones before firing what is loaded
         self._set_config(await store.cluster_config())
         cursor, loaded = await store.load_slots(added, self.decoder)
+        if self._unnoticed is not None and not self._unnoticed.done():  # it may lower the marks
+            await asyncio.wait([self._unnoticed], timeout=10)
         marks = await store.slot_marks()
         now = self.now_ms()
         floor = now - MAX_CATCH_UP_MS

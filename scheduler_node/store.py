@@ -180,6 +180,16 @@ class NodeStore(abc.ABC):
         not before ``reach_ms``. Returns the point (the earliest any node that noticed gave)."""
 
     @abc.abstractmethod
+    async def unnoticed_losses(
+        self, current: str, reach_ms: int, margin_ms: int, node_id: str
+    ) -> list[tuple[str, int]]:
+        """Losses of Redis's data nobody recorded (every node that saw the old data died before
+        noticing, as in a power cut): progress recorded after ``reach_ms`` in an epoch other than
+        ``current`` and not recorded lost. Each is recorded as :meth:`lose_epoch` does, from
+        ``margin_ms`` before that epoch's last record, or its least progress if earlier (not
+        before ``reach_ms``); returns (epoch, from when) for each."""
+
+    @abc.abstractmethod
     async def slot_marks(self) -> SlotMarks:
         """How far each slot was claimed and fired (by any node), and how far the cluster fired."""
 
@@ -604,6 +614,28 @@ class PgNodeStore(NodeStore):
                 {"c": current, "ms": since_ms},
             )
         return since_ms
+
+    async def unnoticed_losses(
+        self, current: str, reach_ms: int, margin_ms: int, node_id: str
+    ) -> list[tuple[str, int]]:
+        return await self._call(self._unnoticed_losses, current, reach_ms, margin_ms, node_id)
+
+    def _unnoticed_losses(self, current: str, reach_ms: int, margin_ms: int, node_id: str) -> list[tuple[str, int]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    f"SELECT epoch, {_MS.format('max(updated_at)')}, {_MS.format('min(fired_through)')} "
+                    "FROM node_progress p WHERE epoch IS NOT NULL AND epoch <> :c "
+                    "AND updated_at > timestamptz 'epoch' + :r * interval '1 millisecond' "
+                    "AND NOT EXISTS (SELECT 1 FROM lost_epochs l WHERE l.epoch = p.epoch) GROUP BY epoch"
+                ),
+                {"c": current, "r": reach_ms},
+            ).all()
+        out = []
+        for epoch, last, least in rows:
+            since = max(reach_ms, min(int(last) - margin_ms, int(least)))
+            out.append((str(epoch), self._lose_epoch(str(epoch), current, since, node_id, None, [])))
+        return out
 
     async def slot_marks(self) -> SlotMarks:
         return await self._call(self._slot_marks)

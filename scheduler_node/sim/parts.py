@@ -479,12 +479,32 @@ class SimStore(NodeStore):
             ]
             if gone:
                 since_ms = max(reach_ms, min(since_ms, *gone))
+        return self._lose(epoch, current, since_ms)
+
+    def _lose(self, epoch: str, current: str, since_ms: int) -> int:
+        db = self.db
         since_ms = db.lost_epochs[epoch] = min(since_ms, db.lost_epochs.get(epoch, since_ms))
         for p in db.progress.values():
             if p.epoch != current and p.fired_through > since_ms:
                 p.firing_through = max(p.firing_through, p.fired_through)
                 p.fired_through = since_ms
         return since_ms
+
+    async def unnoticed_losses(
+        self, current: str, reach_ms: int, margin_ms: int, node_id: str
+    ) -> list[tuple[str, int]]:
+        await self.db.call(self.node)
+        epochs: dict[str, tuple[int, int]] = {}
+        for p in self.db.progress.values():
+            if p.epoch is None or p.epoch == current or p.updated_ms <= reach_ms or p.epoch in self.db.lost_epochs:
+                continue
+            last, least = epochs.get(p.epoch, (p.updated_ms, p.fired_through))
+            epochs[p.epoch] = (max(last, p.updated_ms), min(least, p.fired_through))
+        out = []
+        for epoch, (last, least) in sorted(epochs.items()):
+            since = max(reach_ms, min(last - margin_ms, least))
+            out.append((epoch, self._lose(epoch, current, since)))
+        return out
 
     async def slot_marks(self) -> SlotMarks:
         await self.db.call(self.node)

@@ -169,6 +169,52 @@ def test_a_loss_reaches_back_to_the_record_of_a_node_gone_on_both_stores(db) -> 
     assert _reach_steps(SimStore(sim), sim_age) == REACH_EXPECTED
 
 
+def _unnoticed_steps(store: NodeStore) -> list[Any]:
+    """Nobody noticed that Redis lost the data of e1 (every node that saw it died): a node that
+    starts on e2 finds the progress recorded in e1, records the loss from a margin before e1's last
+    record (or its least progress, if earlier), and lowers the marks; a loss already on record, an
+    epoch recorded longer ago than the reach, and the current epoch are left alone."""
+    now = int(time.time() * 1000)
+
+    def save(node: str, ms: int, slot: int, epoch: str) -> None:
+        asyncio.run(store.save_progress(node, f"{node}-1", now + ms, bitmap(frozenset({slot}), SLOTS), epoch))
+
+    def marks() -> dict[int, int]:
+        return {s: m - now for s, m in asyncio.run(store.slot_marks()).claimed.items()}
+
+    seen: list[Any] = []
+    save("a", -500, 1, "e1")
+    save("b", -900, 2, "e1")
+    save("c", -300, 3, "e2")  # the current data
+    found = asyncio.run(store.unnoticed_losses("e2", now - 60_000, 7_000, "c"))
+    seen.append([(e, round((t - now) / 1000)) for e, t in found])  # (seconds: the database's clock)
+    seen.append({s: round(m / 1000) for s, m in marks().items()})
+    seen.append(asyncio.run(store.unnoticed_losses("e2", now - 60_000, 7_000, "c")))  # on record now
+    save("d", -2_000, 4, "e0")
+    seen.append(asyncio.run(store.unnoticed_losses("e2", now + 1_000, 7_000, "c")))  # older than the reach
+    save("e", -20_000, 5, "e3")  # a node stuck 20 s behind, in data since lost
+    seen.append(
+        sorted(
+            (e, round((t - now) / 1000)) for e, t in asyncio.run(store.unnoticed_losses("e2", now - 60_000, 7_000, "c"))
+        )
+    )
+    return seen
+
+
+UNNOTICED_EXPECTED = [
+    [("e1", -7)],
+    {1: -7, 2: -7, 3: 0},
+    [],
+    [],
+    [("e0", -7), ("e3", -20)],
+]
+
+
+def test_a_loss_nobody_noticed_is_found_by_a_node_that_starts_on_both_stores(db) -> None:  # type: ignore[no-untyped-def]
+    assert _unnoticed_steps(PgNodeStore(db, ThreadPoolExecutor(1))) == UNNOTICED_EXPECTED
+    assert _unnoticed_steps(SimStore(SimDb(World(time.time()), SLOTS))) == UNNOTICED_EXPECTED
+
+
 @pytest.mark.parametrize("epoch", ["e1", None])
 def test_a_first_save_in_an_epoch_already_lost_is_capped(db, epoch: str | None) -> None:  # type: ignore[no-untyped-def]
     """A node that started, and saved first, after another noticed a loss of the data it claims
