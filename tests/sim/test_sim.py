@@ -182,6 +182,14 @@ WITH_POWER_CUTS = frozenset({"kill", "pause", "restart", "redis_loss", "power_cu
 EVERY_FAULT = frozenset({*FAULTS, *OPT_IN_FAULTS})
 
 
+def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
+    failed = [r for r in run_seeds(range(910001, 910021), SimConfig(0, faults=EVERY_FAULT)) if r["violations"]]
+    assert not failed, [
+        f"{r['violations'][:2]} - replay: cronman sim --seed {r['seed']} --faults {','.join(sorted(EVERY_FAULT))}"
+        for r in failed
+    ]
+
+
 @pytest.mark.parametrize(
     ("seed", "faults"),
     [(870158, WITH_POWER_CUTS), (870335, WITH_POWER_CUTS), (880157, EVERY_FAULT), (880196, EVERY_FAULT)],
