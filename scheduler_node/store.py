@@ -589,7 +589,7 @@ class PgNodeStore(NodeStore):
                     text(
                         f"SELECT {_MS.format('min(fired_through)')} FROM node_progress "
                         "WHERE epoch = :e AND updated_at > timestamptz 'epoch' + :r * interval '1 millisecond' "
-                        "AND NOT (incarnation = ANY(:live))"
+                        "AND NOT (incarnation = ANY(CAST(:live AS text[])))"
                     ),
                     {"e": epoch, "r": reach_ms, "live": live},
                 ).scalar()

@@ -128,7 +128,7 @@ def _reach_steps(store: NodeStore, age: Callable[[str, int], None]) -> list[tupl
     seen.append(lose("e2", -60_000, {"a-1", "gone-1"}))  # heartbeating too: the recent past only
     save("a", -1_000, 1, "e3")
     save("gone", -20_000, 2, "e3")
-    seen.append(lose("e3", -15_000, {"a-1"}))  # no further than the reach asked
+    seen.append(lose("e3", -15_000, set()))  # no further than the reach asked (nobody heartbeating)
     save("a", -1_000, 1, "e4")
     save("gone", -20_000, 2, "e4")
     age("gone-1", 90_000)  # recorded longer ago than the reach: not counted
