@@ -180,19 +180,14 @@ class Cluster:
         return self.session.get(f"{self.api_url}/v1/cluster", timeout=5).json()
 
     def claims_held_by(self, node_id: str) -> set[str]:
-        """Execution ids whose claim in Redis is held (claimed, not marked done) by ``node_id``."""
-        client = redis.Redis.from_url(self.redis_url, socket_timeout=5, decode_responses=True)
+        """Execution ids whose claim in Redis is held (claimed, not marked done) by ``node_id``,
+        read in one script: a snapshot, not a scan that a replica's takeovers overtake (on a busy
+        machine a scan of tens of thousands of keys outlasted the dead node's leases)."""
+        client = redis.Redis.from_url(self.redis_url, socket_timeout=30, decode_responses=True)
         # claim keys are "<prefix>{s<slot>}x:<execution id>", valued "c|<node>/<process>|..." while held
-        mine = f"c|{node_id}/"
         try:
-            keys = [str(k) for k in client.scan_iter(match=f"{self.redis_prefix}{{s*}}x:*", count=5000)]
-            held: set[str] = set()
-            for i in range(0, len(keys), 5000):
-                chunk = keys[i : i + 5000]
-                for key, value in zip(chunk, client.mget(chunk), strict=True):
-                    if isinstance(value, str) and value.startswith(mine):
-                        held.add(key.rpartition("x:")[2].partition(":")[0])
-            return held
+            keys = client.eval(_HELD_BY, 0, f"{self.redis_prefix}{{s*}}x:*", f"c|{node_id}/")
+            return {str(k).rpartition("x:")[2].partition(":")[0] for k in keys}
         finally:
             client.close()
 
@@ -303,6 +298,23 @@ class Cluster:
         with self.report_path.open("a") as f:
             f.write(json.dumps(record, default=str) + "\n")
         return record
+
+
+# The claim keys matching ARGV[1] whose value starts with ARGV[2], read at one instant.
+_HELD_BY = """
+local keys = redis.call('KEYS', ARGV[1])
+local out = {}
+for i = 1, #keys, 1000 do
+  local chunk = {}
+  for j = i, math.min(i + 999, #keys) do chunk[#chunk + 1] = keys[j] end
+  local values = redis.call('MGET', unpack(chunk))
+  for k = 1, #chunk do
+    local v = values[k]
+    if v and string.sub(v, 1, #ARGV[2]) == ARGV[2] then out[#out + 1] = chunk[k] end
+  end
+end
+return out
+"""
 
 
 def sleep_until(epoch: float, limit: float = 120.0) -> None:
