@@ -337,13 +337,25 @@ class Node:
         before its claims are made again leaves its slots' next owner a mark it can resume from
         (seed 101319 with 50 ms passes). Recording it may reach further back (:meth:`_record_losses`)."""
         s = self.s
-        since = intact_ms - int((s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2) * 1000)
+        since = intact_ms - self._recent_past_ms
         reach = intact_ms - int(s.loss_lookback_seconds * 1000)
         # heartbeating when the loss was noticed: they claim again what they hold themselves
         recent = asyncio.get_running_loop().time() - 2 * s.heartbeat_interval_seconds - s.membership_poll_seconds
         live = frozenset([self.incarnation, *(i for i, t in self._seen.items() if t >= recent)])
         self._losses.append(Loss(lost, current, since, min(reach, since), live))
         self._claim_again(since, self.now_ms())
+
+    @property
+    def _recent_past_ms(self) -> int:
+        """How far before Redis was last seen intact a loss of its data claims again: two leases,
+        a heartbeat and 2 s (a claim older than that was taken over by a sweep)."""
+        s = self.s
+        return int((s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2) * 1000)
+
+    async def _learn_outages(self, since: int) -> None:
+        """Add the cluster's outages ending after ``since`` to those this node knows."""
+        assert self.parts is not None
+        self._outages = _merged([*self._outages, *await self.parts.store.outages(since)])
 
     def _claim_again(self, since: int, until: int) -> None:
         """Claim once more, checked against history, every occurrence of the owned jobs from
@@ -388,16 +400,16 @@ class Node:
         against history: the deliveries whose history rows died with the nodes and Redis's copy
         of them are delivered again and recorded (tests/cluster/test_power_cut.py)."""
         assert self.parts is not None
-        s = self.s
-        margin = int((s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2) * 1000)
+        found: list[tuple[str, int]] | None = None  # (once recorded, they are no longer unnoticed)
         for _ in range(600):  # PostgreSQL may be away for a while; a node that has waited that long gives up
             if self._stopping:
                 return
-            reach = self.now_ms() - int(s.loss_lookback_seconds * 1000)
+            reach = self.now_ms() - int(self.s.loss_lookback_seconds * 1000)
             try:
-                found = await self.parts.store.unnoticed_losses(current, reach, margin, self.node_id)
+                if found is None:
+                    found = await self.parts.store.unnoticed_losses(current, reach, self._recent_past_ms, self.node_id)
                 if found:
-                    self._outages = _merged([*self._outages, *await self.parts.store.outages(min(t for _, t in found))])
+                    await self._learn_outages(min(t for _, t in found))
                 break
             except TransientError as exc:
                 log.warning("could not look for losses of Redis's data: %s", exc)
@@ -422,9 +434,7 @@ class Node:
                     loss.lost, loss.current, loss.since, self.node_id, loss.reach, loss.live
                 )
                 if since < loss.since:  # what is claimed again from there must not undo a misfire
-                    # policy: outages this node has not read (they ended before it caught up from)
-                    outages = await self.parts.store.outages(since)
-                    self._outages = _merged([*self._outages, *outages])
+                    await self._learn_outages(since)  # policy: outages this node may not have read
             except TransientError as exc:
                 log.warning("could not record that Redis lost its data: %s", exc)
                 return False
@@ -588,7 +598,7 @@ class Node:
         del loaded
         gc.freeze()  # the loaded jobs live long: keep them out of every future collection
         if self.ready:
-            self._outages = _merged([*self._outages, *await store.outages(self._outages_from(starts, now))])
+            await self._learn_outages(self._outages_from(starts, now))
             tally = _Tally()
             for i, (job, start) in enumerate(starts):
                 self._catch_up(job, start, now, tally)
@@ -609,9 +619,8 @@ class Node:
         loss of Redis's data makes it claim again (whose misfire policies must not be undone: seed
         870158 with power cuts, an occurrence a skip policy skipped in an outage that ended before
         the node caught up from was claimed again after a loss, and fired)."""
-        s = self.s
-        back = s.loss_lookback_seconds + s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2
-        return min(now - int(back * 1000), min((st for _, st in starts), default=now))
+        back = int(self.s.loss_lookback_seconds * 1000) + self._recent_past_ms
+        return min(now - back, min((st for _, st in starts), default=now))
 
     def _catch_up(self, job: OwnedJob, start: int, now: int, tally: _Tally) -> None:
         """Install a job taken over from ``start``: occurrences since then are delivered late,
