@@ -139,6 +139,7 @@ class Firer:
         # they were fired anyway may have been delivered, and are checked against history.
         self.verify_through: dict[int, int] = {}
         self.to_verify: list[Execution] = []  # won, but check history before sending
+        self._to_release: list[Execution] = []  # won for a slot that moved away meanwhile
         # executions held: claimed and not over, by claim name
         self.held: dict[str, Execution] = {}
         self.parked: dict[str, Execution] = {}  # by index member
@@ -515,7 +516,9 @@ class Firer:
                 self.trace("release", e, "the slot moved")
             self.held.pop(e.ticket.name, None)
             e.stage = Stage.OVER
-            self._spawn(self._release([e]))
+            self._to_release.append(e)
+            if len(self._to_release) == 1:
+                self._spawn(self._release_moved())
             return
         if current is not None and current.incarnation != e.job.incarnation:
             # Claimed for an earlier incarnation while the new one arrived (seed 74337: a claim
@@ -1228,6 +1231,16 @@ class Firer:
             self.held.pop(e.ticket.name, None)
             e.stage = Stage.OVER
         self._spawn(self._release(waiting, patience))
+
+    async def _release_moved(self) -> None:
+        """Hand back together what was won for slots that moved away meanwhile: after a large
+        set of slots is dropped, the claims and checks in flight for them end by the thousand, and
+        a call each was more concurrent calls than the connection pool holds (heartbeats, renewals
+        and done marks failed with them, and leases ran out)."""
+        await asyncio.sleep(0)
+        items, self._to_release = self._to_release, []
+        if items:
+            await self._release(items)
 
     async def _release(self, items: list[Execution], patience: float = 3.0) -> None:
         await self._keep_trying(
