@@ -4,10 +4,13 @@ owns, the jobs of those slots and their changes, how far it has fired, and what 
 still owes.
 
 Ownership. A slot belongs to the top ``replication_factor`` nodes by rendezvous score among the
-nodes that are ready. A node that is still loading counts only for itself and, for a while
-(``load_grace_seconds``), for the slots others would hand it: they keep firing those until it is
-ready, so a long load misses nothing, and at a cold start of the whole cluster each node loads
-only its share.
+nodes that are ready. A node that is still loading counts only for itself and, while its load
+moves (its heartbeat says how many jobs it has read and caught up) and for ``load_grace_seconds``
+after it last moved, for the slots others would hand it: they keep firing those until it is ready,
+so a long load misses nothing, at a cold start of the whole cluster each node loads only its
+share, and a node whose load has stalled is not waited for. (A grace counted from when the node
+was first seen loading made every node of a cluster holding a million jobs load a slower
+neighbour's share, seconds before the neighbour was ready, and drop it again.)
 
 What a slot owes. Every node records how far it has fired the slots it owns (``node_progress``).
 A node that takes a slot over resumes from the furthest point any of the slot's owners reached,
@@ -109,7 +112,10 @@ class Node:
         self.started_at = iso(self.now_ms())
         self.feed_cursor: int | None = None
         self._seen_triggers: dict[int, int] = {}
-        self._first_seen_loading: dict[str, float] = {}
+        # node id -> (what its heartbeat last said it had loaded, when that was first seen): a
+        # node still loading counts as loading while its load moves (see _wanted)
+        self._loading: dict[str, tuple[Any, float]] = {}
+        self._caught_up = 0  # jobs this node's catch-up installed (its load's second half)
         self._absent_since: dict[str, float] = {}
         self._members: dict[str, bool] = {}  # node id -> ready, as last seen
         self._pending_catch_up: dict[str, int] = {}  # job id -> from when, until this node is ready
@@ -300,9 +306,16 @@ class Node:
             "jobs": len(self.jobs),
             "slots": len(self.owned),
             "ready": self.ready,
+            **({} if self.ready else {"loading": self._load_moved()}),
             "port": self.port if self.port is not None else self.s.node_port,  # the port bound (for 0)
             **(firer.figures() if firer is not None else {}),
         }
+
+    def _load_moved(self) -> int:
+        """How far this node's load has come: jobs read, then jobs caught up. It grows while the
+        load goes on, however long that takes (millions of jobs take minutes)."""
+        store = self.parts.store if self.parts is not None else None
+        return (store.rows_loaded if store is not None else 0) + self._caught_up
 
     async def _heartbeat_loop(self) -> None:
         assert self.parts is not None
@@ -467,6 +480,7 @@ class Node:
                     ttl = s.heartbeat_ttl_seconds
                     self._seen = {i: t for i, t in self._seen.items() if now - t <= 2 * ttl}
                 seen = {m.node_id: m.ready for m in members}
+                moved = {m.node_id: m.info.get("loading") for m in members}
                 seen[self.node_id] = self.ready
                 for n in seen:
                     self._absent_since.pop(n, None)
@@ -476,13 +490,15 @@ class Node:
                 for n, t in list(self._absent_since.items()):
                     if now - t >= removal_grace:
                         del self._absent_since[n]
-                        self._first_seen_loading.pop(n, None)
+                        self._loading.pop(n, None)
                 view = {**{n: self._members[n] for n in self._absent_since if n in self._members}, **seen}
                 for n, ready in view.items():
                     if ready:
-                        self._first_seen_loading.pop(n, None)
-                    else:
-                        self._first_seen_loading.setdefault(n, now)
+                        self._loading.pop(n, None)
+                        continue
+                    was, mark = self._loading.get(n), moved.get(n)
+                    if was is None or (mark is not None and mark != was[0]):
+                        self._loading[n] = (mark, now)
                 if view != self._members:
                     log.info("membership changed", extra={"nodes": sorted(view), "before": sorted(self._members)})
                     self._members = view
@@ -507,7 +523,7 @@ class Node:
         now = asyncio.get_running_loop().time()
         grace = self.s.load_grace_seconds
         ready = {n for n, r in self._members.items() if r}
-        loading = {n for n, t in self._first_seen_loading.items() if n in self._members and now - t < grace}
+        loading = {n for n, (_, t) in self._loading.items() if n in self._members and now - t < grace}
         me, ownership = self.node_id, shared_ownership(self.s.replication_factor, self.slot_count)
         with_loading, without = frozenset(ready | loading | {me}), frozenset(ready | {me})
 
@@ -693,6 +709,7 @@ class Node:
                     self._catch_up(job, start, now, tally)
                 done += 1
                 if done % YIELD_EVERY == 0:
+                    self._caught_up += YIELD_EVERY
                     await asyncio.sleep(0)  # millions of jobs: heartbeats and renewals go on
         tally.log()
         self.ready = True

@@ -125,6 +125,10 @@ def slot_marks_of(rows: Iterable[tuple[int, int, bytes]]) -> SlotMarks:
 
 
 class NodeStore(abc.ABC):
+    # Jobs read by this store's loads so far: a loading node's heartbeat shows it, and the other
+    # nodes count it as loading while it moves (scheduler_node.node: ownership).
+    rows_loaded: int = 0
+
     @abc.abstractmethod
     async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, list[tuple[OwnedJob, int]]]:
         """Every live job of ``slots`` as (job, updated ms), and the cursor to poll changes from."""
@@ -369,10 +373,10 @@ class PgNodeStore(NodeStore):
         return await self._call(self._load_slots, list(slots), decoder)
 
     def _load_slots(
-        self, slots: list[int], decoder: Decoder, batch: int = 20_000
+        self, slots: list[int], decoder: Decoder, batch: int = 5_000
     ) -> tuple[int, list[tuple[OwnedJob, int]]]:
-        """Rows are decoded as they stream in (a server-side cursor), so a million jobs never sit
-        in memory as rows."""
+        """Rows are decoded as they stream in (a server-side cursor, ``batch`` rows a round trip),
+        so a million jobs never sit in memory as rows, and ``rows_loaded`` moves as they come."""
         out: list[tuple[OwnedJob, int]] = []
         with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
             xmin = int(conn.execute(_XMIN).scalar_one())
@@ -390,15 +394,19 @@ class PgNodeStore(NodeStore):
                 collecting = gc.isenabled()
                 gc.disable()
                 abandon = self._abandon
+                base = self.rows_loaded
                 for i, r in enumerate(cur):
-                    if i % batch == 0 and abandon.is_set():
-                        raise TransientError("the node is stopping: the load was abandoned")
+                    if i % batch == 0:
+                        if abandon.is_set():
+                            raise TransientError("the node is stopping: the load was abandoned")
+                        self.rows_loaded = base + i
                     try:
                         job = job_from(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[9], r[10], r[11])
                     except (ValueError, KeyError, TypeError) as exc:
                         log.error("cannot schedule job: %s", exc, extra={"job_id": r[0]})
                         continue
                     out.append((job, r[8]))
+                self.rows_loaded = base + len(out)
             finally:
                 if collecting:
                     gc.enable()

@@ -208,7 +208,9 @@ class FreezingProxy:
     """A TCP proxy to ``upstream`` that can go silent: while frozen it accepts and keeps every
     connection but forwards nothing either way, as a server that hangs (a stopped process, a full
     disk, a lock) does: the kernel still acknowledges what is sent, so no timeout of the client's
-    own TCP ends the wait. Thawed, what waited is forwarded in order."""
+    own TCP ends the wait. Thawed, what waited is forwarded in order. It can also go slow: with
+    ``limit`` set, what the server sends reaches the client at that many bytes a second (a
+    congested link; a load that takes long but keeps moving)."""
 
     def __init__(self, upstream: tuple[str, int], host: str = "127.0.0.1") -> None:
         self.upstream = upstream
@@ -219,6 +221,7 @@ class FreezingProxy:
         self.host, self.port = host, int(self._server.getsockname()[1])
         self._flowing = threading.Event()
         self._flowing.set()
+        self.limit: float | None = None  # bytes per second from the server, when set
         self._closed = False
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -255,18 +258,21 @@ class FreezingProxy:
             upstream.settimeout(None)
             with self._lock:
                 self._sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            for src, dst, slowed in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pump, args=(src, dst, slowed), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, slowed: bool = False) -> None:
         try:
             while True:
-                data = src.recv(65536)
+                limit = self.limit if slowed else None
+                data = src.recv(4096 if limit else 65536)
                 if not data:
                     break
                 while not self._flowing.wait(0.5):  # frozen: hold what came until thawed
                     if self._closed:
                         return
+                if limit:
+                    time.sleep(len(data) / limit)
                 dst.sendall(data)
         except OSError:
             pass
