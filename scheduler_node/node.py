@@ -646,7 +646,9 @@ class Node:
         if job.paused:
             firer.install(job, now)
             return
-        windows = [(max(a, start), min(b, now)) for a, b in _merged(self._outages) if b > start and a < now]
+        if tally.merged_of is not self._outages:  # merged once a load, not once a job (a new list when they change)
+            tally.merged_of, tally.merged = self._outages, _merged(self._outages)
+        windows = [(max(a, start), min(b, now)) for a, b in tally.merged if b > start and a < now]
         if not windows:
             firer.install(job, start)
             return
@@ -982,6 +984,8 @@ class _Tally:
         self.outages: set[tuple[int, int]] = set()
         self.bounded = 0
         self.bounded_ids: list[str] = []
+        self.merged_of: list[tuple[int, int]] | None = None  # the node's outages, and them merged
+        self.merged: list[tuple[int, int]] = []
 
     def misfire(self, job_id: str, outage: tuple[int, int]) -> None:
         self.misfired += 1
