@@ -8,9 +8,10 @@ nodes that are ready. A node that is still loading counts only for itself and, w
 moves (its heartbeat says how many jobs it has read and caught up) and for ``load_grace_seconds``
 after it last moved, for the slots others would hand it: they keep firing those until it is ready,
 so a long load misses nothing, at a cold start of the whole cluster each node loads only its
-share, and a node whose load has stalled is not waited for. (A grace counted from when the node
-was first seen loading made every node of a cluster holding a million jobs load a slower
-neighbour's share, seconds before the neighbour was ready, and drop it again.)
+share, and a node whose load has stalled is not waited for (when its grace runs out, ownership is
+computed again at once: slots whose owners are all stuck loading go to ready nodes). A grace
+counted from when the node was first seen loading made every node of a cluster holding a million
+jobs load a slower neighbour's share, seconds before the neighbour was ready, and drop it again.
 
 What a slot owes. Every node records how far it has fired the slots it owns (``node_progress``).
 A node that takes a slot over resumes from the furthest point any of the slot's owners reached,
@@ -116,6 +117,7 @@ class Node:
         # node still loading counts as loading while its load moves (see _wanted)
         self._loading: dict[str, tuple[Any, float]] = {}
         self._caught_up = 0  # jobs this node's catch-up installed (its load's second half)
+        self._waited: frozenset[str] = frozenset()  # loading nodes whose load moved within the grace
         self._absent_since: dict[str, float] = {}
         self._members: dict[str, bool] = {}  # node id -> ready, as last seen
         self._pending_catch_up: dict[str, int] = {}  # job id -> from when, until this node is ready
@@ -499,9 +501,12 @@ class Node:
                     was, mark = self._loading.get(n), moved.get(n)
                     if was is None or (mark is not None and mark != was[0]):
                         self._loading[n] = (mark, now)
-                if view != self._members:
-                    log.info("membership changed", extra={"nodes": sorted(view), "before": sorted(self._members)})
-                    self._members = view
+                # loading nodes still waited for: one whose load stopped moving is not, after the grace
+                waited = frozenset(n for n, (_, t) in self._loading.items() if now - t < s.load_grace_seconds)
+                if view != self._members or waited != self._waited:
+                    if view != self._members:
+                        log.info("membership changed", extra={"nodes": sorted(view), "before": sorted(self._members)})
+                    self._members, self._waited = view, waited
                     if settled:
                         self._ownership_dirty.set()
                         self._sync_wake.set()
@@ -604,39 +609,48 @@ class Node:
         if lost is not None:
             for slot in added:
                 self.firer.verify_through[slot] = max(self.firer.verify_through.get(slot, -1), now)
-        starts: list[tuple[OwnedJob, int]] = []
-        for job, updated_ms in loaded:
+
+        def start_of(job: OwnedJob, updated_ms: int) -> int:
             mark = marks.claimed.get(job.slot)
             start = now - self.lease_ms if mark is None else mark
             if lost is not None:
                 start = min(start, lost)
-            starts.append((job, max(start, updated_ms - 1, floor)))
-        del loaded
+            return max(start, updated_ms - 1, floor)
+
+        # (computed where used, not kept in a second list: millions of short-lived pairs made
+        # after the jobs fragment the heap they leave behind)
+        count = len(loaded)
         gc.freeze()  # the loaded jobs live long: keep them out of every future collection
         if self.ready:
-            await self._learn_outages(self._outages_from(starts, now))
+            earliest = min((start_of(job, updated_ms) for job, updated_ms in loaded), default=now)
+            await self._learn_outages(self._outages_from(earliest, now))
             tally = _Tally()
-            for i, (job, start) in enumerate(starts):
-                self._catch_up(job, start, now, tally)
+            for i, (job, updated_ms) in enumerate(loaded):
+                self._catch_up(job, start_of(job, updated_ms), now, tally)
                 if i % YIELD_EVERY == YIELD_EVERY - 1:
                     await asyncio.sleep(0)  # millions of jobs: the timer, renewals and heartbeats go on
             tally.log()
         else:  # what was missed is classified once this node is ready (see _become_ready)
-            for job, start in starts:
-                self.firer.jobs[job.id] = job
-                self._pending_catch_up[job.id] = start
+            # (without a turn of the loop: a loss of Redis's data noticed meanwhile lowers what is
+            # pending, and must find all of it there)
+            jobs, pending = self.firer.jobs, self._pending_catch_up
+            for job, updated_ms in loaded:
+                jobs[job.id] = job
+                pending[job.id] = start_of(job, updated_ms)
+            self._caught_up += count  # (the load moves: see _load_moved)
+        del loaded
         triggers = await store.recent_triggers(added, now - TRIGGER_LOOKBACK_MS)
         self._apply_triggers(triggers, verify=True)
         self.feed_cursor = cursor if self.feed_cursor is None else min(self.feed_cursor, cursor)
-        return len(starts)
+        return count
 
-    def _outages_from(self, starts: list[tuple[OwnedJob, int]], now: int) -> int:
+    def _outages_from(self, earliest: int, now: int) -> int:
         """How far back this node must know the cluster's outages: what it catches up, and what a
         loss of Redis's data makes it claim again (whose misfire policies must not be undone: seed
         870158 with power cuts, an occurrence a skip policy skipped in an outage that ended before
         the node caught up from was claimed again after a loss, and fired)."""
         back = int(self.s.loss_lookback_seconds * 1000) + self._recent_past_ms
-        return min(now - back, min((st for _, st in starts), default=now))
+        return min(now - back, earliest)
 
     def _catch_up(self, job: OwnedJob, start: int, now: int, tally: _Tally) -> None:
         """Install a job taken over from ``start``: occurrences since then are delivered late,
@@ -691,7 +705,7 @@ class Node:
         # decided once for the cluster: nodes back at the same time, each by its own clock, could
         # each judge the gap differently, and one fire late what another skips (seed 82247)
         outage = await store.back(cluster_mark, now, int(self.s.outage_after_seconds * 1000), self.node_id)
-        self._outages = await store.outages(min(since, self._outages_from([], now)))
+        self._outages = await store.outages(min(since, self._outages_from(now, now)))
         if outage is not None:
             log.warning(
                 "no scheduler was running: occurrences due then get their misfire policy",

@@ -136,8 +136,10 @@ class Cluster:
         self.api, self.api_url = start_api_process(self.env, self.logdir / "api.log")
         return self.api_url
 
-    def start_nodes(self, ids: list[str], extra: dict[str, dict[str, str]] | None = None) -> list[ClusterNode]:
-        """Start node processes together and wait until each answers /readyz."""
+    def start_nodes(
+        self, ids: list[str], extra: dict[str, dict[str, str]] | None = None, wait: bool = True
+    ) -> list[ClusterNode]:
+        """Start node processes together and (``wait``) wait until each answers /readyz."""
         started: list[ClusterNode] = []
         for node_id in ids:
             child, port = start_node_process(
@@ -146,7 +148,7 @@ class Cluster:
             node = ClusterNode(node_id, child, port, self.logdir / f"{node_id}.log")
             self.nodes[node_id] = node
             started.append(node)
-        for node in started:
+        for node in started if wait else ():
             node.child.wait_until(_ready_check(node), 60, f"{node.node_id} to be ready")
         return started
 

@@ -23,7 +23,7 @@ import pytest
 from cronman.bench.loader import JobTemplate, copy_jobs
 from cronman.hashing import SLOTS, owned_slots
 from tests.cluster.conftest import REPLICAS, Cluster
-from tests.helpers import FreezingProxy
+from tests.helpers import FreezingProxy, wait_for
 
 JOBS = 60_000
 # bytes a second from PostgreSQL: node-c's share takes about 6 s to arrive, node-b's about 2.5 s
@@ -71,3 +71,43 @@ def test_a_node_whose_load_keeps_moving_is_waited_for(cluster: Cluster, database
     # node-b loaded its share of the three and nothing more (before: all 4096 slots, then dropped)
     assert b.get(LOADED) == share < SLOTS, (b.get(LOADED), share)
     assert b.get(DROPPED, 0.0) == 0.0
+
+
+@pytest.mark.cluster
+def test_nodes_whose_loads_stall_are_not_waited_for(cluster: Cluster, database_url: str) -> None:
+    """Three nodes start together and two of them stall in their loads (their links to PostgreSQL
+    go silent): the slots those two would own together have no ready owner, so once the grace has
+    run out the third takes them. (Before, nothing made it look again while the two stayed
+    listed: a third of the jobs waited for one of them to be ready.) Back, the cluster settles on
+    the three."""
+    cluster.start_api()
+    jobs = 40_000
+    hourly = {"type": "interval", "every_seconds": 3600}
+    template = JobTemplate.of({"schedule": hourly, "target": {"type": "http", "url": cluster.receiver.url}})
+    ids = [f"stalled-load-{i:06d}" for i in range(jobs)]
+    copy_jobs(database_url, ((i, template) for i in ids), jobs)
+    cluster.schedules.update(dict.fromkeys(ids, template.schedule))
+    grace = {"CRONMAN_LOAD_GRACE_SECONDS": "3.0"}
+    three = ["node-a", "node-b", "node-c"]
+    with FreezingProxy.in_front_of(database_url) as link_b, FreezingProxy.in_front_of(database_url) as link_c:
+        link_b.limit = link_c.limit = 3_000_000  # their loads take about 5 s, moving about every second
+        extra: dict[str, dict[str, Any]] = {
+            "node-a": grace,
+            "node-b": {**grace, "CRONMAN_DATABASE_URL": link_b.url_for(database_url)},
+            "node-c": {**grace, "CRONMAN_DATABASE_URL": link_c.url_for(database_url)},
+        }
+        nodes = {n.node_id: n for n in cluster.start_nodes(three, extra=extra, wait=False)}
+        a = nodes["node-a"]
+        wait_for(lambda: bool(a.readyz()["_ok"]), 60, "node-a to be ready")
+        assert not nodes["node-b"].readyz()["_ok"] and not nodes["node-c"].readyz()["_ok"]
+        shared = a.readyz()["jobs"]
+        link_b.freeze()
+        link_c.freeze()
+        t = time.monotonic()
+        wait_for(lambda: a.readyz()["jobs"] == jobs, 30, "node-a to take every job while the others stall")
+        took = time.monotonic() - t
+        link_b.thaw()
+        link_c.thaw()
+        settled = cluster.wait_settled(three, timeout=90)
+    cluster.report(jobs=jobs, a_before=shared, a_took_all_s=round(took, 1), settled_s=round(settled, 1))
+    assert shared < jobs
