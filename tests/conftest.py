@@ -41,10 +41,12 @@ SOLO = {
     # a load paced by a slowed link against a grace of 2 s: heartbeats late on a busy machine would
     # make the node look stalled
     "tests/cluster/test_slow_load.py",
+    # a failover's worst lag bounded by two leases and 2 s: beside the parallel pass the whole
+    # cluster ran seconds late (lag p99 6.7 s over the whole window) and the bound failed twice
+    "tests/cluster/test_node_loss.py",
 }
 # Two groups of about equal length (the durations of `make test`): each is one worker's queue.
 PROCESS_GROUPS = {
-    "tests/cluster/test_node_loss.py": "processes-a",
     "tests/cluster/test_claims.py": "processes-a",
     "tests/cluster/test_redis_restart.py": "processes-a",
     "tests/cluster/test_rolling_restart.py": "processes-a",
