@@ -117,7 +117,7 @@ class Node:
         # node still loading counts as loading while its load moves (see _wanted)
         self._loading: dict[str, tuple[Any, float]] = {}
         self._caught_up = 0  # jobs this node's catch-up installed (its load's second half)
-        self._waited: frozenset[str] = frozenset()  # loading nodes whose load moved within the grace
+        self._waited: frozenset[str] = frozenset()  # loading nodes whose load moved within the grace (see _wanted)
         self._absent_since: dict[str, float] = {}
         self._members: dict[str, bool] = {}  # node id -> ready, as last seen
         self._pending_catch_up: dict[str, int] = {}  # job id -> from when, until this node is ready
@@ -525,10 +525,8 @@ class Node:
         kept by :func:`cronman.hashing.shared_ownership` (each node's scores computed once); what a
         membership change costs, a whole table at a cold start, is paid in the node's worker
         threads, so timers and lease renewals on this loop never wait for it."""
-        now = asyncio.get_running_loop().time()
-        grace = self.s.load_grace_seconds
         ready = {n for n, r in self._members.items() if r}
-        loading = {n for n, (_, t) in self._loading.items() if n in self._members and now - t < grace}
+        loading = {n for n in self._waited if n in self._members}  # (their grace is judged in _membership_loop)
         me, ownership = self.node_id, shared_ownership(self.s.replication_factor, self.slot_count)
         with_loading, without = frozenset(ready | loading | {me}), frozenset(ready | {me})
 
