@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from cronman.embedded import Child, redis_server_binary
 
@@ -41,10 +43,18 @@ def _bindable(port: int) -> bool:
         return True
 
 
+# Ports are chosen below Linux's default ephemeral range (32768-60999): there the kernel hands none
+# out for a ``bind(0)`` or an outbound connection elsewhere, which could take a port between the
+# check here and the server's bind. Cluster ports come from 20000-22767 so their bus ports
+# (+10000) stay below it too; the other servers' ports from 23000-29999.
+_CLUSTER_PORTS = (20000, 22767)
+_OTHER_PORTS = (23000, 29999)
+
+
 def cluster_port() -> int:
     """A free port whose cluster bus port (+10000; fixed in Redis 6) is free too."""
     for _ in range(200):
-        port = random.randint(20000, 45000)
+        port = random.randint(*_CLUSTER_PORTS)
         if _bindable(port) and _bindable(port + 10000):
             return port
     raise RuntimeError("no free port pair for a Redis Cluster node")
@@ -52,11 +62,13 @@ def cluster_port() -> int:
 
 def _free_ports(count: int) -> list[int]:
     ports: list[int] = []
-    while len(ports) < count:
-        port = random.randint(20000, 55000)
+    for _ in range(200 * count):
+        if len(ports) == count:
+            return ports
+        port = random.randint(*_OTHER_PORTS)
         if port not in ports and _bindable(port):
             ports.append(port)
-    return ports
+    raise RuntimeError(f"no {count} free ports")
 
 
 def _wait(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
@@ -97,7 +109,10 @@ class _Servers:
         self._argv[port] = argv
         child = Child(f"redis-{port}", argv, log=self.base_dir / f"{port}.log", stop_signal=signal.SIGTERM)
         self.children[port] = child
-        child.wait_until(lambda: self.client(port).ping(), timeout, f"redis on {port} to answer PING")
+        # One try per look: redis-py's default retries would wait ~25 s on a port that another
+        # process holds and never answers, long after this server exited for want of it.
+        once = Retry(NoBackoff(), 0)
+        child.wait_until(lambda: self.client(port, retry=once).ping(), timeout, f"redis on {port} to answer PING")
         return child
 
     def alive(self, port: int) -> bool:
@@ -144,10 +159,17 @@ class RedisClusterProcs(_Servers):
         server = str(redis_server_binary())
         total = self.primaries * (1 + self.replicas)
         while len(self.ports) < total:
+            self.ports.append(self._spawn_node(server))
+        self._create(timeout)
+        return self.seed_urls()
+
+    def _spawn_node(self, server: str, attempts: int = 5) -> int:
+        """Start one cluster node on a free port pair; another process may still bind the port
+        first (another test choosing at random the same moment), so a lost bind tries a new one."""
+        for attempt in range(attempts):
             port = cluster_port()
-            if port not in self.ports:
-                self.ports.append(port)
-        for port in self.ports:
+            if port in self.ports:
+                continue
             argv = [
                 server,
                 "--port", str(port),
@@ -165,9 +187,17 @@ class RedisClusterProcs(_Servers):
                 "--repl-diskless-sync-delay", "0",
                 *self._auth_args(),
             ]  # fmt: skip
-            self._spawn(port, argv)
-        self._create(timeout)
-        return self.seed_urls()
+            try:
+                self._spawn(port, argv)
+            except RuntimeError:
+                child = self.children.pop(port)
+                self._argv.pop(port)
+                if child.alive() or attempt == attempts - 1:
+                    child.stop(10)
+                    raise
+                continue
+            return port
+        raise RuntimeError(f"no Redis Cluster node started in {attempts} attempts")
 
     def _create(self, timeout: float) -> None:
         argv = [str(redis_cli_binary()), "--cluster", "create", *[f"127.0.0.1:{p}" for p in self.ports]]

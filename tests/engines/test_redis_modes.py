@@ -301,3 +301,27 @@ def test_the_api_uses_the_configured_topology(mode: str, request: pytest.Fixture
         message = listener.get_message(timeout=0.5)
     assert message is not None and message["type"] == "message", "the change notification reached subscribers"
     listener.close()
+
+
+def test_a_cluster_node_whose_port_is_taken_starts_on_another(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process may bind a chosen port between the check and the server's own bind (parallel
+    tests choose at random too); the cluster still starts, on other ports."""
+    import socket
+
+    import cronman.embedded_redis as embedded_redis
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    chosen = iter([port])
+    real = embedded_redis.cluster_port
+    monkeypatch.setattr(embedded_redis, "cluster_port", lambda: next(chosen, None) or real())
+    procs = RedisClusterProcs(tmp_path, primaries=3, replicas=0)
+    try:
+        procs.start(timeout=30)
+        assert port not in procs.ports and len(procs.ports) == 3
+        assert procs.client(procs.ports[0]).cluster("info")["cluster_state"] == "ok"
+    finally:
+        procs.stop()
+        taken.close()
