@@ -38,8 +38,8 @@ zones = st.sampled_from(
 
 
 @st.composite
-def timings(draw: st.DrawFn) -> Timing:
-    kind = draw(st.sampled_from(["interval", "once", "cron", "earliest", "jitter", "calendar"]))
+def base_timings(draw: st.DrawFn) -> Timing:
+    kind = draw(st.sampled_from(["interval", "once", "cron", "earliest"]))
     if kind == "interval":
         start = draw(st.none() | accepted)
         return IntervalTiming(
@@ -47,22 +47,32 @@ def timings(draw: st.DrawFn) -> Timing:
         )
     if kind == "once":
         return OnceTiming(draw(accepted))
-    if kind in ("cron", "earliest"):
-        rules = [
-            cron_rule(
-                draw(expressions()).text,
-                draw(zones),
-                draw(st.sampled_from(list(GapPolicy))),
-                draw(st.sampled_from(list(FoldPolicy))),
-            )
-            for _ in range(1 if kind == "cron" else draw(st.integers(2, 3)))
-        ]
-        rule: Timing = rules[0] if kind == "cron" else EarliestOf(tuple(rules))
-        return CronTiming(rule, draw(st.none() | accepted), draw(st.none() | accepted))
-    if kind == "jitter":
-        return JitteredTiming(draw(timings()), draw(st.integers(1, 3_600_000)), draw(st.text(max_size=5)))
-    cal = Calendar(draw(zones), weekdays=frozenset(draw(st.lists(st.integers(0, 6), max_size=6))))
-    return CalendarTiming(draw(timings()), (("c", cal),))
+    rules = [  # cron, or the earliest of several
+        cron_rule(
+            draw(expressions()).text,
+            draw(zones),
+            draw(st.sampled_from(list(GapPolicy))),
+            draw(st.sampled_from(list(FoldPolicy))),
+        )
+        for _ in range(1 if kind == "cron" else draw(st.integers(2, 3)))
+    ]
+    rule: Timing = rules[0] if kind == "cron" else EarliestOf(tuple(rules))
+    return CronTiming(rule, draw(st.none() | accepted), draw(st.none() | accepted))
+
+
+@st.composite
+def timings(draw: st.DrawFn) -> Timing:
+    """What a node builds for a job: a schedule's timing, jittered or not, under calendars or not
+    (the order of ``timing_maker`` and ``timing_with``). Nothing nests a jitter in a jitter or a
+    calendar in a calendar: each wraps a search in another, so a drawn tower of them took
+    minutes for one example without saying anything of a timing a job can have."""
+    timing = draw(base_timings())
+    if draw(st.booleans()):
+        timing = JitteredTiming(timing, draw(st.integers(1, 3_600_000)), draw(st.text(max_size=5)))
+    if draw(st.booleans()):
+        cal = Calendar(draw(zones), weekdays=frozenset(draw(st.lists(st.integers(0, 6), max_size=6))))
+        timing = CalendarTiming(timing, (("c", cal),))
+    return timing
 
 
 @settings(max_examples=400, deadline=None)
