@@ -12,7 +12,8 @@ them is recorded late (a history row, status ``late``, attempt 0, node ``watchdo
 health turns ``late`` until an occurrence at or after it is attempted, ``execution.late`` events
 go to the notification rules, and ``cronman_occurrences_late_total`` counts them. A healthy
 cluster costs one small query per pass; during an outage, each pass reads the jobs of the stalled
-slots.
+slots (all of them when no node fires), streamed and their late rows written a batch at a time, and
+remembers how far it recorded for the jobs that had late occurrences.
 
 Dispatcher. Events recorded by the history writers and the watchdog are matched against the
 rules (namespace, kinds, label selector), summarised per rule, job and kind (one notification per
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -57,16 +58,17 @@ MAX_LATE_PER_JOB = 1000  # late rows recorded per job and pass (a 1 s job down f
 MAX_ATTEMPTS = 25  # a notification is retried this often (backoff up to 5 min: about 1.5 h)
 _EVENTS_PER_PASS = 2000
 _SENDS_PER_PASS = 500
+_BATCH = 5000  # jobs read, and late rows written, a round trip
 
 
-@dataclass
+@dataclass(slots=True)
 class _Job:
     id: str
     slot: int
     incarnation: int
     namespace: str
     schedule: str
-    options: dict[str, Any]
+    late_after_ms: int
     updated_ms: int
 
 
@@ -167,70 +169,90 @@ class Watch:
                 pass
 
     async def pass_once(self) -> None:
-        now = self.now_ms()
-        late = await self.find_late(now)
-        if late:
-            fresh = 0
-            for i in range(0, len(late), 5000):
-                fresh += await self._io(self.store.write_late, late[i : i + 5000])
-            if fresh:
-                self.on_late(fresh)
-                log.warning("occurrences late: nobody took them up in time", extra={"count": fresh})
+        fresh = await self.record_late(self.now_ms())
+        if fresh:
+            self.on_late(fresh)
+            log.warning("occurrences late: nobody took them up in time", extra={"count": fresh})
         await self._io(self.summarise, self.now_ms())
         await self.send_outbox()
 
     # ------------------------------------------------------------------ the watchdog
-    async def find_late(self, now: int) -> list[HistoryRow]:
+    async def record_late(self, now: int) -> int:
+        """Record the occurrences nobody took up in time; returns how many rows are new."""
         # how far each slot was fired, claims lost with Redis's data or not: those are owed, not late
         _, cluster_mark, marks = await self.store.slot_marks()
         if cluster_mark is None:
-            return []  # no node has ever run: nothing was owed yet
+            return 0  # no node has ever run: nothing was owed yet
         slack = int((self.s.progress_seconds + self.s.watch_seconds) * 1000)
         behind = now - slack - 5000  # (5 s: the least late_after_seconds)
-        stalled = {s: m for s, m in marks.items() if m < behind}
+        stalled = sorted(s for s, m in marks.items() if m < behind)
         # A slot no node has a mark for stands with the cluster's mark; when even that is behind,
         # no node is firing at all, and every job is looked at.
         stalled_all = cluster_mark < behind
         if not stalled and not stalled_all:
             self._watched.clear()
-            return []
-        jobs = await self._io(self._jobs_of, None if stalled_all else sorted(stalled))
+            return 0
+        return int(await self._io(self._record_late, None if stalled_all else stalled, marks, cluster_mark, now))
+
+    def _record_late(self, slots: list[int] | None, marks: dict[int, int], cluster_mark: int, now: int) -> int:
+        """Blocking. The stalled slots' jobs stream in (``_BATCH`` rows a round trip) and their late
+        rows are written as they add up, so a pass holds a batch of each, however many jobs the
+        stalled slots have: when no node is firing, that is every job of the deployment."""
+        behind = now - int((self.s.progress_seconds + self.s.watch_seconds) * 1000) - 5000
+        fresh = 0
         rows: list[HistoryRow] = []
-        seen: set[str] = set()
-        for job in jobs:
+        # Where each job's next pass goes on from: kept for jobs still stalled that had late
+        # occurrences (one with nothing late needs no entry: its next pass starts from the slot's
+        # mark again, and finds the same nothing, or more).
+        previous, watched = self._watched, {}
+        for job in self._jobs_of(slots):
             mark = marks.get(job.slot, cluster_mark)
             if mark >= behind:
                 continue
-            seen.add(job.id)
-            rows.extend(self._late_rows(job, mark, now))
-        self._watched = {k: v for k, v in self._watched.items() if k in seen}
-        return rows
+            late, through = self._late_rows(job, mark, now, previous.get(job.id))
+            if through is not None:
+                watched[job.id] = through
+            rows.extend(late)
+            if len(rows) >= _BATCH:
+                fresh += self.store.write_late(rows)
+                rows = []
+        if rows:
+            fresh += self.store.write_late(rows)
+        self._watched = watched
+        return fresh
 
-    def _jobs_of(self, slots: list[int] | None) -> list[_Job]:
-        where = "" if slots is None else "AND slot = ANY(:slots)"
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                text(
-                    "SELECT id, slot, incarnation, namespace, schedule::text, options, "
+    def _jobs_of(self, slots: list[int] | None) -> Iterator[_Job]:
+        """The unpaused jobs of ``slots`` (None: of every slot), from a server-side cursor."""
+        where = "" if slots is None else "AND slot = ANY(%(slots)s)"
+        with self.engine.connect() as conn, conn.begin():
+            cur: Any = conn.connection.dbapi_connection.cursor(name="cronman_watch_jobs")  # type: ignore[union-attr]
+            cur.itersize = _BATCH
+            try:
+                cur.execute(
+                    "SELECT id, slot, incarnation, namespace, schedule::text, options->>'late_after_seconds', "
                     "floor(extract(epoch from updated_at) * 1000)::bigint FROM jobs "
-                    f"WHERE deleted_at IS NULL AND NOT paused {where}"
-                ),
-                {} if slots is None else {"slots": slots},
-            )
-            return [_Job(r[0], r[1], int(r[2]), r[3], r[4], r[5] or {}, int(r[6])) for r in rows]
+                    f"WHERE deleted_at IS NULL AND NOT paused {where}",
+                    {"slots": slots},
+                )
+                for r in cur:
+                    yield _Job(r[0], r[1], int(r[2]), r[3], r[4], int(float(r[5] or 60) * 1000), int(r[6]))
+            finally:
+                cur.close()
 
-    def _late_rows(self, job: _Job, mark: int, now: int) -> list[HistoryRow]:
-        late_after = int(job.options.get("late_after_seconds") or 60) * 1000
+    def _late_rows(self, job: _Job, mark: int, now: int, since: int | None) -> tuple[list[HistoryRow], int | None]:
+        """The job's late occurrences after ``mark`` (and after ``since``, how far an earlier pass
+        recorded them), and how far this pass looked for them (None: nothing late)."""
+        late_after = job.late_after_ms
         end = now - late_after
-        start = max(mark, job.updated_ms - 1, now - LOOKBACK_MS, self._watched.get(job.id, mark))
+        start = max(mark, job.updated_ms - 1, now - LOOKBACK_MS, mark if since is None else since)
         if end <= start:
-            return []
+            return [], since
         try:
             timing = self._decoder.timing(job.schedule, job.id)
             t = timing.next_after(start)
         except Exception as exc:  # noqa: BLE001 - one job's schedule never stops the watchdog
             log.warning("cannot compute the occurrences of a job: %s", exc, extra={"job_id": job.id})
-            return []
+            return [], since
         out: list[HistoryRow] = []
         reason = (
             f"late: no scheduler took it up within {late_after // 1000} s of its due time "
@@ -259,8 +281,9 @@ class Watch:
                 )
             )
             t = timing.next_after(t)
-        self._watched[job.id] = end if t is None or t > end else out[-1].scheduled_ms
-        return out
+        if not out:
+            return out, since
+        return out, end if t is None or t > end else out[-1].scheduled_ms
 
     # ------------------------------------------------------------------ summarising events
     def summarise(self, now: int) -> int:
