@@ -235,7 +235,7 @@ class Watch:
                     {"slots": slots},
                 )
                 for r in cur:
-                    yield _Job(r[0], r[1], int(r[2]), r[3], r[4], int(float(r[5] or 60) * 1000), int(r[6]))
+                    yield _Job(r[0], r[1], int(r[2]), r[3], r[4], _late_after_ms(r[5]), int(r[6]))
             finally:
                 cur.close()
 
@@ -510,6 +510,16 @@ class Watch:
                     ),
                     {"e": error, "d": delay, "max": MAX_ATTEMPTS, "id": i},
                 )
+
+
+def _late_after_ms(text: str | None) -> int:
+    """A job's ``late_after_seconds`` as stored (validated by the API: a whole number of seconds);
+    anything else stored there counts as the default, so one row never stops the watchdog."""
+    try:
+        seconds = int(text or 60)
+    except ValueError:
+        return 60_000
+    return seconds * 1000 if seconds > 0 else 60_000
 
 
 def watch_senders(settings: Settings, executor: Executor) -> Senders:
