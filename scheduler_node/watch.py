@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -99,6 +100,7 @@ class Watch:
         self._conn: Any = None  # the connection that holds (or tries for) the advisory lock
         self._leading = False
         self._watched: dict[str, int] = {}  # job id -> the watchdog looked up to here
+        self.jobs_read = 0  # by the last pass that looked for late occurrences
         self._decoder = Decoder(lambda doc: doc)  # type: ignore[arg-type,return-value]
 
     def now_ms(self) -> int:
@@ -205,7 +207,12 @@ class Watch:
         # occurrences (one with nothing late needs no entry: its next pass starts from the slot's
         # mark again, and finds the same nothing, or more).
         previous, watched = self._watched, {}
-        for job in self._jobs_of(slots):
+        # Only a job whose late_after_seconds is shorter than the oldest mark's lag can have a late
+        # occurrence yet: while nodes start (their marks still) the others are not even read.
+        lag = now - min([cluster_mark, *marks.values()])
+        self.jobs_read = 0
+        for job in self._jobs_of(slots, lag):
+            self.jobs_read += 1
             mark = marks.get(job.slot, cluster_mark)
             if mark >= behind:
                 continue
@@ -221,8 +228,9 @@ class Watch:
         self._watched = watched
         return fresh
 
-    def _jobs_of(self, slots: list[int] | None) -> Iterator[_Job]:
-        """The unpaused jobs of ``slots`` (None: of every slot), from a server-side cursor."""
+    def _jobs_of(self, slots: list[int] | None, lag_ms: int) -> Iterator[_Job]:
+        """The unpaused jobs of ``slots`` (None: of every slot) that are late ``lag_ms`` after their
+        due time, from a server-side cursor."""
         where = "" if slots is None else "AND slot = ANY(%(slots)s)"
         with self.engine.connect() as conn, conn.begin():
             cur: Any = conn.connection.dbapi_connection.cursor(name="cronman_watch_jobs")  # type: ignore[union-attr]
@@ -231,8 +239,8 @@ class Watch:
                 cur.execute(
                     "SELECT id, slot, incarnation, namespace, schedule::text, options->>'late_after_seconds', "
                     "floor(extract(epoch from updated_at) * 1000)::bigint FROM jobs "
-                    f"WHERE deleted_at IS NULL AND NOT paused {where}",
-                    {"slots": slots},
+                    f"WHERE deleted_at IS NULL AND NOT paused {where} AND {_LATE_AFTER_MS_SQL} < %(lag)s",
+                    {"slots": slots, "lag": lag_ms},
                 )
                 for r in cur:
                     yield _Job(r[0], r[1], int(r[2]), r[3], r[4], _late_after_ms(r[5]), int(r[6]))
@@ -514,12 +522,20 @@ class Watch:
 
 def _late_after_ms(text: str | None) -> int:
     """A job's ``late_after_seconds`` as stored (validated by the API: a whole number of seconds);
-    anything else stored there counts as the default, so one row never stops the watchdog."""
-    try:
-        seconds = int(text or 60)
-    except ValueError:
+    anything else stored there counts as the default, so one row never stops the watchdog. The
+    same rule as ``_LATE_AFTER_MS_SQL``."""
+    if text is None or not _WHOLE.fullmatch(text) or int(text) == 0:
         return 60_000
-    return seconds * 1000 if seconds > 0 else 60_000
+    return int(text) * 1000
+
+
+_WHOLE = re.compile(r"[0-9]{1,9}")
+# (nested CASEs: PostgreSQL does not promise to test the pattern before the cast in one AND)
+_LATE_AFTER_MS_SQL = (
+    "(CASE WHEN options->>'late_after_seconds' ~ '^[0-9]{1,9}$' THEN "
+    "CASE WHEN (options->>'late_after_seconds')::bigint > 0 THEN (options->>'late_after_seconds')::bigint * 1000 "
+    "ELSE 60000 END ELSE 60000 END)"
+)
 
 
 def watch_senders(settings: Settings, executor: Executor) -> Senders:

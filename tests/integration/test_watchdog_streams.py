@@ -82,3 +82,46 @@ def test_a_stall_of_every_slot_is_watched_a_batch_at_a_time(settings: Settings, 
     assert peak < 8 * 2**20, f"peak {peak / 2**20:.1f} MB"
     # where the next pass goes on from, for the jobs that had late occurrences only
     assert 0 < len(watch._watched) <= recorded
+
+
+def test_jobs_that_cannot_be_late_yet_are_not_read(settings: Settings, database_url: str) -> None:
+    """Marks 30 s behind (nodes starting, say): only jobs whose late_after_seconds is shorter can
+    have a late occurrence, and only they are read; the others (60 s, the default, or a stored
+    value the API would refuse, which counts as the default) are left in the database."""
+    template = JobTemplate.of(
+        {"schedule": {"type": "interval", "every_seconds": 2}, "target": {"type": "http", "url": "http://x"}}
+    )
+    ids = [f"starting-{i:05d}" for i in range(5_000)]
+    eager = ids[:10]
+    copy_jobs(database_url, ((i, template) for i in ids), len(ids))
+    with psycopg2.connect(database_url) as conn, conn.cursor() as cur:
+        cur.execute("UPDATE jobs SET updated_at = now() - interval '10 minutes'")
+        cur.execute(
+            "UPDATE jobs SET options = coalesce(options, '{}') || '{\"late_after_seconds\": 5}' WHERE id = ANY(%s)",
+            (eager,),
+        )
+        cur.execute(
+            "UPDATE jobs SET options = coalesce(options, '{}') || '{\"late_after_seconds\": \"+5\"}' "
+            "WHERE id = 'starting-00010'"
+        )
+    engine = make_engine(database_url, pool_size=2, max_overflow=2)
+    executor = ThreadPoolExecutor(max_workers=2)
+    try:
+        now = int(time.time() * 1000)
+        store = PgNodeStore(engine, executor)
+        asyncio.run(store.save_progress("node-x", "node-x-1", now - 30_000, bitmap(range(SLOTS), SLOTS), None))
+        watch = Watch(settings, engine, executor, watch_senders(settings, executor), holder="test")
+        fresh = asyncio.run(watch.record_late(now))
+    finally:
+        engine.dispose()
+        executor.shutdown()
+
+    expected = 0
+    for job_id in eager:
+        timing = watch._decoder.timing('{"type": "interval", "every_seconds": 2}', job_id)
+        t = timing.next_after(now - 30_000)
+        while t is not None and t <= now - 5_000:
+            expected += 1
+            t = timing.next_after(t)
+    assert watch.jobs_read == len(eager)
+    assert fresh == expected and expected >= 10 * 12
