@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -101,6 +102,9 @@ class Watch:
         self._leading = False
         self._watched: dict[str, int] = {}  # job id -> the watchdog looked up to here
         self.jobs_read = 0  # by the last pass that looked for late occurrences
+        # Set when the watch ends: a pass in the executor's thread stops at the next job (at exit the
+        # interpreter waits for that thread; a stopping node must not wait for a whole pass).
+        self._ended = threading.Event()
         self._decoder = Decoder(lambda doc: doc)  # type: ignore[arg-type,return-value]
 
     def now_ms(self) -> int:
@@ -132,6 +136,7 @@ class Watch:
                     log.exception("watch pass failed")
                 await asyncio.sleep(self.s.watch_seconds)
         finally:
+            self._ended.set()
             self._release()
             await self.senders.close()
 
@@ -212,6 +217,8 @@ class Watch:
         lag = now - min([cluster_mark, *marks.values()])
         self.jobs_read = 0
         for job in self._jobs_of(slots, lag):
+            if self._ended.is_set():
+                return fresh  # what is left is the next leader's
             self.jobs_read += 1
             mark = marks.get(job.slot, cluster_mark)
             if mark >= behind:
