@@ -199,13 +199,16 @@ class Watch:
         if not stalled and not stalled_all:
             self._watched.clear()
             return 0
-        return int(await self._io(self._record_late, None if stalled_all else stalled, marks, cluster_mark, now))
+        slots = None if stalled_all else stalled
+        return int(await self._io(self._record_late, slots, marks, cluster_mark, now, behind))
 
-    def _record_late(self, slots: list[int] | None, marks: dict[int, int], cluster_mark: int, now: int) -> int:
+    def _record_late(
+        self, slots: list[int] | None, marks: dict[int, int], cluster_mark: int, now: int, behind: int
+    ) -> int:
         """Blocking. The stalled slots' jobs stream in (``_BATCH`` rows a round trip) and their late
         rows are written as they add up, so a pass holds a batch of each, however many jobs the
-        stalled slots have: when no node is firing, that is every job of the deployment."""
-        behind = now - int((self.s.progress_seconds + self.s.watch_seconds) * 1000) - 5000
+        stalled slots have: when no node is firing, that is every job of the deployment. A slot
+        whose mark is ``behind`` or later is not stalled."""
         fresh = 0
         rows: list[HistoryRow] = []
         # Where each job's next pass goes on from: kept for jobs still stalled that had late
@@ -256,7 +259,8 @@ class Watch:
 
     def _late_rows(self, job: _Job, mark: int, now: int, since: int | None) -> tuple[list[HistoryRow], int | None]:
         """The job's late occurrences after ``mark`` (and after ``since``, how far an earlier pass
-        recorded them), and how far this pass looked for them (None: nothing late)."""
+        recorded them), and how far the job's next pass goes on from: this pass's end when it found
+        late occurrences, else ``since`` as it was (None when no pass found any)."""
         late_after = job.late_after_ms
         end = now - late_after
         start = max(mark, job.updated_ms - 1, now - LOOKBACK_MS, mark if since is None else since)

@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import time
 import tracemalloc
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg2
+import pytest
 
 from cronman.bench.loader import JobTemplate, copy_jobs
 from cronman.hashing import SLOTS
@@ -32,8 +34,30 @@ JOBS = 40_000
 EVERY_S = 86_400
 AGO_MS = 30 * 60_000
 
+Marked = Callable[[int], tuple[Watch, int]]
 
-def test_a_stall_of_every_slot_is_watched_a_batch_at_a_time(settings: Settings, database_url: str) -> None:
+
+@pytest.fixture
+def marked(settings: Settings, database_url: str) -> Iterator[Marked]:
+    """``marked(lag_ms)``: every slot last fired ``lag_ms`` ago (by one node's saved progress);
+    returns a watch on the database and the ``now`` of that mark."""
+    engine = make_engine(database_url, pool_size=2, max_overflow=2)
+    executor = ThreadPoolExecutor(max_workers=2)
+
+    def mark(lag_ms: int) -> tuple[Watch, int]:
+        now = int(time.time() * 1000)
+        store = PgNodeStore(engine, executor)
+        asyncio.run(store.save_progress("node-x", "node-x-1", now - lag_ms, bitmap(range(SLOTS), SLOTS), None))
+        return Watch(settings, engine, executor, watch_senders(settings, executor), holder="test"), now
+
+    try:
+        yield mark
+    finally:
+        engine.dispose()
+        executor.shutdown()
+
+
+def test_a_stall_of_every_slot_is_watched_a_batch_at_a_time(database_url: str, marked: Marked) -> None:
     template = JobTemplate.of(
         {"schedule": {"type": "interval", "every_seconds": EVERY_S}, "target": {"type": "http", "url": "http://x"}}
     )
@@ -46,24 +70,14 @@ def test_a_stall_of_every_slot_is_watched_a_batch_at_a_time(settings: Settings, 
             "UPDATE jobs SET options = coalesce(options, '{}') || '{\"late_after_seconds\": \"soon\"}' "
             "WHERE id IN ('watched-000001', 'watched-000002')"
         )
-    engine = make_engine(database_url, pool_size=2, max_overflow=2)
-    executor = ThreadPoolExecutor(max_workers=2)
+    watch, now = marked(AGO_MS)
+    tracemalloc.start()
     try:
-        now = int(time.time() * 1000)
-        store = PgNodeStore(engine, executor)
-        asyncio.run(store.save_progress("node-x", "node-x-1", now - AGO_MS, bitmap(range(SLOTS), SLOTS), None))
-        watch = Watch(settings, engine, executor, watch_senders(settings, executor), holder="test")
-
-        tracemalloc.start()
-        try:
-            fresh = asyncio.run(watch.record_late(now))
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        again = asyncio.run(watch.record_late(now + 1000))
+        fresh = asyncio.run(watch.record_late(now))
+        _, peak = tracemalloc.get_traced_memory()
     finally:
-        engine.dispose()
-        executor.shutdown()
+        tracemalloc.stop()
+    again = asyncio.run(watch.record_late(now + 1000))
 
     # every occurrence due between the mark and a minute (late_after_seconds) before the first pass
     expected = 0
@@ -84,7 +98,7 @@ def test_a_stall_of_every_slot_is_watched_a_batch_at_a_time(settings: Settings, 
     assert 0 < len(watch._watched) <= recorded
 
 
-def test_jobs_that_cannot_be_late_yet_are_not_read(settings: Settings, database_url: str) -> None:
+def test_jobs_that_cannot_be_late_yet_are_not_read(database_url: str, marked: Marked) -> None:
     """Marks 30 s behind (nodes starting, say): only jobs whose late_after_seconds is shorter can
     have a late occurrence, and only they are read; the others (60 s, the default, or a stored
     value the API would refuse, which counts as the default) are left in the database."""
@@ -104,17 +118,8 @@ def test_jobs_that_cannot_be_late_yet_are_not_read(settings: Settings, database_
             "UPDATE jobs SET options = coalesce(options, '{}') || '{\"late_after_seconds\": \"+5\"}' "
             "WHERE id = 'starting-00010'"
         )
-    engine = make_engine(database_url, pool_size=2, max_overflow=2)
-    executor = ThreadPoolExecutor(max_workers=2)
-    try:
-        now = int(time.time() * 1000)
-        store = PgNodeStore(engine, executor)
-        asyncio.run(store.save_progress("node-x", "node-x-1", now - 30_000, bitmap(range(SLOTS), SLOTS), None))
-        watch = Watch(settings, engine, executor, watch_senders(settings, executor), holder="test")
-        fresh = asyncio.run(watch.record_late(now))
-    finally:
-        engine.dispose()
-        executor.shutdown()
+    watch, now = marked(30_000)
+    fresh = asyncio.run(watch.record_late(now))
 
     expected = 0
     for job_id in eager:
