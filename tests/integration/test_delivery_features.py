@@ -106,20 +106,25 @@ def put_throttle(client: FlaskClient, name: str, **policy: Any) -> None:
 
 
 def test_a_throttle_policy_caps_deliveries_in_flight_across_the_cluster(
-    client: FlaskClient, settings: Settings
+    client: FlaskClient, settings: Settings, db: Any
 ) -> None:
     put_throttle(client, "slow", max_in_flight=4)
     with (
         ConcurrencyReceiver(hold=0.2) as receiver,
-        NodeThread(settings),
-        NodeThread(settings.model_copy(update={"node_id": "node-b"})),
+        NodeThread(settings) as a,
+        NodeThread(settings.model_copy(update={"node_id": "node-b"})) as b,
     ):
         when = at(2.0)
         for i in range(40):
             create(
                 client, f"t-{i}", {"type": "once", "at": when}, {"type": "http", "url": receiver.url}, throttle="slow"
             )
-        wait_for(lambda: len(receiver.snapshot()) >= 40, 30, "all 40 deliveries")
+        deadline = time.monotonic() + 30
+        while len(receiver.snapshot()) < 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(receiver.snapshot()) >= 40, "40 deliveries did not arrive in 30 s:\n" + _stalled(
+            db, [a, b], receiver
+        )
         time.sleep(0.5)
         assert len(receiver.snapshot()) == 40, "a throttled delivery was dropped or doubled"
         assert receiver.peak <= 4, f"{receiver.peak} deliveries were in flight at once"
