@@ -25,6 +25,7 @@ import heapq
 import itertools
 import logging
 import random
+from array import array
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,11 @@ from scheduler_node.tracing import Tracing
 log = logging.getLogger("cronman.node")
 
 MAX_BATCH = 5000  # due executions handled per timer pass
+# A timer entry is one int: the due time (ms) shifted past the job's place in the firer's table.
+# (It was a tuple of due time, job id and generation: 132 bytes a job with its due time and
+# generation ints, against 40 for the int and 12 for the place's pointer and generation.)
+_PLACE_BITS = 32
+_PLACE = (1 << _PLACE_BITS) - 1
 FINAL = frozenset(
     {Status.SUCCEEDED.value, Status.PERMANENTLY_FAILED.value, Status.SKIPPED.value, Status.CANCELLED.value}
 )
@@ -131,8 +137,16 @@ class Firer:
         # what the node owns
         self.jobs: dict[str, OwnedJob] = {}
         self.slots: frozenset[int] = frozenset()
-        # timers: (due ms, job id, gen) for occurrences; (due ms, seq, execution) for retries
-        self.fires: list[tuple[int, str, int]] = []
+        # timers: occurrences (``due ms << _PLACE_BITS | place``, the job at ``self._placed[place]``,
+        # valid while that job is in ``jobs`` and its ``key`` is the entry); retries (due ms, seq,
+        # execution)
+        self.fires: list[int] = []
+        self._placed: list[OwnedJob | None] = []
+        # Each place's generation: it moves whenever the entries of the place's job become stale
+        # (another timing, paused or not, the job gone), so what is held back for a slot's leader
+        # is let go only if it is still owed (see _generation).
+        self._epochs = array("I")
+        self._free: list[int] = []  # places no job holds
         self.retries: list[tuple[int, int, Execution]] = []
         self.due: list[Execution] = []  # to claim at the next pass (triggers, catch-up)
         # Slots taken over whose marks a loss of Redis's data lowered: occurrences up to how far
@@ -156,7 +170,6 @@ class Firer:
         # earlier one that were on their way to a claim when the new one arrived (see _proceed).
         self._recreated: dict[str, tuple[int, int]] = {}
         self._seq = itertools.count()
-        self._gens = itertools.count(1)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
         self._sweep_wake = asyncio.Event()
@@ -192,23 +205,57 @@ class Firer:
             elif job.paused and not old.paused:
                 self._cancel_job(job.id, "the job was paused")
             if old.timing == job.timing and old.paused == job.paused:
-                job.gen = old.gen  # same timing: the pending timer entry stays valid
+                self._take_place(job, old, keep=True)  # same timing: its pending entry stays valid
                 self.jobs[job.id] = job
                 return True
-        # A generation never used before: timer entries of any earlier object are stale.
-        job.gen = next(self._gens)
+        # A new generation of the place: timer entries of any earlier object are stale.
+        place = self._take_place(job, old)
         self.jobs[job.id] = job
         if not job.paused:
             nxt = _next(job, after_ms)
             if nxt is not None:
-                heapq.heappush(self.fires, (nxt, job.id, job.gen))
+                job.key = nxt << _PLACE_BITS | place
+                heapq.heappush(self.fires, job.key)
         self._wake.set()
         return True
+
+    def _take_place(self, job: OwnedJob, old: OwnedJob | None, keep: bool = False) -> int:
+        """Put ``job`` in the table, at ``old``'s place if it had one; with ``keep``, ``old``'s
+        pending entry is ``job``'s (else ``job`` has none yet)."""
+        if old is not None and old.key >= 0:
+            place = old.key & _PLACE
+            job.key = old.key if keep else place
+        else:
+            place = self._free.pop() if self._free else len(self._placed)
+            if place == len(self._placed):
+                self._placed.append(None)
+                self._epochs.append(0)
+            job.key = place
+        if not keep:
+            self._epochs[place] = (self._epochs[place] + 1) & _PLACE
+        self._placed[place] = job
+        return place
+
+    def _generation(self, job: OwnedJob) -> int:
+        """Changes whenever ``job``'s timer entries become stale; -1 for a job without a place."""
+        if job.key < 0:
+            return -1
+        place = job.key & _PLACE
+        return place << _PLACE_BITS | self._epochs[place] if self._placed[place] is job else -1
+
+    def _drop(self, job: OwnedJob) -> None:
+        """``job`` has left ``jobs``: its timer entries are stale, its place is free."""
+        if job.key >= 0:
+            place = job.key & _PLACE
+            if self._placed[place] is job:
+                self._placed[place] = None  # (whoever takes the place next moves its generation)
+                self._free.append(place)
+            job.key = -1
 
     def remove(self, job_id: str, reason: str) -> None:
         job = self.jobs.pop(job_id, None)
         if job is not None:
-            job.gen = -1
+            self._drop(job)
         self._cancel_job(job_id, reason)
 
     def set_slots(self, slots: frozenset[int]) -> None:
@@ -219,7 +266,7 @@ class Firer:
         if not dropped:
             return
         for job_id in [j.id for j in self.jobs.values() if j.slot in dropped]:
-            self.jobs.pop(job_id).gen = -1
+            self._drop(self.jobs.pop(job_id))
         for slot in dropped.intersection(self.verify_through):
             del self.verify_through[slot]
         self.due = [e for e in self.due if e.job.slot not in dropped]
@@ -252,25 +299,14 @@ class Firer:
             started = loop.time()
             now = self.clock()
             due, self.due = self.due, []
-            fires, jobs, standby = self.fires, self.jobs, self.standby
+            jobs, standby = self.jobs, self.standby
             # what this pass's standing will say: the cursor and the slots led before it began
             cursor, led = (standby.cursor, standby.led()) if standby is not None else (0, b"")
-            while fires and fires[0][0] <= now and len(due) < MAX_BATCH:
-                when, job_id, gen = heapq.heappop(fires)
-                job = jobs.get(job_id)
-                if job is None or job.gen != gen:
-                    continue
-                if standby is None or (leader := standby.defers(job.slot)) is None:
-                    due.extend(self.occurrence(job, when))
-                else:  # another owner leads the slot: held back until it is known to have claimed
-                    standby.hold(leader, Held(when, job_id, gen, job.slot, standby.until(when, now)))
-                nxt = _next(job, when)
-                if nxt is not None:
-                    heapq.heappush(fires, (nxt, job_id, gen))
+            self._pop_fires(now, due)
             if standby is not None and standby.held:
                 for h in standby.release(now, loop.time()):
                     job = jobs.get(h.job_id)
-                    if job is not None and job.gen == h.gen:
+                    if job is not None and self._generation(job) == h.gen:
                         due.extend(self.occurrence(job, h.when))
                 if standby.covered:
                     self.metrics.claim["covered"].inc(standby.covered)
@@ -293,6 +329,29 @@ class Firer:
                     self.standing = Standing(claimed, cursor, led, self._passes, busy)
             await self._sleep(started + self.cfg.tick_seconds - loop.time())
 
+    def _pop_fires(self, now: int, due: list[Execution]) -> None:
+        """The occurrences due by ``now`` join ``due`` (up to ``MAX_BATCH``), or are held back for
+        a slot's leader; each job's next occurrence takes its place in the timer."""
+        fires, jobs, placed, standby = self.fires, self.jobs, self._placed, self.standby
+        last = now << _PLACE_BITS | _PLACE  # the last entry due by now
+        while fires and fires[0] <= last and len(due) < MAX_BATCH:
+            key = heapq.heappop(fires)
+            place = key & _PLACE
+            job = placed[place]
+            if job is None or job.key != key or jobs.get(job.id) is not job:
+                continue  # stale: the job changed, left, or its place went to another
+            when = key >> _PLACE_BITS
+            if standby is None or (leader := standby.defers(job.slot)) is None:
+                due.extend(self.occurrence(job, when))
+            else:  # another owner leads the slot: held back until it is known to have claimed
+                standby.hold(leader, Held(when, job.id, self._generation(job), job.slot, standby.until(when, now)))
+            nxt = _next(job, when)
+            if nxt is None:
+                job.key = place
+            else:
+                job.key = nxt << _PLACE_BITS | place
+                heapq.heappush(fires, job.key)
+
     def _pending(self, now: int) -> int:
         # (a backfill's occurrences lie in the past on purpose: they say nothing of progress)
         return min((e.scheduled_ms for e in self.due if not backfill_of(e.trigger)), default=now + 1)
@@ -300,7 +359,7 @@ class Firer:
     def _claimed(self, now: int, pending: int) -> int:
         """How far every occurrence of the slots this node claims on time has been claimed: not
         past the timer's head or what waits to be claimed (``pending``, from :meth:`_pending`)."""
-        head = self.fires[0][0] if self.fires else now + 1
+        head = self.fires[0] >> _PLACE_BITS if self.fires else now + 1
         return min(now, head - 1, pending - 1)
 
     def claimed_through(self, now: int) -> int:
@@ -352,7 +411,9 @@ class Firer:
         if self.due or self._reverify:
             await asyncio.sleep(max(0.0, rest_of_tick))
             return
-        heads = [h[0][0] for h in (self.fires, self.retries) if h]
+        heads = [h[0][0] for h in (self.retries,) if h]
+        if self.fires:
+            heads.append(self.fires[0] >> _PLACE_BITS)
         cap = 0.05 if self.throttle is not None and self.throttle.waiting else self.cfg.idle_seconds
         delay = cap if not heads else max(0.0, min(cap, (min(heads) - self.clock()) / 1000))
         delay = max(delay, rest_of_tick)

@@ -38,7 +38,8 @@ class Options:
 
 
 class OwnedJob:
-    """One job this node owns. ``gen`` changes whenever its timer entries become stale."""
+    """One job this node owns. ``key`` is the firer's: its pending timer entry (or, with none
+    pending, its place in the firer's table; -1 when it has none)."""
 
     __slots__ = (
         "id",
@@ -52,7 +53,7 @@ class OwnedJob:
         "retry",
         "opts",
         "paused",
-        "gen",
+        "key",
     )
 
     def __init__(
@@ -80,7 +81,7 @@ class OwnedJob:
         self.retry = retry
         self.opts = opts
         self.paused = paused
-        self.gen = 0
+        self.key = -1
 
     @classmethod
     def gone(cls, job_id: str, slot: int, incarnation: int) -> OwnedJob:

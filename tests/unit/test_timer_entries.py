@@ -1,0 +1,158 @@
+"""The firer's timer entries (one int a job: its due time and its place in the firer's table),
+against a model of what each job owes, through any sequence of installs (new versions with the same
+timing, another timing, paused or not), removals, slots dropped and time passing.
+
+The places of jobs that leave are given to jobs that arrive, so a stale entry can point at another
+job's place, or at a job that came back with the same id: none of them may fire an occurrence the
+model does not owe, and none that it owes may be lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cronman.schedule import IntervalTiming
+from scheduler_node.execution import Execution
+from scheduler_node.firer import Firer, FirerConfig
+from scheduler_node.jobs import Decoder, OwnedJob
+from scheduler_node.metrics import NodeMetrics
+from scheduler_node.senders import Senders
+from scheduler_node.senders.http import HttpSender
+
+START = 1_790_000_000_000
+IDS = [f"job-{i}" for i in range(6)]
+SLOTS = 3
+EVERY = (700, 1_000, 2_300)
+
+
+@dataclass
+class Clock:
+    now: int = START
+
+
+@dataclass
+class Model:
+    """What each job owes: its timing and its next occurrence (None: paused or gone)."""
+
+    timing: dict[str, IntervalTiming] = field(default_factory=dict)
+    paused: dict[str, bool] = field(default_factory=dict)
+    pending: dict[str, int | None] = field(default_factory=dict)
+    version: dict[str, int] = field(default_factory=dict)
+    chain: dict[str, int] = field(default_factory=dict)  # moves when the job's entries go stale
+
+
+def _firer(clock: Clock) -> Firer:
+    senders = Senders([HttpSender(10, dev_mode=True)])
+    return Firer(
+        FirerConfig(node_id="n", lease_ms=5000, max_in_flight=10, namespace_share=1.0, sweep_seconds=1.0),
+        clock=lambda: clock.now,
+        claims=None,  # type: ignore[arg-type]  # the timer's entries touch none of the parts
+        senders=senders,
+        history=None,  # type: ignore[arg-type]
+        store=None,  # type: ignore[arg-type]
+        metrics=NodeMetrics("n"),
+    )
+
+
+_decoder = Decoder(Senders([HttpSender(10, dev_mode=True)]).decode)
+_target = _decoder.target('{"type": "http", "url": "https://hooks.example.com/cron"}')
+_retry = _decoder.retry("{}")
+_options = _decoder.options("{}")
+
+op = st.one_of(
+    st.tuples(st.just("install"), st.sampled_from(IDS), st.sampled_from(EVERY), st.integers(0, 2), st.booleans()),
+    st.tuples(st.just("remove"), st.sampled_from(IDS)),
+    st.tuples(st.just("drop"), st.integers(0, SLOTS - 1)),
+    st.tuples(st.just("regain"), st.integers(0, SLOTS - 1)),
+    st.tuples(st.just("advance"), st.integers(0, 5_000)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(op, max_size=60))
+def test_the_timer_owes_what_the_model_owes(ops: list[tuple]) -> None:  # type: ignore[type-arg]
+    clock = Clock()
+    firer = _firer(clock)
+    firer.set_slots(frozenset(range(SLOTS)))
+    model = Model()
+    most = 0
+    chains = 0
+    seen: dict[tuple[str, int], int] = {}  # (job, model's chain) -> the firer's generation
+    for o in ops:
+        kind = o[0]
+        if kind == "install":
+            _, job_id, every, phase, paused = o
+            slot = IDS.index(job_id) % SLOTS
+            if slot not in firer.slots:
+                continue  # a node installs only jobs of slots it owns
+            version = model.version.get(job_id, 0) + 1
+            model.version[job_id] = version
+            timing = IntervalTiming(every, phase * 100)
+            job = OwnedJob(job_id, slot, version, 1, "default", timing, _target, b"", _retry, _options, paused)
+            assert firer.install(job, clock.now)
+            same = job_id in model.timing and model.timing[job_id] == timing and model.paused[job_id] == paused
+            if not same:  # another timing (or pausing): owed from now on
+                model.pending[job_id] = None if paused else timing.next_after(clock.now)
+                chains += 1
+                model.chain[job_id] = chains
+            model.timing[job_id], model.paused[job_id] = timing, paused
+        elif kind == "remove":
+            firer.remove(o[1], "removed")
+            for m in (model.timing, model.paused, model.pending, model.chain):
+                m.pop(o[1], None)
+        elif kind == "drop":
+            firer.set_slots(firer.slots - {o[1]})
+            for job_id in [j for j in model.timing if IDS.index(j) % SLOTS == o[1]]:
+                for m in (model.timing, model.paused, model.pending, model.chain):
+                    m.pop(job_id, None)
+        elif kind == "regain":
+            firer.set_slots(firer.slots | {o[1]})
+        else:
+            clock.now += o[1]
+            due: list[Execution] = []
+            firer._pop_fires(clock.now, due)
+            owed = []
+            for job_id, t in model.pending.items():
+                while t is not None and t <= clock.now:
+                    owed.append((job_id, t))
+                    t = model.timing[job_id].next_after(t)
+                model.pending[job_id] = t
+            got = [(e.d.job_id, e.scheduled_ms) for e in due]
+            assert sorted(got) == sorted(owed), ops
+            assert [t for _, t in got] == sorted(t for _, t in got), "occurrences out of order"
+            for e in due:
+                assert e.job is firer.jobs[e.d.job_id], "an occurrence of a job object no longer owned"
+        most = max(most, len(firer.jobs))
+        # What is held back for a slot's leader is let go only while the job's entries are the
+        # ones it was held from: the firer's generation follows the model's chain, one to one.
+        for job_id, chain in model.chain.items():
+            gen = firer._generation(firer.jobs[job_id])
+            assert seen.setdefault((job_id, chain), gen) == gen, "a generation moved within a chain"
+        gens = [g for (j, _), g in seen.items()]
+        assert len(gens) == len(set(gens)), "two chains of a job share a generation"
+    # places are reused: the table never outgrows the most jobs owned at once
+    assert len(firer._placed) <= most
+    assert sorted(firer.jobs) == sorted(model.timing)
+
+
+def test_a_job_that_comes_back_at_its_old_place_fires_once_per_occurrence() -> None:
+    """Removed and installed again at once: the new job takes the freed place, and its first
+    occurrence is the one its old entry (still in the heap) names too. It fires once."""
+    clock = Clock()
+    firer = _firer(clock)
+    firer.set_slots(frozenset(range(SLOTS)))
+    timing = IntervalTiming(1_000, 0)
+    a = OwnedJob("job-0", 0, 1, 1, "default", timing, _target, b"", _retry, _options, False)
+    firer.install(a, clock.now)
+    firer.remove("job-0", "removed")
+    b = OwnedJob("job-0", 0, 2, 2, "default", timing, _target, b"", _retry, _options, False)
+    firer.install(b, clock.now)
+    assert len(firer.fires) == 2 and firer.fires[0] == firer.fires[1]  # the same entry, twice
+    clock.now += 3_500
+    due: list[Execution] = []
+    firer._pop_fires(clock.now, due)
+    assert [e.scheduled_ms - START for e in due] == [1_000, 2_000, 3_000]
+    assert all(e.job is b for e in due)
