@@ -37,7 +37,7 @@ from cronman.calendars import Calendar, calendar_from_dict
 from cronman.errors import TransientError
 from cronman.partitions import day_of_ms, ensure_partitions
 from scheduler_node.history import HistoryRow
-from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, OwnedJob
+from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, Loaded
 from scheduler_node.outcomes import record_outcomes
 
 log = logging.getLogger("cronman.node.store")
@@ -130,7 +130,7 @@ class NodeStore(abc.ABC):
     rows_loaded: int = 0
 
     @abc.abstractmethod
-    async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, list[tuple[OwnedJob, int]]]:
+    async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, Loaded]:
         """Every live job of ``slots`` as (job, updated ms), and the cursor to poll changes from."""
 
     def abandon_loads(self) -> None:  # noqa: B027 - a store whose loads are quick needs nothing
@@ -369,15 +369,13 @@ class PgNodeStore(NodeStore):
             raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
 
     # -- jobs and the feed
-    async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, list[tuple[OwnedJob, int]]]:
+    async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, Loaded]:
         return await self._call(self._load_slots, list(slots), decoder)
 
-    def _load_slots(
-        self, slots: list[int], decoder: Decoder, batch: int = 5_000
-    ) -> tuple[int, list[tuple[OwnedJob, int]]]:
+    def _load_slots(self, slots: list[int], decoder: Decoder, batch: int = 5_000) -> tuple[int, Loaded]:
         """Rows are decoded as they stream in (a server-side cursor, ``batch`` rows a round trip),
         so a million jobs never sit in memory as rows, and ``rows_loaded`` moves as they come."""
-        out: list[tuple[OwnedJob, int]] = []
+        out = Loaded()
         with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
             xmin = int(conn.execute(_XMIN).scalar_one())
             if not slots:
@@ -405,7 +403,7 @@ class PgNodeStore(NodeStore):
                     except (ValueError, KeyError, TypeError) as exc:
                         log.error("cannot schedule job: %s", exc, extra={"job_id": r[0]})
                         continue
-                    out.append((job, r[8]))
+                    out.add(job, r[8])
                 self.rows_loaded = base + len(out)
             finally:
                 if collecting:

@@ -15,7 +15,7 @@ from cronman.errors import TransientError
 from cronman.hashing import slot_of
 from scheduler_node.claims.memory import ClaimSpace, MemoryClaims, _claim_key
 from scheduler_node.history import HistoryRow
-from scheduler_node.jobs import Decoder, JobRow, OwnedJob
+from scheduler_node.jobs import Decoder, JobRow, Loaded
 from scheduler_node.parts import (
     Beat,
     ClaimResult,
@@ -398,13 +398,13 @@ class SimStore(NodeStore):
         self.holder = holder
         self.node = holder.split("/")[0]
 
-    async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, list[tuple[OwnedJob, int]]]:
+    async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, Loaded]:
         await self.db.call(self.node)
         wanted = set(slots)
-        out = []
+        out = Loaded()
         for job in sorted(self.db.jobs.values(), key=lambda j: j.id):
             if job.slot in wanted and not job.deleted:
-                out.append((decoder.job(job.row()), job.updated_ms))
+                out.add(decoder.job(job.row()), job.updated_ms)
         return self.db.change + 1, out
 
     async def poll_changes(
