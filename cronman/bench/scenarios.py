@@ -64,6 +64,7 @@ DEFAULTS: dict[str, float] = {
     "footprint.jobs": 100_000,
     "footprint.claims": 20_000,
     "footprint.rows": 50_000,
+    "footprint.loaded": 200_000,
     "limit.seconds": 10,
     "limit.connections": 100,
     "scale10m.jobs": 10_000_000,
@@ -99,6 +100,7 @@ QUICK: dict[str, float] = {
     "footprint.jobs": 10_000,
     "footprint.claims": 2_000,
     "footprint.rows": 5_000,
+    "footprint.loaded": 20_000,
     "limit.seconds": 3,
     "scale10m.jobs": 100_000,
     "scale10m.probes": 300,
@@ -784,7 +786,7 @@ def run_footprint(b: Bench) -> dict[str, Any]:
     (cronman.bench.footprint; starts a Redis and a PostgreSQL of its own)."""
     from cronman.bench.footprint import run
 
-    return run(b.i("footprint.jobs"), b.i("footprint.claims"), b.i("footprint.rows"))
+    return run(b.i("footprint.jobs"), b.i("footprint.claims"), b.i("footprint.rows"), b.i("footprint.loaded"))
 
 
 SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
