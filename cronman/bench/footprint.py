@@ -77,8 +77,8 @@ def _history_row(job_id: str, scheduled: int, eid: str) -> Any:
     )  # fmt: skip
 
 
-def node_bytes_per_job(count: int, shared: bool) -> float:
-    """Heap bytes per job decoded and installed in a firer (timer entry included)."""
+def _installer(now_ms: int) -> tuple[Any, Any]:
+    """A firer with no parts (installing jobs touches none) and a decoder: (firer, decoder)."""
     from scheduler_node.firer import Firer, FirerConfig
     from scheduler_node.jobs import Decoder
     from scheduler_node.metrics import NodeMetrics
@@ -88,14 +88,19 @@ def node_bytes_per_job(count: int, shared: bool) -> float:
     senders = Senders([HttpSender(100, dev_mode=True)])
     firer = Firer(
         FirerConfig(node_id="n", lease_ms=5000, max_in_flight=100, namespace_share=1.0, sweep_seconds=1.0),
-        clock=lambda: 1_790_000_000_000,
-        claims=None,  # type: ignore[arg-type]  # installing jobs touches none of the parts
+        clock=lambda: now_ms,
+        claims=None,  # type: ignore[arg-type]
         senders=senders,
         history=None,  # type: ignore[arg-type]
         store=None,  # type: ignore[arg-type]
         metrics=NodeMetrics("n"),
     )
-    decoder = Decoder(senders.decode)
+    return firer, Decoder(senders.decode)
+
+
+def node_bytes_per_job(count: int, shared: bool) -> float:
+    """Heap bytes per job decoded and installed in a firer (timer entry included)."""
+    firer, decoder = _installer(1_790_000_000_000)
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -358,27 +363,12 @@ def _measure_load(url: str) -> dict[str, float]:
     memory it leaves per job over the process's own."""
     from cronman.hashing import SLOTS
     from cronman.store import make_engine
-    from scheduler_node.firer import Firer, FirerConfig
-    from scheduler_node.jobs import Decoder
-    from scheduler_node.metrics import NodeMetrics
-    from scheduler_node.senders import Senders
-    from scheduler_node.senders.http import HttpSender
     from scheduler_node.store import PgNodeStore
 
     engine = make_engine(url, pool_size=1)
     executor = ThreadPoolExecutor(1)
-    senders = Senders([HttpSender(100, dev_mode=True)])
     now = int(time.time() * 1000)
-    firer = Firer(
-        FirerConfig(node_id="n", lease_ms=5000, max_in_flight=100, namespace_share=1.0, sweep_seconds=1.0),
-        clock=lambda: now,
-        claims=None,  # type: ignore[arg-type]  # installing jobs touches none of the parts
-        senders=senders,
-        history=None,  # type: ignore[arg-type]
-        store=None,  # type: ignore[arg-type]
-        metrics=NodeMetrics("n"),
-    )
-    decoder = Decoder(senders.decode)
+    firer, decoder = _installer(now)
     store = PgNodeStore(engine, executor)
     gc.collect()
     base = _rss_mb()
