@@ -252,6 +252,15 @@ class Firer:
                 self._free.append(place)
             job.key = -1
 
+    def stage(self, job: OwnedJob) -> None:
+        """Keep a job read before the node is ready, without a timer entry: it is installed once
+        the node is ready (what it missed decided then). One that replaces an installed job (a
+        change read while the node becomes ready) frees that job's place."""
+        old = self.jobs.get(job.id)
+        if old is not None:
+            self._drop(old)
+        self.jobs[job.id] = job
+
     def remove(self, job_id: str, reason: str) -> None:
         job = self.jobs.pop(job_id, None)
         if job is not None:
@@ -338,8 +347,11 @@ class Firer:
             key = heapq.heappop(fires)
             place = key & _PLACE
             job = placed[place]
-            if job is None or job.key != key or jobs.get(job.id) is not job:
+            if job is None or job.key != key:
                 continue  # stale: the job changed, left, or its place went to another
+            if jobs.get(job.id) is not job:  # (left the node's jobs some other way: let go)
+                self._drop(job)
+                continue
             when = key >> _PLACE_BITS
             if standby is None or (leader := standby.defers(job.slot)) is None:
                 due.extend(self.occurrence(job, when))

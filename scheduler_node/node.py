@@ -631,9 +631,9 @@ class Node:
         else:  # what was missed is classified once this node is ready (see _become_ready)
             # (without a turn of the loop: a loss of Redis's data noticed meanwhile lowers what is
             # pending, and must find all of it there)
-            jobs, pending = self.firer.jobs, self._pending_catch_up
+            stage, pending = self.firer.stage, self._pending_catch_up
             for job, updated_ms in loaded:
-                jobs[job.id] = job
+                stage(job)
                 pending[job.id] = start_of(job, updated_ms)
             self._caught_up += count  # (the load moves: see _load_moved)
         del loaded
@@ -873,7 +873,7 @@ class Node:
                 self.firer.remove(row.id, f"the job cannot be scheduled: {exc}")
             return False
         if not self.ready:
-            self.firer.jobs[job.id] = job
+            self.firer.stage(job)
             self._pending_catch_up.setdefault(job.id, row.updated_ms - 1)
             return True
         return self.firer.install(job, row.updated_ms - 1)

@@ -380,7 +380,7 @@ def _measure_load(url: str) -> dict[str, float]:
     since = now - 5000
     pending: dict[str, int] = {}
     for job, updated_ms in loaded:
-        firer.jobs[job.id] = job
+        firer.stage(job)
         pending[job.id] = max(since, updated_ms - 1)
     del loaded
     for job_id, start in pending.items():

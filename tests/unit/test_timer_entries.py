@@ -63,7 +63,14 @@ _retry = _decoder.retry("{}")
 _options = _decoder.options("{}")
 
 op = st.one_of(
-    st.tuples(st.just("install"), st.sampled_from(IDS), st.sampled_from(EVERY), st.integers(0, 2), st.booleans()),
+    st.tuples(
+        st.sampled_from(["install", "stage"]),
+        st.sampled_from(IDS),
+        st.sampled_from(EVERY),
+        st.integers(0, 2),
+        st.booleans(),
+    ),
+    st.tuples(st.just("ready")),
     st.tuples(st.just("remove"), st.sampled_from(IDS)),
     st.tuples(st.just("drop"), st.integers(0, SLOTS - 1)),
     st.tuples(st.just("regain"), st.integers(0, SLOTS - 1)),
@@ -81,26 +88,44 @@ def test_the_timer_owes_what_the_model_owes(ops: list[tuple]) -> None:  # type: 
     most = 0
     chains = 0
     seen: dict[tuple[str, int], int] = {}  # (job, model's chain) -> the firer's generation
+    staged: set[str] = set()  # read while not ready (as a node does): installed at "ready"
+
+    def new_chain(job_id: str, timing: IntervalTiming, paused: bool) -> None:
+        nonlocal chains
+        model.pending[job_id] = None if paused else timing.next_after(clock.now)
+        chains += 1
+        model.chain[job_id] = chains
+
     for o in ops:
         kind = o[0]
-        if kind == "install":
+        if kind in ("install", "stage"):
             _, job_id, every, phase, paused = o
             slot = IDS.index(job_id) % SLOTS
-            if slot not in firer.slots:
-                continue  # a node installs only jobs of slots it owns
+            if slot not in firer.slots or job_id in staged:
+                continue  # a node installs only jobs of slots it owns, and staged ones once ready
             version = model.version.get(job_id, 0) + 1
             model.version[job_id] = version
             timing = IntervalTiming(every, phase * 100)
             job = OwnedJob(job_id, slot, version, 1, "default", timing, _target, b"", _retry, _options, paused)
-            assert firer.install(job, clock.now)
-            same = job_id in model.timing and model.timing[job_id] == timing and model.paused[job_id] == paused
-            if not same:  # another timing (or pausing): owed from now on
-                model.pending[job_id] = None if paused else timing.next_after(clock.now)
-                chains += 1
-                model.chain[job_id] = chains
+            if kind == "stage":  # a change read while the node becomes ready: owes nothing until then
+                firer.stage(job)
+                staged.add(job_id)
+                model.pending[job_id] = None
+                model.chain.pop(job_id, None)
+            else:
+                assert firer.install(job, clock.now)
+                same = job_id in model.chain and model.timing[job_id] == timing and model.paused[job_id] == paused
+                if not same:  # another timing (or pausing): owed from now on
+                    new_chain(job_id, timing, paused)
             model.timing[job_id], model.paused[job_id] = timing, paused
+        elif kind == "ready":
+            for job_id in sorted(staged):
+                assert firer.install(firer.jobs.pop(job_id), clock.now)
+                new_chain(job_id, model.timing[job_id], model.paused[job_id])
+            staged.clear()
         elif kind == "remove":
             firer.remove(o[1], "removed")
+            staged.discard(o[1])
             for m in (model.timing, model.paused, model.pending, model.chain):
                 m.pop(o[1], None)
         elif kind == "drop":
@@ -108,6 +133,7 @@ def test_the_timer_owes_what_the_model_owes(ops: list[tuple]) -> None:  # type: 
             for job_id in [j for j in model.timing if IDS.index(j) % SLOTS == o[1]]:
                 for m in (model.timing, model.paused, model.pending, model.chain):
                     m.pop(job_id, None)
+                staged.discard(job_id)
         elif kind == "regain":
             firer.set_slots(firer.slots | {o[1]})
         else:
@@ -126,6 +152,10 @@ def test_the_timer_owes_what_the_model_owes(ops: list[tuple]) -> None:  # type: 
             for e in due:
                 assert e.job is firer.jobs[e.d.job_id], "an occurrence of a job object no longer owned"
         most = max(most, len(firer.jobs))
+        # every place in use holds a job the node still has; none is lost to a job gone
+        held = [j for j in firer._placed if j is not None]
+        assert all(firer.jobs.get(j.id) is j for j in held), "a place kept a job the node no longer has"
+        assert len(held) + len(firer._free) == len(firer._placed)
         # What is held back for a slot's leader is let go only while the job's entries are the
         # ones it was held from: the firer's generation follows the model's chain, one to one.
         for job_id, chain in model.chain.items():
