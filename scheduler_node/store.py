@@ -292,16 +292,31 @@ _HISTORY_COLUMNS = (
 # again (a retried write, or a survivor recovering a dead node's rows) does not, nor does a
 # "skipped" or "cancelled" row for an occurrence that turns out to have been delivered.
 # Two deliveries of one attempt (a node paused past its lease, its execution taken over and tried
-# again under the same attempt number): a success is what the row keeps, so that history says the
-# execution ended (every CASE tests the old row: an UPDATE reads the row as it was).
-_SUCCESS_WINS = "EXCLUDED.status = 'succeeded' AND scheduled_jobs.status <> 'succeeded'"
+# again under the same attempt number): a success is what the row keeps, and an end (cancelled,
+# permanently failed) replaces a failure that was to be retried, so that history says the execution
+# ended (seed 40021: the job deleted, the taker cancelled the execution while the paused node's
+# failure of the same attempt was written first, and the paused node then lost its retry). Every
+# CASE tests the old row: an UPDATE reads the row as it was. (``replaces`` says the same in Python.)
+_REPLACES = (
+    "(EXCLUDED.status = 'succeeded' AND scheduled_jobs.status <> 'succeeded') OR "
+    "(EXCLUDED.status IN ('cancelled', 'permanently_failed') AND scheduled_jobs.status = 'failed')"
+)
+
+
+def replaces(old_status: str, new_status: str) -> bool:
+    """Whether a row of ``new_status`` replaces one of ``old_status`` for the same attempt."""
+    if new_status == "succeeded":
+        return old_status != "succeeded"
+    return new_status in ("cancelled", "permanently_failed") and old_status == "failed"
+
+
 _INSERT = (
     _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt, trigger) DO UPDATE SET duplicates = "
     "scheduled_jobs.duplicates "
     "+ CASE WHEN EXCLUDED.status IN ('skipped', 'cancelled') OR (scheduled_jobs.node IS NOT DISTINCT FROM "
     "EXCLUDED.node AND scheduled_jobs.fired_at IS NOT DISTINCT FROM EXCLUDED.fired_at) THEN 0 ELSE 1 END"
     + "".join(
-        f", {c} = CASE WHEN {_SUCCESS_WINS} THEN EXCLUDED.{c} ELSE scheduled_jobs.{c} END"
+        f", {c} = CASE WHEN {_REPLACES} THEN EXCLUDED.{c} ELSE scheduled_jobs.{c} END"
         for c in ("node", "fired_at", "finished_at", "lag_ms", "http_status", "error", "response", "status")
     )
     + " RETURNING duplicates"

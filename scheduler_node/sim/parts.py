@@ -43,6 +43,7 @@ from scheduler_node.store import (
     SlotMarks,
     TriggerRow,
     decide_outage,
+    replaces,
     slot_marks_of,
 )
 
@@ -378,8 +379,8 @@ class SimDb:
             elif r.status not in ("skipped", "cancelled") and (old.node, old.fired_ms) != (r.node, r.fired_ms):
                 self.duplicates[r.key] = self.duplicates.get(r.key, 0) + 1
                 dups += 1
-            if old is not None and r.status == "succeeded" and old.status != "succeeded":
-                self.history[r.key] = r  # as the store does: a success is what the row keeps
+            if old is not None and replaces(old.status, r.status):
+                self.history[r.key] = r  # as the store does (a success, or an end over a failure)
         return dups
 
 

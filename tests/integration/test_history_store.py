@@ -127,6 +127,50 @@ def test_a_success_of_the_same_attempt_is_what_the_row_keeps(db) -> None:  # typ
     assert [tuple(r) for r in rows] == [("succeeded", "n1", 200, None, 2)]
 
 
+def test_an_end_of_the_same_attempt_replaces_a_failure_to_be_retried(db) -> None:  # type: ignore[no-untyped-def]
+    """The job deleted while a node was paused past its lease: the node that took the execution
+    over cancelled it, and the paused node's failure of the same attempt (to be retried, a retry it
+    then lost) was written first. History must say the execution ended; a failure written after
+    the end does not undo it, and a skip does not replace a failure (an execution ended only by a
+    skip is told apart by takeovers, below)."""
+    import asyncio
+
+    when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    failed = _row(when, attempt=2, node="n1", fired=parse_iso(when) + 40)._replace(
+        status="failed", http_status=500, error="HTTP 500"
+    )
+    cancelled = _row(when, attempt=2, node="n2")._replace(
+        status="cancelled", fired_ms=None, http_status=None, error="the job was deleted"
+    )
+
+    def status() -> list[tuple[Any, ...]]:
+        with db.connect() as conn:
+            return [
+                tuple(r)
+                for r in conn.execute(
+                    text("SELECT status, node, error FROM scheduled_jobs WHERE job_id = 'job-x' AND attempt = 2")
+                ).all()
+            ]
+
+    asyncio.run(_write(db, [failed]))
+    asyncio.run(_write(db, [cancelled]))
+    assert status() == [("cancelled", "n2", "the job was deleted")]
+    asyncio.run(_write(db, [failed]))  # written again (a survivor recovering n1's rows)
+    assert status() == [("cancelled", "n2", "the job was deleted")]
+
+    with db.connect() as conn, conn.begin():
+        conn.execute(text("DELETE FROM scheduled_jobs WHERE job_id = 'job-x'"))
+    asyncio.run(_write(db, [failed]))
+    asyncio.run(_write(db, [failed._replace(node="n2", status="permanently_failed", error="HTTP 503")]))
+    assert status() == [("permanently_failed", "n2", "HTTP 503")]
+
+    with db.connect() as conn, conn.begin():
+        conn.execute(text("DELETE FROM scheduled_jobs WHERE job_id = 'job-x'"))
+    asyncio.run(_write(db, [failed]))
+    asyncio.run(_write(db, [cancelled._replace(status="skipped", error="overlap")]))
+    assert status() == [("failed", "n1", "HTTP 500")]
+
+
 def test_history_tells_an_execution_ended_by_a_skip_from_one_that_ran(db) -> None:  # type: ignore[no-untyped-def]
     """A takeover asks history whether an execution ended: one ended only by a skip (a misfire plan
     counting as missed what a node had claimed just before the cluster stopped) is told apart, so a

@@ -91,6 +91,18 @@ def test_seeds_that_found_a_defect_keep_the_guarantee(seed: int) -> None:
     assert not report.violations, f"{report.violations[:3]} - replay: cronman sim --seed {seed} --tick 0.02 --trace '*'"
 
 
+# Seeds that found a defect at the product's default timer pass, beyond the regular range.
+FOUND_AT_DEFAULT_TICK = [
+    40021,  # the job deleted: a taker's "cancelled" of an attempt lost to a paused node's "failed" of it
+]
+
+
+@pytest.mark.parametrize("seed", FOUND_AT_DEFAULT_TICK)
+def test_seeds_found_at_the_default_timer_pass_keep_the_guarantee(seed: int) -> None:
+    report = run_seed(seed, SimConfig(seed))
+    assert not report.violations, f"{report.violations[:3]} - replay: cronman sim --seed {seed} --trace '*'"
+
+
 # Seeds that found a defect with timer passes at least 50 ms apart (timer_tick_seconds=0.05).
 FOUND_TICK_50MS = [100656]
 
