@@ -255,7 +255,7 @@ def _duplicates(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) ->
             if len(same) < 2:
                 continue
             same.sort(key=lambda a: a.at)
-            for second in same[1:]:
+            for k, second in enumerate(same[1:], start=1):
                 report.duplicates += 1
                 row = succeeded.get((eid, attempt))
                 if (
@@ -276,6 +276,11 @@ def _duplicates(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) ->
                         )
                         continue
                 cause = _cause(sim, same[0], second, lease)
+                if cause is None and k > 1:
+                    # A delivery taken over from the one before it, itself a duplicate of the first
+                    # with a cause of its own (seed 120323: node-1 lost a claim to node-3 while Redis
+                    # was slow, node-3 was paused past its lease, and node-1 took the claim back)
+                    cause = _cause(sim, same[k - 1], second, lease)
                 if cause is None:
                     report.violations.append(
                         f"duplicate without a named fault: execution {eid} ({same[0].job_id}) attempt {attempt}, "
