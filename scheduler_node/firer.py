@@ -59,7 +59,8 @@ from scheduler_node.tracing import Tracing
 log = logging.getLogger("cronman.node")
 
 MAX_BATCH = 5000  # due executions handled per timer pass
-# A timer entry is one int: the due time (ms) shifted past the job's place in the firer's table.
+# A timer entry is one int: the due time (ms) shifted past the job's place in the firer's table
+# (a due time before 1970 makes a negative int, with the same place in its low bits).
 # (It was a tuple of due time, job id and generation: 132 bytes a job with its due time and
 # generation ints, against 40 for the int and 12 for the place's pointer and generation.)
 _PLACE_BITS = 32
@@ -222,7 +223,7 @@ class Firer:
     def _take_place(self, job: OwnedJob, old: OwnedJob | None, keep: bool = False) -> int:
         """Put ``job`` in the table, at ``old``'s place if it had one; with ``keep``, ``old``'s
         pending entry is ``job``'s (else ``job`` has none yet)."""
-        if old is not None and old.key >= 0:
+        if old is not None and old.key is not None:
             place = old.key & _PLACE
             job.key = old.key if keep else place
         else:
@@ -238,19 +239,19 @@ class Firer:
 
     def _generation(self, job: OwnedJob) -> int:
         """Changes whenever ``job``'s timer entries become stale; -1 for a job without a place."""
-        if job.key < 0:
+        if job.key is None:
             return -1
         place = job.key & _PLACE
         return place << _PLACE_BITS | self._epochs[place] if self._placed[place] is job else -1
 
     def _drop(self, job: OwnedJob) -> None:
         """``job`` has left ``jobs``: its timer entries are stale, its place is free."""
-        if job.key >= 0:
+        if job.key is not None:
             place = job.key & _PLACE
             if self._placed[place] is job:
                 self._placed[place] = None  # (whoever takes the place next moves its generation)
                 self._free.append(place)
-            job.key = -1
+            job.key = None
 
     def stage(self, job: OwnedJob) -> None:
         """Keep a job read before the node is ready, without a timer entry: it is installed once
@@ -1383,8 +1384,8 @@ def _adoptable(job: OwnedJob, d: Descriptor, since_ms: int) -> bool:
 
 def _fold(found: dict[Ident, Attempts], rows: Iterable[HistoryRow]) -> None:
     """Add history rows not written yet to what history says of their executions, as
-    ``NodeStore.attempts`` would once they are written (one row per attempt: the first written,
-    unless a later one is a success)."""
+    ``NodeStore.attempts`` would once they are written (one row per attempt, as the store keeps
+    it: ``one_row_per_attempt``)."""
     for r in one_row_per_attempt(rows):
         ident = (r.job_id, r.scheduled_ms, r.event_index, r.trigger)
         old = found.get(ident, Attempts(0, False))

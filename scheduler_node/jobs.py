@@ -40,7 +40,7 @@ class Options:
 
 class OwnedJob:
     """One job this node owns. ``key`` is the firer's: its pending timer entry (or, with none
-    pending, its place in the firer's table; -1 when it has none)."""
+    pending, its place in the firer's table; None when it has none)."""
 
     __slots__ = (
         "id",
@@ -82,7 +82,7 @@ class OwnedJob:
         self.retry = retry
         self.opts = opts
         self.paused = paused
-        self.key = -1
+        self.key: int | None = None
 
     @classmethod
     def gone(cls, job_id: str, slot: int, incarnation: int) -> OwnedJob:

@@ -297,9 +297,10 @@ _HISTORY_COLUMNS = (
 # ended (seed 40021: the job deleted, the taker cancelled the execution while the paused node's
 # failure of the same attempt was written first, and the paused node then lost its retry). Every
 # CASE tests the old row: an UPDATE reads the row as it was. (``replaces`` says the same in Python.)
+_ENDS = ("cancelled", "permanently_failed")
 _REPLACES = (
     "(EXCLUDED.status = 'succeeded' AND scheduled_jobs.status <> 'succeeded') OR "
-    "(EXCLUDED.status IN ('cancelled', 'permanently_failed') AND scheduled_jobs.status = 'failed')"
+    f"(EXCLUDED.status IN {_ENDS!r} AND scheduled_jobs.status = 'failed')"
 )
 
 
@@ -307,7 +308,7 @@ def replaces(old_status: str, new_status: str) -> bool:
     """Whether a row of ``new_status`` replaces one of ``old_status`` for the same attempt."""
     if new_status == "succeeded":
         return old_status != "succeeded"
-    return new_status in ("cancelled", "permanently_failed") and old_status == "failed"
+    return new_status in _ENDS and old_status == "failed"
 
 
 _INSERT = (
@@ -357,11 +358,12 @@ _UNAVAILABLE = (
 
 def one_row_per_attempt(batch: Iterable[HistoryRow]) -> list[HistoryRow]:
     """One row per attempt, as the database keeps them across batches: the first, unless a later
-    one is a success (a batch can hold a survivor's success and the failure it recovered from the
-    node that died, of the same attempt)."""
+    one ``replaces`` it (a batch can hold a survivor's success, or its end, and the failure it
+    recovered from the node that died, of the same attempt)."""
     seen: dict[tuple[str, int, int, int, str], HistoryRow] = {}
     for r in batch:
-        if r.key not in seen or r.status == "succeeded":
+        old = seen.get(r.key)
+        if old is None or replaces(old.status, r.status):
             seen[r.key] = r
     return list(seen.values())
 

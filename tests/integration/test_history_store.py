@@ -170,6 +170,12 @@ def test_an_end_of_the_same_attempt_replaces_a_failure_to_be_retried(db) -> None
     asyncio.run(_write(db, [cancelled._replace(status="skipped", error="overlap")]))
     assert status() == [("failed", "n1", "HTTP 500")]
 
+    # both in one batch (a survivor writing a dead node's failure with its own end): the same
+    with db.connect() as conn, conn.begin():
+        conn.execute(text("DELETE FROM scheduled_jobs WHERE job_id = 'job-x'"))
+    asyncio.run(_write(db, [failed, cancelled]))
+    assert status() == [("cancelled", "n2", "the job was deleted")]
+
 
 def test_history_tells_an_execution_ended_by_a_skip_from_one_that_ran(db) -> None:  # type: ignore[no-untyped-def]
     """A takeover asks history whether an execution ended: one ended only by a skip (a misfire plan

@@ -186,3 +186,22 @@ def test_a_job_that_comes_back_at_its_old_place_fires_once_per_occurrence() -> N
     firer._pop_fires(clock.now, due)
     assert [e.scheduled_ms - START for e in due] == [1_000, 2_000, 3_000]
     assert all(e.job is b for e in due)
+
+
+def test_occurrences_before_1970_keep_their_place() -> None:
+    """An entry whose due time is negative is a negative int; its place and generation are still
+    its job's, and a job that leaves frees its place."""
+    clock = Clock(now=-10_000)
+    firer = _firer(clock)
+    firer.set_slots(frozenset(range(SLOTS)))
+    job = OwnedJob("job-0", 0, 1, 1, "default", IntervalTiming(1_000, 0), _target, b"", _retry, _options, False)
+    firer.install(job, clock.now)
+    clock.now = -7_500
+    due: list[Execution] = []
+    firer._pop_fires(clock.now, due)
+    assert [e.scheduled_ms for e in due] == [-9_000, -8_000]
+    assert firer._generation(job) != -1
+    firer.remove("job-0", "removed")
+    again = OwnedJob("job-1", 1, 1, 1, "default", IntervalTiming(1_000, 0), _target, b"", _retry, _options, False)
+    firer.install(again, clock.now)
+    assert len(firer._placed) == 1, "the place of a job that left was not freed"
