@@ -52,6 +52,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await Node(settings).run(stop)
+        _arm_exit_watchdog()
 
     import uvloop  # a faster event loop: the node's hot path is event-loop bound (docs/performance.md)
 
@@ -64,6 +65,36 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         return 2
     _exit_past_stuck_threads()
     return 0
+
+
+def _arm_exit_watchdog(grace: float = 10.0) -> None:
+    """The node has stopped: what is left is the event loop's teardown (cancelling the tasks still
+    there, joining its default executor) and the threads' exit. Should any of that hang, the
+    process exits ``grace`` seconds later all the same, and its log names what held it (every
+    thread's stack), rather than waiting for a SIGKILL that says nothing."""
+    import logging
+    import os
+    import threading
+    import traceback
+
+    def fire() -> None:
+        frames = sys._current_frames()
+        held = [t for t in threading.enumerate() if t.ident in frames and t is not threading.current_thread()]
+        stacks = {t.name: traceback.extract_stack(frames[t.ident]) for t in held}
+        logging.getLogger("cronman.node").warning(
+            "the process had not exited %g s after the node stopped: exiting without what held it (%s)",
+            grace,
+            "; ".join(f"{name} in {s[-1].name} ({s[-1].filename}:{s[-1].lineno})" for name, s in stacks.items()),
+            extra={"threads": {name: "".join(s.format())[-2000:] for name, s in stacks.items()}},
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+    timer = threading.Timer(grace, fire)
+    timer.daemon = True
+    timer.start()
 
 
 def _exit_past_stuck_threads(grace: float = 2.0) -> None:

@@ -71,6 +71,7 @@ BAD_MESSAGES = (
     "cannot compute the next occurrence",
     "cannot schedule job",
     "unreadable",
+    "had not exited",
 )
 
 # ------------------------------------------------------------------------------------------ strings
@@ -516,7 +517,8 @@ def _log_problems(log: Path) -> list[str]:
             continue
         msg = str(record.get("msg", ""))
         if "exc" in record or any(m in msg for m in BAD_MESSAGES):
-            out.append(f"{record.get('level')}: {msg}: {str(record.get('exc', ''))[-800:]}")
+            held = f" {record['threads']}" if "threads" in record else ""
+            out.append(f"{record.get('level')}: {msg}: {str(record.get('exc', ''))[-800:]}{held}")
     return out
 
 

@@ -95,3 +95,25 @@ def test_a_thread_blocked_in_a_call_does_not_hold_a_stopped_nodes_exit() -> None
     assert done.returncode == 0, done.stderr
     assert took < 10, f"exit took {took:.1f} s"
     assert "blocked-call" in done.stderr + done.stdout  # the warning names the thread
+
+
+def test_an_event_loop_teardown_that_hangs_does_not_hold_a_stopped_nodes_exit() -> None:
+    """Past the node's stop, the event loop's teardown joins its default executor, whose threads
+    may be blocked in a call nobody waits for any more: the watchdog armed when the node stopped
+    ends the process, and its log names the thread that held it."""
+    code = (
+        "import asyncio, time, uvloop\n"
+        "from cronman.cli import _arm_exit_watchdog\n"
+        "async def main():\n"
+        "    asyncio.get_running_loop().run_in_executor(None, time.sleep, 60)\n"
+        "    _arm_exit_watchdog(grace=0.5)\n"
+        "uvloop.run(main())\n"
+        "raise SystemExit(3)  # not reached\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert took < 10, f"exit took {took:.1f} s"
+    assert "had not exited" in done.stderr + done.stdout
+    assert "uvloop_0 in run" in done.stderr  # the thread that held it (a worker of the default executor)
