@@ -79,8 +79,9 @@ def _arm_exit_watchdog(grace: float = 10.0) -> None:
 
     def fire() -> None:
         frames = sys._current_frames()
-        held = [t for t in threading.enumerate() if t.ident in frames and t is not threading.current_thread()]
-        stacks = {t.name: traceback.extract_stack(frames[t.ident]) for t in held}
+        me = threading.get_ident()
+        names = {t.ident: t.name for t in threading.enumerate()}
+        stacks = {names.get(i, str(i)): traceback.extract_stack(f) for i, f in frames.items() if i != me}
         logging.getLogger("cronman.node").warning(
             "the process had not exited %g s after the node stopped: exiting without what held it (%s)",
             grace,
