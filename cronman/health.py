@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cronman.timeutil import iso
@@ -161,36 +161,63 @@ def _min(a: int | None, b: int | None) -> int | None:
 def fold(rows: Iterable[OutcomeRow]) -> list[HealthDelta]:
     """Fold history rows (final outcomes, failed attempts, late marks) into one change per job.
     Executions count in the order they ended."""
-    by_job: dict[str, HealthDelta] = {}
+    by_job: dict[str, _Folding] = {}
     ordered = sorted(rows, key=lambda r: (r.finished_ms or r.scheduled_ms, r.scheduled_ms, r.attempt))
     for r in ordered:
         d = by_job.get(r.job_id)
         if d is None:
-            d = HealthDelta(r.job_id, r.incarnation or 0, r.namespace or "default")
-        changes: dict[str, Any] = {}
+            d = by_job[r.job_id] = _Folding(r.job_id, r.incarnation or 0, r.namespace or "default")
         ended = r.finished_ms if r.finished_ms is not None else r.scheduled_ms
         if r.status == "succeeded":
-            changes.update(last_success_ms=_max(d.last_success_ms, ended), failures=0)
+            d.last_success_ms = _max(d.last_success_ms, ended)
+            d.failures = 0
         elif r.status == "permanently_failed":
-            changes.update(last_failure_ms=_max(d.last_failure_ms, ended), failures=d.failures + 1)
+            d.last_failure_ms = _max(d.last_failure_ms, ended)
+            d.failures += 1
         elif r.status == "failed":
-            changes.update(last_failure_ms=_max(d.last_failure_ms, ended))
+            d.last_failure_ms = _max(d.last_failure_ms, ended)
         elif r.status == LATE:
-            changes.update(
-                late_first_ms=_min(d.late_first_ms, r.scheduled_ms), late_last_ms=_max(d.late_last_ms, r.scheduled_ms)
-            )
+            d.late_first_ms = _min(d.late_first_ms, r.scheduled_ms)
+            d.late_last_ms = _max(d.late_last_ms, r.scheduled_ms)
         if r.fired_ms is not None:
-            changes["delivered_ms"] = _max(d.delivered_ms, r.scheduled_ms)
+            d.delivered_ms = _max(d.delivered_ms, r.scheduled_ms)
             if r.attempt == 1 and r.lag_ms is not None and (d.lag_for_ms is None or r.scheduled_ms >= d.lag_for_ms):
-                changes.update(last_lag_ms=r.lag_ms, lag_for_ms=r.scheduled_ms)
-        if changes:
-            d = _replace(d, changes)
-        by_job[r.job_id] = d
-    return list(by_job.values())
+                d.last_lag_ms = r.lag_ms
+                d.lag_for_ms = r.scheduled_ms
+    return [d.delta() for d in by_job.values()]
 
 
-def _replace(d: HealthDelta, changes: dict[str, Any]) -> HealthDelta:
-    return replace(d, **changes)
+@dataclass(slots=True)
+class _Folding:
+    """A job's HealthDelta while its rows are folded (changed in place: a frozen copy for each row
+    of a batch of thousands was most of the fold's time)."""
+
+    job_id: str
+    incarnation: int
+    namespace: str
+    last_success_ms: int | None = None
+    last_failure_ms: int | None = None
+    failures: int = 0
+    last_lag_ms: int | None = None
+    lag_for_ms: int | None = None
+    delivered_ms: int | None = None
+    late_first_ms: int | None = None
+    late_last_ms: int | None = None
+
+    def delta(self) -> HealthDelta:
+        return HealthDelta(
+            self.job_id,
+            self.incarnation,
+            self.namespace,
+            self.last_success_ms,
+            self.last_failure_ms,
+            self.failures,
+            self.last_lag_ms,
+            self.lag_for_ms,
+            self.delivered_ms,
+            self.late_first_ms,
+            self.late_last_ms,
+        )
 
 
 def health_of(conn: Any, jobs: Iterable[tuple[str, int]]) -> dict[str, Health]:

@@ -14,6 +14,7 @@ from psycopg2.extras import Json, execute_values
 
 from cronman.health import LATE, HealthDelta, fold
 from cronman.notifications import EventKind
+from cronman.pgarray import array_columns
 from cronman.timeutil import iso
 from scheduler_node.history import HistoryRow
 
@@ -108,7 +109,7 @@ def record_outcomes(cur: Any, rows: list[HistoryRow]) -> None:
         return
     by_job = {d.job_id: d for d in deltas}
     # One array per column (unnest): cheaper to adapt, and for PostgreSQL to parse, than a VALUES list.
-    cur.execute(_HEALTH, [list(c) for c in zip(*(_values(d) for d in deltas), strict=True)])
+    cur.execute(_HEALTH, array_columns(_values(d) for d in deltas))
     changed = cur.fetchall()
     events = execution_events(rows)
     pause: list[tuple[str, int, int]] = []

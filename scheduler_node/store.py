@@ -36,6 +36,7 @@ from sqlalchemy import Engine, text
 from cronman.calendars import Calendar, calendar_from_dict
 from cronman.errors import TransientError
 from cronman.partitions import day_of_ms, ensure_partitions
+from cronman.pgarray import array_columns
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, Loaded
 from scheduler_node.outcomes import record_outcomes
@@ -342,9 +343,9 @@ _INSERT_NEW = (
 )
 
 
-def _columns(rows: list[HistoryRow]) -> list[list[Any]]:
-    """History rows as one list per column (the parameters of an unnest)."""
-    return [list(c) for c in zip(*rows, strict=True)]
+def _columns(rows: list[HistoryRow]) -> list[str]:
+    """History rows as one array literal per column (the parameters of an unnest)."""
+    return array_columns(rows)
 
 
 _UNAVAILABLE = (
