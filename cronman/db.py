@@ -282,6 +282,8 @@ job_health = Table(
     Column("late_since", DateTime(timezone=True), comment="the first occurrence of a late spell"),
     Column("last_late_at", DateTime(timezone=True)),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # room on each page for a row's next version: every delivery updates its job's row (HOT updates)
+    postgresql_with={"fillfactor": 70},
 )
 
 # Notifications: the rules of a namespace, the events writers record for them, one summary per

@@ -279,3 +279,10 @@ def test_an_overflowing_buffer_logs_what_it_drops(caplog) -> None:  # type: igno
 def _row_at(ms: int, attempt: int = 1) -> HistoryRow:
     eid = str(uuid.uuid4())
     return HistoryRow("job-x", ms, 0, attempt, eid, "schedule", "succeeded", "n1", ms, ms + 1, 1, 200, None)
+
+
+def test_health_rows_keep_room_for_their_next_version(db) -> None:  # type: ignore[no-untyped-def]
+    """Every delivery updates its job's health row: its pages keep room for HOT updates."""
+    with db.connect() as conn:
+        options = conn.execute(text("SELECT reloptions FROM pg_class WHERE relname = 'job_health'")).scalar()
+    assert options is not None and "fillfactor=70" in options, options
