@@ -57,9 +57,13 @@ up AS (
         updated_at = now()
     RETURNING h.job_id, h.incarnation, h.failures_toward_pause
 )
-SELECT up.job_id, up.incarnation, up.failures_toward_pause,
-    COALESCE(CASE WHEN old.incarnation = up.incarnation THEN old.consecutive_failures END, 0)
-FROM up LEFT JOIN old ON old.job_id = up.job_id
+SELECT job_id, incarnation, failures_toward_pause, before FROM (
+    SELECT up.job_id, up.incarnation, up.failures_toward_pause,
+        COALESCE(CASE WHEN old.incarnation = up.incarnation THEN old.consecutive_failures END, 0) AS before
+    FROM up LEFT JOIN old ON old.job_id = up.job_id
+) c
+-- only the jobs that may recover or pause: a batch of successes after successes returns nothing
+WHERE failures_toward_pause > 0 OR before > 0
 """
 
 # Jobs whose failures in a row reached their failure_policy pause themselves: the same change a
