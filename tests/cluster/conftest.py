@@ -164,18 +164,24 @@ class Cluster:
         jobs, and the API's cluster view lists the same nodes; returns how long that took."""
         members = sorted(ids)
         t = time.monotonic()
+        last: dict[str, Any] = {}  # what was seen last, for the message of a cluster that never settles
 
         def settled() -> bool:
             for node_id in members:
-                body = self.nodes[node_id].readyz()
+                body = last[node_id] = self.nodes[node_id].readyz()
                 if not body["_ok"] or body["nodes"] != members:
                     return False
                 if body["jobs"] != self.expected_jobs(node_id, members):
+                    last[node_id] = {**body, "jobs_expected": self.expected_jobs(node_id, members)}
                     return False
             view = self.cluster_view()
-            return sorted(n["id"] for n in view["nodes"]) == members
+            last["api"] = sorted(n["id"] for n in view["nodes"])
+            return last["api"] == members
 
-        wait_for(settled, timeout, f"the cluster to settle on {members}", interval=0.2)
+        try:
+            wait_for(settled, timeout, f"the cluster to settle on {members}", interval=0.2)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last seen: {last}") from None
         return time.monotonic() - t
 
     def cluster_view(self) -> dict[str, Any]:
