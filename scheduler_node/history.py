@@ -84,6 +84,29 @@ def _clamp(value: int | None, bound: int) -> int | None:
 
 def clean_row(row: HistoryRow) -> HistoryRow:
     """The row as it will be stored: every value within what its column holds."""
+    if (
+        row.error is None
+        and row.response is None
+        and row.node in _CLEAN_NODES
+        and (row.lag_ms is None or (type(row.lag_ms) is int and -_INT64 <= row.lag_ms <= _INT64))
+        and (row.http_status is None or (type(row.http_status) is int and -_INT32 <= row.http_status <= _INT32))
+        and row.throttle_wait_ms is None
+        and type(row.attempt) is int
+        and 1 <= row.attempt <= _INT32
+        and type(row.event_index) is int
+        and 0 <= row.event_index <= _INT32
+    ):
+        return row  # the usual row (a success, or a failure before cleaning): nothing to change
+    cleaned = _clean(row)
+    if cleaned.node == row.node and len(_CLEAN_NODES) < 64:
+        _CLEAN_NODES.add(row.node)  # a node writes under a few names: each is checked once
+    return cleaned
+
+
+_CLEAN_NODES: set[str] = set()
+
+
+def _clean(row: HistoryRow) -> HistoryRow:
     return row._replace(
         error=clean_text(row.error),
         response=clean_text(row.response, MAX_RESPONSE),

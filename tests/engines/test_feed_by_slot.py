@@ -15,6 +15,7 @@ from api import create_app
 from cronman.errors import TransientError
 from cronman.hashing import slot_of
 from cronman.migrate import alembic_config, check
+from cronman.pgarray import array_literal
 from cronman.settings import Settings
 from cronman.store import make_engine
 from scheduler_node.jobs import Decoder
@@ -94,8 +95,11 @@ def test_the_feed_query_finds_changes_with_one_index_search_and_tests_the_slot_t
             plan = "\n".join(
                 r[0]
                 for r in conn.execute(
-                    sa.text("EXPLAIN (COSTS OFF) SELECT id FROM jobs WHERE change_xid >= :c AND slot = ANY(:s)"),
-                    {"c": 19_990, "s": list(range(0, 4096, 3))},
+                    sa.text(  # the slots as the node sends them: one array literal
+                        "EXPLAIN (COSTS OFF) SELECT id FROM jobs "
+                        "WHERE change_xid >= :c AND slot = ANY(CAST(:s AS int[]))"
+                    ),
+                    {"c": 19_990, "s": array_literal(range(0, 4096, 3))},
                 )
             )
         assert "ix_jobs_change_xid_slot" in plan, plan
