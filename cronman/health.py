@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from cronman.timeutil import iso
 
@@ -127,9 +127,9 @@ class OutcomeRow(Protocol):
     def lag_ms(self) -> int | None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class HealthDelta:
-    """One job's share of a batch of outcomes. ``failures``: executions that ended
+class HealthDelta(NamedTuple):
+    """One job's share of a batch of outcomes (a named tuple: one is built per job of a batch of
+    thousands, on the history writer's path). ``failures``: executions that ended
     permanently_failed after the batch's last success (all of them when none succeeded); they add
     to the stored count, or replace it when ``last_success_ms`` is set."""
 

@@ -4,7 +4,6 @@ status, late marks, retries, lags and occurrences out of order."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from hypothesis import given, settings
@@ -68,7 +67,7 @@ def reference(batch: list[HistoryRow]) -> list[HealthDelta]:
             changes["delivered_ms"] = _max(d.delivered_ms, r.scheduled_ms)
             if r.attempt == 1 and r.lag_ms is not None and (d.lag_for_ms is None or r.scheduled_ms >= d.lag_for_ms):
                 changes.update(last_lag_ms=r.lag_ms, lag_for_ms=r.scheduled_ms)
-        by_job[r.job_id] = replace(d, **changes)
+        by_job[r.job_id] = d._replace(**changes)
     return list(by_job.values())
 
 
