@@ -169,6 +169,22 @@ class Delivery(NamedTuple):
         meta.update(self.extra)
         return meta
 
+    def http_head(self) -> str:
+        """The metadata as HTTP header lines, as ``metadata`` has them; an execution's own
+        headers alone (the usual delivery) written straight out, without the dict."""
+        if self.meta is not None or self.extra:
+            return "".join(f"{k}: {v}\r\n" for k, v in self.metadata().items())
+        head = (
+            f"Cronman-Job-Id: {self.job_id}\r\nCronman-Execution-Id: {self.execution_id}\r\n"
+            f"Cronman-Scheduled-For: {self.scheduled_for}\r\nCronman-Attempt: {self.attempt}\r\n"
+            f"Cronman-Event-Index: {self.event_index}\r\n"
+        )
+        if self.signature:
+            head += f"Cronman-Signature: {self.signature}\r\n"
+        if self.traceparent:
+            head += f"traceparent: {self.traceparent}\r\n"
+        return head
+
 
 class Target(Protocol):
     """A decoded job target; ``kind`` names its sender (and is the metrics label)."""

@@ -457,5 +457,5 @@ class HttpSender(Sender):
             if len(self._prepared) > 100_000:
                 self._prepared.clear()
             prepared = self._prepared[target] = prepare(target.method, target.url, target.headers)
-        head = "".join(f"{k}: {v}\r\n" for k, v in delivery.metadata().items()).encode("ascii")
+        head = delivery.http_head().encode("ascii")
         return self._pool.request(prepared, head, delivery.body, target.timeout, delivery.capture)
