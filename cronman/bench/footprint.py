@@ -291,15 +291,74 @@ def postgres_bytes(count: int, work: Path, load_jobs: int = 200_000) -> dict[str
         admin.cursor().execute("CREATE DATABASE fleet")
         admin.close()
         upgrade(server.url("fleet"))
+        admin = psycopg2.connect(server.url("postgres"))
+        admin.autocommit = True
+        admin.cursor().execute("CREATE DATABASE writes")
+        admin.close()
+        upgrade(server.url("writes"))
         return {
             "history_row_bytes": round(total / count, 1),
             "history_row_heap_bytes": round(heap / count, 1),
             "job_row_bytes": jobs,
             **load_rss(server.url("fleet"), load_jobs, work),
+            **history_write_cost(server.url("writes"), executor),
         }
     finally:
         executor.shutdown()
         server.stop()
+
+
+def history_write_cost(url: str, executor: ThreadPoolExecutor, jobs: int = 4000, rounds: int = 12) -> dict[str, float]:
+    """What a node's history writer spends per row: the same ``jobs`` delivered once a second for
+    ``rounds`` seconds, written in batches of 1,000 as a busy node writes them (the history rows
+    and each job's health row). Figures of the rounds after the first three (the health rows
+    exist by then): the writer's CPU (this process, adapting and sending; PostgreSQL waited for
+    is not counted), the wall time, and the share of health updates PostgreSQL made HOT."""
+    import psycopg2
+
+    from cronman.migrate import run_maintenance
+    from cronman.store import make_engine
+    from scheduler_node.store import PgNodeStore
+
+    engine = make_engine(url, pool_size=2)
+    today = datetime.now(UTC).date()
+    run_maintenance(engine, today, 45, 2)
+    day_ms = int(datetime(today.year, today.month, today.day, tzinfo=UTC).timestamp() * 1000)
+    store = PgNodeStore(engine, executor)
+    ids = [f"tenant-{i % 97:02d}-job-{i:07d}" for i in range(jobs)]
+    cpu = wall = 0.0
+    measured = 0
+    try:
+        for r in range(rounds):
+            at = day_ms + 3_600_000 + r * 1000
+            rows = [_history_row(j, at, execution_id(j, at, 0, Trigger.SCHEDULE)) for j in ids]
+            for k in range(0, jobs, 1000):
+                c0, t0 = time.process_time(), time.perf_counter()
+                store.write_history(rows[k : k + 1000])
+                if r >= 3:
+                    cpu += time.process_time() - c0
+                    wall += time.perf_counter() - t0
+                    measured += len(rows[k : k + 1000])
+    finally:
+        engine.dispose()
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            # the writers' backends report their counts when they end (just now): wait for them
+            for _ in range(50):
+                cur.execute("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'job_health'")
+                updated, hot = cur.fetchone()  # type: ignore[misc]
+                if updated >= jobs * (rounds - 1):
+                    break
+                time.sleep(0.1)
+    finally:
+        conn.close()
+    return {
+        "history_write_cpu_us_per_row": round(cpu / measured * 1e6, 1),
+        "history_write_wall_us_per_row": round(wall / measured * 1e6, 1),
+        "health_hot_update_share": round(hot / updated, 3) if updated else 0.0,
+    }
 
 
 def _jobs_bytes(url: str, count: int) -> float:

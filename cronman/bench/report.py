@@ -105,6 +105,8 @@ CONTEXT = (
     ("footprint.history_row_bytes", "footprint: PostgreSQL per history row, with indexes (bytes)"),
     ("footprint.history_at_10000_per_s.gb_per_day", "footprint: history GB/day at 10,000 fires/s"),
     ("footprint.history_at_100000_per_s.gb_per_day", "footprint: history GB/day at 100,000 fires/s"),
+    ("footprint.history_write_cpu_us_per_row", "footprint: history writer CPU per row, batches of 1,000 (us)"),
+    ("footprint.health_hot_update_share", "footprint: job health updates PostgreSQL made HOT (share)"),
 )
 
 
