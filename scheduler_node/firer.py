@@ -460,6 +460,7 @@ class Firer:
         asked = loop.time()
         results = await self.claims.claim([e.ticket for e in due], self.cfg.lease_ms)
         m = self.metrics
+        won = lost = 0  # counted here, added to the metrics once (each inc takes a lock)
         for e, r in zip(due, results, strict=True):
             if self.trace:
                 self.trace("claim", e, r.name)
@@ -467,15 +468,19 @@ class Firer:
                 e.stage = Stage.OVER
                 continue
             if r is ClaimResult.WON:
-                m.claim["won"].inc()
+                won += 1
                 self._hold(e, asked)
                 self._won(e)
             elif r is ClaimResult.SKIPPED:
-                m.claim["won"].inc()
+                won += 1
                 self._finish_with(e, Status.SKIPPED, _OVERLAP)  # its row kept in Redis until written
             else:
-                m.claim["lost"].inc()
+                lost += 1
                 e.stage = Stage.OVER
+        if won:
+            m.claim["won"].inc(won)
+        if lost:
+            m.claim["lost"].inc(lost)
         m.in_flight.set(len(self.held))
 
     def _hold(self, e: Execution, asked: float) -> None:

@@ -70,8 +70,9 @@ class RedisClaims(Claims):
 
     def _triple(self, t: Ticket) -> tuple[list[str], str]:
         claim = self.keys.claim(t.slot, t.name)
-        guard, flag = self._guard(t)
-        return [claim, self.keys.open(t.slot), guard], flag
+        if t.guard is None:  # the claim key again (as _guard has it), built once
+            return [claim, self.keys.open(t.slot), claim], "0"
+        return [claim, self.keys.open(t.slot), self.keys.guard(t.slot, t.guard)], "1"
 
     # -- the protocol
     async def claim(self, tickets: Sequence[Ticket], lease_ms: int) -> list[ClaimResult]:
