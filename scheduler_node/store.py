@@ -343,11 +343,6 @@ _INSERT_NEW = (
 )
 
 
-def _columns(rows: list[HistoryRow]) -> list[str]:
-    """History rows as one array literal per column (the parameters of an unnest)."""
-    return array_columns(rows)
-
-
 _UNAVAILABLE = (
     psycopg2.OperationalError,
     psycopg2.InterfaceError,
@@ -824,13 +819,13 @@ class PgNodeStore(NodeStore):
                     cur = raw.cursor()
                     try:
                         rows = one_row_per_attempt(batch)
-                        cur.execute(_INSERT_NEW, _columns(rows))
+                        cur.execute(_INSERT_NEW, array_columns(rows))
                         new = {(r[0], int(r[1]), r[2], r[3], r[4]) for r in cur.fetchall()}
                         fresh = [r for r in rows if r.key in new]
                         again = [r for r in rows if r.key not in new]
                         returned: list[tuple[Any, ...]] = []
                         if again:
-                            cur.execute(_INSERT, _columns(again))
+                            cur.execute(_INSERT, array_columns(again))
                             returned = list(cur.fetchall())
                         if fresh:
                             record_outcomes(cur, fresh)

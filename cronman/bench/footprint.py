@@ -320,6 +320,8 @@ def history_write_cost(url: str, executor: ThreadPoolExecutor, jobs: int = 4000,
     from cronman.store import make_engine
     from scheduler_node.store import PgNodeStore
 
+    if rounds < 4:
+        raise ValueError("history_write_cost measures the rounds after the first three: give it at least 4")
     engine = make_engine(url, pool_size=2)
     today = datetime.now(UTC).date()
     run_maintenance(engine, today, 45, 2)
