@@ -25,12 +25,16 @@ from cronman.settings import Settings
 TEMPLATE_DB = "cronman_template"
 
 # How `make test` shares the machine (see scripts/run-tests). Tests that need both cores to themselves
-# (a simulation of hundreds of seeds, the benches, a node driven at its limit) are marked ``solo`` and run
+# (the benches, a node driven at its limit, loads timed against the clock) are marked ``solo`` and run
 # after the rest, one at a time. Tests that start several node processes run in parallel with the light
 # tests, but never more than two of them at once: each file goes to one of two groups, and each group runs
-# on one worker.
-SOLO = {
+# on one worker. Tests that are CPU work and nothing else (the simulation: its clock is virtual, so no
+# bound in it depends on how fast the machine is) are marked ``background``: they run beside both
+# passes at the idle scheduling class, on whatever CPU the others leave, and so take none from them.
+BACKGROUND = {
     "tests/sim/test_sim.py",
+}
+SOLO = {
     "tests/faults/test_fuzz_node.py",
     "tests/bench/test_bench_smoke.py",
     "tests/engines/test_ownership_bench.py",
@@ -66,7 +70,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     root = Path(str(config.rootpath))
     for item in items:
         rel = Path(str(item.path)).relative_to(root).as_posix()
-        if rel in SOLO:
+        if rel in BACKGROUND:
+            item.add_marker(pytest.mark.background)
+        elif rel in SOLO:
             item.add_marker(pytest.mark.solo)
         elif item.get_closest_marker("cluster") is not None:
             item.add_marker(pytest.mark.xdist_group(PROCESS_GROUPS.get(rel, "processes-b")))
