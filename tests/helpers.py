@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+import signal
 import socket
 import sys
 import threading
@@ -102,7 +103,10 @@ class NodeThread:
 def start_api_process(env: dict[str, str], log: Path) -> tuple[Child, str]:
     port = free_port()
     env = {**env, "CRONMAN_API_PORT": str(port), "CRONMAN_API_HOST": "127.0.0.1", "CRONMAN_API_WORKERS": "1"}
-    child = Child("api", [sys.executable, "-m", "cronman", "api"], env=env, log=log)
+    # stopped with gunicorn's quick shutdown: its graceful one (SIGTERM) waits out each worker's
+    # poll of a second and its idle keep-alive connections, about 3 s a test (no test here is of
+    # how the API drains)
+    child = Child("api", [sys.executable, "-m", "cronman", "api"], env=env, log=log, stop_signal=signal.SIGINT)
     url = f"http://127.0.0.1:{port}"
     child.wait_until(lambda: requests.get(f"{url}/readyz", timeout=1).ok, 30, "the API to be ready")
     return child, url
