@@ -165,11 +165,12 @@ class RedisClaims(Claims):
             calls.append((keys, [limit, unrecorded_age_ms]))
         swept = Swept()
         for group, res in zip(groups, await self._run("sweep", calls), strict=True):
-            for k, i in enumerate(group):
-                due, old = res[2 * k], res[2 * k + 1]
+            for k in range(0, len(res), 3):  # (position in the call, due members, old rows): only slots with either
+                slot = slots[group[int(res[k]) - 1]]
+                due, old = res[k + 1], res[k + 2]
                 if due:
-                    swept.due[slots[i]] = [_text(m) for m in due]
-                swept.unrecorded.extend((slots[i], _text(r)) for r in old)
+                    swept.due[slot] = [_text(m) for m in due]
+                swept.unrecorded.extend((slot, _text(r)) for r in old)
         return swept
 
     async def recorded(self, rows: Sequence[tuple[int, str]]) -> None:

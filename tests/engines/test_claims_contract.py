@@ -399,6 +399,30 @@ def test_sweep_lists_only_what_is_due_up_to_its_limit(store_of: Callable[[], Sto
     run(store_of, scenario)
 
 
+def test_a_sweep_of_many_slots_says_which_slot_each_finding_is_from(store_of: Callable[[], Store]) -> None:
+    """Most slots of a sweep have nothing to report; the few that do, among more slots than one
+    call carries, each get exactly their own due claims and old rows."""
+
+    async def scenario(store: Store) -> None:
+        a = store.claims("node-a/1")
+        slots = list(range(100, 100 + 3 * CHUNK + 7))
+        due_in = {slots[0], slots[1], slots[CHUNK - 1], slots[CHUNK], slots[2 * CHUNK + 3], slots[-1]}
+        rows_in = {slots[1], slots[5], slots[CHUNK], slots[-2]}
+        due = {s: ticket(s, f"due{s}") for s in due_in}
+        await a.claim(list(due.values()), LEASE_MS)
+        await expire()
+        written = {s: ticket(s, f"row{s}") for s in rows_in}
+        await a.claim(list(written.values()), LEASE_MS)
+        await a.done([Finish(t, "succeeded", 1, f"row-of-{s}") for s, t in written.items()])
+        swept = await a.sweep(slots, 10, 0)
+        assert swept.due == {s: [t.member] for s, t in due.items()}
+        assert sorted(swept.unrecorded) == sorted((s, f"row-of-{s}") for s in rows_in)
+        without_rows = await a.sweep(list(reversed(slots)), 10, -1)
+        assert without_rows.due == swept.due and without_rows.unrecorded == []
+
+    run(store_of, scenario)
+
+
 # ---- the store's clock ----
 
 
