@@ -239,15 +239,18 @@ class Cluster:
                     if took > SLOW_EXIT_SECONDS:
                         self._slow_exit(node, took)
             time.sleep(0.05)
+        for node in pending.values():  # still there after 20 s: reported, then killed
+            self._slow_exit(node, time.monotonic() - signalled)
         for node in self.nodes.values():
-            node.child.stop(1)  # what is left after 20 s: killed
+            node.child.stop(1)
 
     @staticmethod
     def _slow_exit(node: ClusterNode, took: float) -> None:
         """Not the test's failure, but worth seeing: a node that had stopped and did not exit is
         held by a thread, which its exit watchdog names in its log."""
         tail = node.log.read_text(errors="replace")[-3000:] if node.log.exists() else ""
-        warnings.warn(f"{node.node_id} exited {took:.1f} s after SIGTERM; its log ends:\n{tail}", stacklevel=1)
+        state = "still running" if node.alive() else "exited then"
+        warnings.warn(f"{node.node_id}: {state}, {took:.1f} s after SIGTERM; its log ends:\n{tail}", stacklevel=1)
 
     def close(self) -> None:
         try:
