@@ -70,6 +70,7 @@ FINAL = frozenset(
 )
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
 _SWEEP_LIMIT = 500  # open claims looked at per slot per sweep
+_PARK_BATCH = 1000  # executions parked per call
 WAITING_LEASES = 3  # an execution waiting for a permit or a slot is leased this many leases at a time
 RECREATED_KEPT = 10_000  # jobs deleted and created again remembered for adoption (the latest)
 RETAKE_MS = 250  # a parked retry whose take found a live lease is taken again at least this much later
@@ -173,6 +174,12 @@ class Firer:
         self._seq = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
+        # Executions waiting to retry whose claims are to be parked, with when they retry: parked by
+        # one call at a time, as many as are waiting then (a receiver that times out a thousand
+        # requests at once makes a thousand of them in one pass, and a call each ran the node's
+        # Redis connections out).
+        self._to_park: list[tuple[Execution, int]] = []
+        self._parking = False
         self._sweep_wake = asyncio.Event()
         self._done_wake = asyncio.Event()
         self.stopping = False
@@ -1039,7 +1046,10 @@ class Firer:
             self._wake.set()
         else:
             e.stage = Stage.OVER
-        self._spawn(self._park_now([e], max(0, due_ms - self.clock())))
+        self._to_park.append((e, due_ms))
+        if not self._parking:
+            self._parking = True
+            self._spawn(self._park_queued())
 
     def _repark_all(self) -> None:
         if self.parked:
@@ -1070,19 +1080,35 @@ class Firer:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
 
-    async def _park_now(self, items: list[Execution], delay_ms: int) -> None:
+    async def _park_queued(self) -> None:
+        """Park what is queued, a batch a call, until nothing is (what comes meanwhile goes in the
+        next call)."""
+        try:
+            for _ in range(1_000_000):  # bound: each round takes what is queued
+                if not self._to_park:
+                    return
+                batch, self._to_park = self._to_park[:_PARK_BATCH], self._to_park[_PARK_BATCH:]
+                await self._park_now(batch)
+        finally:
+            self._parking = False
+
+    async def _park_now(self, items: list[tuple[Execution, int]]) -> None:
         for attempt in range(5):
             try:
-                results = await self.claims.renew([Hold(e.ticket, e.attempt, delay_ms) for e in items])
-                for e, r in zip(items, results, strict=True):
+                now = self.clock()
+                results = await self.claims.renew([Hold(e.ticket, e.attempt, max(0, due - now)) for e, due in items])
+                for (e, _), r in zip(items, results, strict=True):
                     if r is RenewResult.LOST:
                         self._superseded(e, "lost the claim on an execution waiting to retry")
                         self.parked.pop(e.ticket.member, None)
                         e.stage = Stage.OVER
                 return
             except TransientError as exc:
-                log.warning("could not park executions waiting to retry: %s", exc)
+                log.warning("could not park %d executions waiting to retry: %s", len(items), exc)
                 await asyncio.sleep(0.2 * (attempt + 1))
+        # Left to the lease: the claim runs out while the execution waits here, and whoever owns the
+        # slot then takes it; this node retries it at its time all the same (it is in ``parked``).
+        log.error("gave up parking %d executions waiting to retry", len(items))
 
     def _record(
         self,
