@@ -126,8 +126,16 @@ def api_session(env: dict[str, str]) -> requests.Session:
 
 
 def start_node_process(
-    env: dict[str, str], node_id: str, log: Path, *, extra: dict[str, str] | None = None, wait_ready: bool = True
+    env: dict[str, str],
+    node_id: str,
+    log: Path,
+    *,
+    extra: dict[str, str] | None = None,
+    wait_ready: bool = True,
+    wrap: list[str] | None = None,
 ) -> tuple[Child, int]:
+    """A node process; ``wrap`` is a command prefix that execs the node in the end (its pid stays
+    the node's)."""
     port = free_port()
     env = {
         **env,
@@ -136,7 +144,7 @@ def start_node_process(
         "CRONMAN_NODE_HOST": "127.0.0.1",
         **(extra or {}),
     }
-    child = Child(node_id, [sys.executable, "-m", "cronman", "scheduler"], env=env, log=log)
+    child = Child(node_id, [*(wrap or []), sys.executable, "-m", "cronman", "scheduler"], env=env, log=log)
     if wait_ready:
         child.wait_until(
             lambda: requests.get(f"http://127.0.0.1:{port}/readyz", timeout=1).ok, 30, f"{node_id} to be ready"

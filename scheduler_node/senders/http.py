@@ -16,7 +16,7 @@ import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +26,10 @@ from cronman import __version__
 from cronman.netguard import CallbackPolicy, explain, parse_address, parse_allowlist
 from cronman.urls import wire_url
 from scheduler_node.parts import Delivery, Outcome, Sender
+from scheduler_node.senders.dns import Lookup, LookupFailed, Resolver
 
 _SNIPPET = 200
 _MAX_BODY = 1 << 20  # read at most this much of a response; beyond it, drop the connection
-_DNS_TTL = 60.0
 _IDLE_SECONDS = 30.0
 
 
@@ -232,16 +232,15 @@ class Pool:
         policy: CallbackPolicy,
         per_origin: int = 256,
         clock: Callable[[], float] = time.monotonic,
-        lookup: Callable[[str, int], Awaitable[list[tuple[int, str]]]] | None = None,
+        lookup: Lookup | None = None,
     ) -> None:
         self.policy = policy
         self.per_origin = per_origin
         self.clock = clock
         self.loop = asyncio.get_running_loop()
-        self._lookup = lookup or self._getaddrinfo
+        self.resolver = Resolver(lookup, clock)
         self._origins: dict[Origin, _OriginPool] = {}
         self._owner: dict[_Connection, Origin] = {}
-        self._dns: dict[tuple[str, int], tuple[float, list[tuple[int, str]]]] = {}
         self._tls = ssl.create_default_context()
 
     def request(
@@ -286,7 +285,7 @@ class Pool:
         except TimeoutError:
             error = f"timed out after {timeout:g}s (connecting)"
         except (OSError, ssl.SSLError, ValueError, UnicodeError) as exc:
-            error = str(exc) if isinstance(exc, Refused) else f"{type(exc).__name__}: {exc}"
+            error = str(exc) if isinstance(exc, Refused | LookupFailed) else f"{type(exc).__name__}: {exc}"
         finally:
             op.connecting -= 1
         if error is not None or conn is None:
@@ -350,10 +349,6 @@ class Pool:
             op.busy -= 1
         self._refill(origin, op)
 
-    async def _getaddrinfo(self, host: str, port: int) -> list[tuple[int, str]]:
-        infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        return [(int(i[0]), str(i[4][0])) for i in infos]
-
     async def address(self, origin: Origin) -> tuple[int, str]:
         """The (family, address) to connect to for an origin: the first resolved address the
         callback guard allows; raises Refused when there is none (the reason names the address)."""
@@ -370,14 +365,8 @@ class Pool:
             named = policy.host_refusal(host)
             if named:
                 raise Refused(named, policy.dev_mode)
-        key = (host, origin.port)
-        cached = self._dns.get(key)
-        now = self.clock()
-        if cached is None or cached[0] < now:
-            cached = (now + _DNS_TTL, await self._lookup(host, origin.port))
-            self._dns[key] = cached
         first: str | None = None
-        for family, ip in cached[1]:
+        for family, ip in await self.resolver.resolve(host, origin.port):
             reason = policy.address_refusal(ip, host)  # an allow-listed name still never reaches metadata
             if reason is None:
                 return (family, ip)
@@ -390,6 +379,7 @@ class Pool:
         for op in self._origins.values():
             for conn in [c for c in op.idle if c.idle_since < cutoff]:
                 conn.close()
+        self.resolver.prune()
 
     def close(self) -> None:
         for op in self._origins.values():
@@ -441,6 +431,7 @@ class HttpSender(Sender):
     async def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
+            await self._pool.resolver.close()
 
     def maintain(self) -> None:
         if self._pool is not None:

@@ -1,0 +1,189 @@
+"""A tenant whose callback hosts never resolve, on a real node whose resolver never answers them.
+
+The node process runs in a mount namespace of its own (``unshare -m``) whose /etc/resolv.conf names
+a DNS server on a loopback address that reads every query and answers none (as a resolver behind a
+firewall that drops packets does), with a 30 s timeout; its /etc/hosts names the honest tenant's
+hosts. One tenant's 200 jobs call 40 such hosts every second; a few seconds later another tenant's
+20 jobs start calling hosts of its own, every second. Then:
+
+- the honest tenant's occurrences all arrive, each within 3 s of its time: one tenant's lookups that
+  hang do not hold up another's (a lookup that waits for a thread of a small pool does);
+- the resolver is asked about each hanging host a bounded number of times, not once per occurrence;
+- SIGTERM stops the node within 5 s while those lookups still hang: a lookup in flight does not
+  hold the process's exit.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from api import create_app
+from cronman.settings import Settings
+from tests.clients import keyed
+from tests.cluster.ledger import analyse
+from tests.conftest import ADMIN_KEY
+from tests.helpers import LedgerProcess, start_node_process, wait_for
+
+pytestmark = pytest.mark.cluster
+
+SLOW_HOSTS = 40
+HOSTILE_JOBS = 200
+HONEST_HOSTS = 4
+HONEST_JOBS = 20
+TIMINGS = {"CRONMAN_LEASE_SECONDS": "5"}
+
+
+class SilentResolver:
+    """A DNS server on a loopback address of its own (port 53) that counts the queries it reads and
+    answers none."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for _ in range(20):  # a free loopback address: another test may hold one
+            self.address = f"127.{random.randint(1, 250)}.{random.randint(1, 250)}.{random.randint(2, 250)}"
+            try:
+                self.sock.bind((self.address, 53))
+                break
+            except OSError:
+                continue
+        else:
+            raise RuntimeError("no free loopback address for a DNS server on port 53")
+        self.sock.settimeout(0.2)
+        self.queries: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="silent-resolver", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, _ = self.sock.recvfrom(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.queries.append(data)
+
+    def names(self) -> dict[str, int]:
+        """How often each name was asked about (any record type)."""
+        out: dict[str, int] = {}
+        for q in self.queries:
+            labels, i = [], 12
+            while i < len(q) and q[i]:
+                labels.append(q[i + 1 : i + 1 + q[i]].decode(errors="replace"))
+                i += 1 + q[i]
+            name = ".".join(labels).lower()
+            out[name] = out.get(name, 0) + 1
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
+
+
+def _namespaced(resolv: Path, hosts: Path) -> list[str]:
+    """The command prefix that runs a process with these files as its /etc/resolv.conf and /etc/hosts
+    (a private mount namespace: nothing outside it sees them)."""
+    script = 'mount --bind "$1" /etc/resolv.conf && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
+    return ["unshare", "--mount", "sh", "-c", script, "sh", str(resolv), str(hosts)]
+
+
+def _can_unshare() -> str | None:
+    if shutil.which("unshare") is None:
+        return "unshare is missing (apt-get install util-linux)"
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, timeout=10)
+    if probe.returncode != 0:
+        return f"unshare --mount is refused here ({probe.stderr.decode(errors='replace').strip()}): run as root"
+    return None
+
+
+@pytest.fixture
+def api(settings: Settings) -> Iterator[FlaskClient]:
+    app: Flask = create_app(settings)
+    yield keyed(app, ADMIN_KEY)
+    app.extensions["cronman"].store.engine.dispose()
+
+
+def _create(api: FlaskClient, namespace: str, jobs: list[dict[str, object]]) -> None:
+    r = api.post(
+        f"/v1/jobs:batch?namespace={namespace}", data=json.dumps({"jobs": jobs}), content_type="application/json"
+    )
+    assert r.status_code == 200 and r.json["created"] == len(jobs), r.json
+
+
+def test_hosts_that_never_resolve_hold_up_neither_other_tenants_nor_the_exit(
+    api: FlaskClient, settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    why = _can_unshare()
+    assert why is None, why
+    resolver = SilentResolver()
+    try:
+        with LedgerProcess() as ledger:
+            resolv = tmp_path / "resolv.conf"
+            resolv.write_text(f"nameserver {resolver.address}\noptions timeout:30 attempts:1\n")
+            honest_hosts = [f"honest-{k}.tenant-b.test" for k in range(HONEST_HOSTS)]
+            hosts = tmp_path / "hosts"
+            hosts.write_text("127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {h}\n" for h in honest_hosts))
+            every_second = {"type": "interval", "every_seconds": 1}
+            hostile = [
+                {
+                    "id": f"hostile-{i:03d}",
+                    "schedule": every_second,
+                    "target": {"type": "http", "url": f"http://slow-{i % SLOW_HOSTS}.tenant-a.example/hook"},
+                }
+                for i in range(HOSTILE_JOBS)
+            ]
+            _create(api, "tenant-a", hostile)
+            log = tmp_path / "node.log"
+            node, _ = start_node_process(settings_env, "dns-node", log, extra=TIMINGS, wrap=_namespaced(resolv, hosts))
+            try:
+                # the hostile tenant's lookups are hanging by now; then the honest tenant arrives
+                wait_for(lambda: resolver.queries, 20, "the node to ask about the slow hosts")
+                time.sleep(2.0)
+                port = ledger.port
+                honest = {
+                    f"honest-{k:02d}": {
+                        "id": f"honest-{k:02d}",
+                        "schedule": every_second,
+                        "target": {"type": "http", "url": f"http://{honest_hosts[k % HONEST_HOSTS]}:{port}/ok"},
+                    }
+                    for k in range(HONEST_JOBS)
+                }
+                _create(api, "tenant-b", list(honest.values()))
+                t0 = time.time() + 3.0  # picked up by the node, which connects to each host
+                time.sleep(18.0)
+                t1 = time.time() - 3.0  # every occurrence up to here has had 3 s to arrive
+                arrivals, _ = ledger.snapshot()
+            finally:
+                stopped = time.monotonic()
+                node.stop(30)
+                exit_seconds = time.monotonic() - stopped
+    finally:
+        resolver.close()
+
+    figures = analyse({k: every_second for k in honest}, arrivals, t0, t1)
+    text = log.read_text(errors="replace")
+    assert figures.expected >= HONEST_JOBS * 10, figures.as_dict()
+    assert figures.missed == 0, figures.as_dict()
+    assert figures.worst_lag_ms is not None and figures.worst_lag_ms <= 3000, figures.as_dict()
+    # one lookup at a time per host, its failure kept for a while: not one per occurrence (each of the
+    # 200 jobs fires every second) and not one per connection attempt
+    asked = {name: n for name, n in resolver.names().items() if name.endswith("tenant-a.example")}
+    assert len(asked) == SLOW_HOSTS, asked
+    assert max(asked.values()) <= 4, asked  # an A and an AAAA query, perhaps once more
+    assert node.proc.returncode == 0, text[-3000:]
+    assert "had not exited" not in text, text[-3000:]
+    assert exit_seconds < 5.0, f"the node took {exit_seconds:.1f} s to exit with lookups hanging"
