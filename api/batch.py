@@ -17,7 +17,7 @@ from cronman.apikeys import DEFAULT_NAMESPACE
 from cronman.errors import CronmanError, InvalidInput
 from cronman.spec import JOB_ID_RE, JobSpec, new_job_id
 from cronman.store import StoredJob
-from cronman.targets import spec_from_document
+from cronman.targets import resolve_callbacks, spec_from_document
 
 bp = Blueprint("batch", __name__)
 
@@ -74,6 +74,7 @@ def put_jobs() -> Response:
     stored = svc.store.stored([i for i in map(_given_id, items) if i], own_namespace())
     now = now_ms()
     resolved: dict[str, list[str]] = {}  # host lookups, shared by the batch's callbacks
+    resolve_callbacks(items, svc.settings, resolved)  # side by side, within one timeout
     results: list[dict[str, Any]] = [{}] * len(items)
     valid: list[tuple[JobSpec, str]] = []
     positions: list[int] = []

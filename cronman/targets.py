@@ -9,10 +9,13 @@ node refuses whatever it turns out to resolve to.
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import socket
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+import threading
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cronman.errors import InvalidInput
@@ -25,8 +28,6 @@ from cronman.urls import wire_url
 
 REDACTED = "<redacted>"
 RESOLVE_TIMEOUT_SECONDS = 2.0
-
-_resolver = ThreadPoolExecutor(max_workers=8, thread_name_prefix="cronman-dns")
 
 
 def redact_target(target: dict[str, Any]) -> dict[str, Any]:
@@ -70,12 +71,97 @@ def has_placeholder(doc: dict[str, Any]) -> bool:
 
 def _resolve(host: str) -> list[str]:
     """The addresses of ``host``; empty when it does not resolve within the timeout."""
-    future = _resolver.submit(socket.getaddrinfo, host, None, type=socket.SOCK_STREAM)
-    try:
-        infos = future.result(RESOLVE_TIMEOUT_SECONDS)
-    except (FutureTimeout, OSError, UnicodeError, ValueError):
-        return []
-    return [str(info[4][0]) for info in infos]
+    return _resolve_all([host])[host]
+
+
+class _Lookups:
+    """c-ares, as the node uses it: any number of lookups side by side, none holding a thread (the
+    system resolver in a pool of threads let one tenant's hosts whose DNS never answers hold up every
+    other tenant's lookups behind them, and the worker's exit behind the threads). One channel a
+    process: made on first use, again in a forked worker."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._channel: Any = None
+
+    def channel(self) -> Any:
+        import pycares  # imported on first use: most processes importing this module never look up
+
+        with self._lock:
+            if self._channel is None or self._pid != os.getpid():
+                self._channel, self._pid = pycares.Channel(), os.getpid()
+                # closed at exit, while pycares is still whole (its finalizer fails during teardown)
+                atexit.register(self._channel.close)
+            return self._channel
+
+
+_lookups = _Lookups()
+
+
+def _resolve_all(hosts: Iterable[str]) -> dict[str, list[str]]:
+    """The addresses of each host, looked up side by side within one timeout for them all; empty
+    for a host that does not resolve by then."""
+    hosts = set(hosts)
+    out: dict[str, list[str]] = {h: [] for h in hosts}
+    if not hosts:
+        return out
+    done = threading.Condition()
+    answered: set[str] = set()
+
+    def answer(host: str) -> Callable[[Any, int | None], None]:
+        def callback(result: Any, error: int | None) -> None:  # on c-ares's own thread
+            with done:
+                if not error and result is not None:
+                    out[host] = [
+                        a.decode() if isinstance(a, bytes) else str(a) for a in (n.addr[0] for n in result.nodes)
+                    ]
+                answered.add(host)
+                done.notify_all()
+
+        return callback
+
+    channel = _lookups.channel()
+    for host in hosts:
+        try:
+            channel.getaddrinfo(host, None, type=socket.SOCK_STREAM, callback=answer(host))
+        except (OSError, UnicodeError, ValueError, TypeError):
+            with done:
+                answered.add(host)
+    deadline = time.monotonic() + RESOLVE_TIMEOUT_SECONDS
+    with done:
+        while len(answered) < len(hosts) and (left := deadline - time.monotonic()) > 0:
+            done.wait(left)
+        return {h: list(out[h]) if h in answered else [] for h in hosts}
+
+
+def _looked_up(url: str, policy: CallbackPolicy) -> str | None:
+    """The host of ``url`` that the guard needs resolved, or None (a literal address, an allow-listed
+    or a refused name)."""
+    host = wire_url(url).host  # the name looked up and connected to: punycode for an IDN
+    if parse_address(host) is None and not policy.allowlist.allows_host(host) and policy.host_refusal(host) is None:
+        return host
+    return None
+
+
+def resolve_callbacks(docs: Iterable[Any], settings: Settings, resolved: dict[str, list[str]]) -> None:
+    """Look up, side by side and within one timeout, the callback hosts of job documents not yet
+    checked (a batch): into ``resolved``, which check_callback then reads. A batch naming many hosts
+    whose DNS never answers costs that one timeout, not one each."""
+    policy = CallbackPolicy(settings.dev_mode, settings.allowlist)
+    hosts: set[str] = set()
+    for doc in docs:
+        target = doc.get("target") if isinstance(doc, dict) else None
+        url = target.get("url") if isinstance(target, dict) else None
+        if isinstance(url, str):
+            try:
+                host = _looked_up(url, policy)
+            except (ValueError, UnicodeError):  # reported by the document's own check
+                continue
+            if host is not None and host not in resolved:
+                hosts.add(host)
+    if hosts:
+        resolved.update(_resolve_all(hosts))
 
 
 def check_callback(spec: JobSpec, settings: Settings, resolved: dict[str, list[str]] | None = None) -> None:
@@ -90,9 +176,9 @@ def check_url(
 ) -> None:
     """Refuse (400 ``forbidden_address``) a callback URL the SSRF rules do not allow."""
     policy = CallbackPolicy(settings.dev_mode, settings.allowlist)
-    host = wire_url(url).host  # the name looked up and connected to: punycode for an IDN
+    host = _looked_up(url, policy)
     addresses: list[str] = []
-    if parse_address(host) is None and not policy.allowlist.allows_host(host) and policy.host_refusal(host) is None:
+    if host is not None:
         if resolved is None:
             addresses = _resolve(host)
         elif host in resolved:

@@ -100,13 +100,15 @@ class NodeThread:
         self.stop()
 
 
-def start_api_process(env: dict[str, str], log: Path) -> tuple[Child, str]:
+def start_api_process(env: dict[str, str], log: Path, *, wrap: list[str] | None = None) -> tuple[Child, str]:
+    """The API (one worker); ``wrap`` is a command prefix that execs it in the end."""
     port = free_port()
     env = {**env, "CRONMAN_API_PORT": str(port), "CRONMAN_API_HOST": "127.0.0.1", "CRONMAN_API_WORKERS": "1"}
     # stopped with gunicorn's quick shutdown: its graceful one (SIGTERM) waits out each worker's
     # poll of a second and its idle keep-alive connections, about 3 s a test (no test here is of
     # how the API drains)
-    child = Child("api", [sys.executable, "-m", "cronman", "api"], env=env, log=log, stop_signal=signal.SIGINT)
+    argv = [*(wrap or []), sys.executable, "-m", "cronman", "api"]
+    child = Child("api", argv, env=env, log=log, stop_signal=signal.SIGINT)
     url = f"http://127.0.0.1:{port}"
     child.wait_until(lambda: requests.get(f"{url}/readyz", timeout=1).ok, 30, "the API to be ready")
     return child, url

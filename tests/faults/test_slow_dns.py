@@ -37,7 +37,7 @@ from cronman.settings import Settings
 from tests.clients import keyed
 from tests.cluster.ledger import analyse
 from tests.conftest import ADMIN_KEY
-from tests.helpers import LedgerProcess, start_node_process, wait_for
+from tests.helpers import LedgerProcess, api_session, start_api_process, start_node_process, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -201,3 +201,61 @@ def test_hosts_that_never_resolve_hold_up_neither_other_tenants_nor_the_exit(
         if r.get("msg") == "node stopped"
     )
     assert exited_at - stopped_at < 3.0, f"the process exited {exited_at - stopped_at:.1f} s after the node stopped"
+
+
+def test_a_batch_of_hosts_that_never_resolve_is_answered_within_the_lookup_limit(
+    settings_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The API looks a callback's host up when a job is written (two seconds at most, then the host
+    counts as not resolving, which is accepted). A batch of 200 jobs naming 200 hosts whose DNS
+    never answers is answered within that limit once, not once per host (400 s: far past the
+    worker's timeout, one request would take an API worker out for everyone); another tenant's
+    host is checked at once meanwhile (not after the hanging lookups' turn in a pool of threads); and
+    the API stops without waiting for them."""
+    why = _can_unshare()
+    assert why is None, why
+    resolver = SilentResolver()
+    try:
+        resolv = tmp_path / "resolv.conf"
+        resolv.write_text(f"nameserver {resolver.address}\noptions timeout:30 attempts:1\n")
+        hosts = tmp_path / "hosts"
+        hosts.write_text("127.0.0.1 localhost\n127.0.0.1 near.tenant-b.example\n")
+        api, url = start_api_process(settings_env, tmp_path / "api.log", wrap=_namespaced(resolv, hosts))
+        try:
+            session = api_session(settings_env)
+            jobs = [
+                {
+                    "id": f"far-{i:03d}",
+                    "schedule": {"type": "interval", "every_seconds": 60},
+                    "target": {"type": "http", "url": f"https://h{i}.tenant-a.example/hook"},
+                }
+                for i in range(200)
+            ]
+            t = time.monotonic()
+            r = session.post(f"{url}/v1/jobs:batch?namespace=tenant-a", json={"jobs": jobs}, timeout=30)
+            took = time.monotonic() - t
+            assert r.status_code == 200 and r.json()["created"] == 200, r.text[:2000]
+            assert took < 6.0, f"the batch took {took:.1f} s"
+            assert len(resolver.names()) >= 8, resolver.names()  # they were asked about, and hang
+            # another tenant's job with a host of its own, while those lookups still hang
+            t = time.monotonic()
+            r = session.post(
+                f"{url}/v1/jobs?namespace=tenant-b",
+                json={
+                    "id": "near",
+                    "schedule": {"type": "interval", "every_seconds": 60},
+                    "target": {"type": "http", "url": "https://near.tenant-b.example/hook"},
+                },
+                timeout=30,
+            )
+            assert r.status_code == 201, r.text[:2000]
+            took = time.monotonic() - t
+            assert took < 1.0, f"a host in the hosts file took {took:.1f} s to check beside the hanging lookups"
+        finally:
+            t = time.monotonic()
+            api.stop(10)
+            stop_seconds = time.monotonic() - t
+    finally:
+        resolver.close()
+    assert stop_seconds < 3.0, f"the API took {stop_seconds:.1f} s to stop with lookups hanging"
+    assert "watch pass failed" not in (tmp_path / "api.log").read_text(errors="replace")

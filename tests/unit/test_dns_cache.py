@@ -168,3 +168,29 @@ def test_the_real_resolver_reads_the_hosts_file_and_closes_with_queries_in_fligh
         await r.close()
 
     run(main())
+
+
+def test_a_batchs_hosts_are_looked_up_together_and_odd_documents_are_left_to_their_checks() -> None:
+    """The API's side (cronman/targets.py): what ``check_callback`` reads, for every document of a
+    batch at once; documents that are not jobs, or whose URL cannot be parsed, are skipped here and
+    reported by their own checks."""
+    from types import SimpleNamespace
+
+    from cronman.netguard import parse_allowlist
+    from cronman.targets import resolve_callbacks
+
+    settings = SimpleNamespace(dev_mode=True, allowlist=parse_allowlist("listed.example"))
+    docs = [
+        1,
+        {"target": "x"},
+        {"target": {"url": 5}},
+        {"target": {"url": "http://[::1/"}},
+        {"target": {"url": "http://127.0.0.1:9/"}},  # a literal: nothing to look up
+        {"target": {"url": "http://listed.example/"}},  # allow-listed: not looked up
+        {"target": {"url": "http://localhost:1/a"}},
+        {"target": {"url": "http://localhost:2/b"}},
+    ]
+    resolved: dict[str, list[str]] = {}
+    resolve_callbacks(docs, settings, resolved)  # type: ignore[arg-type]
+    assert set(resolved) == {"localhost"}
+    assert "127.0.0.1" in resolved["localhost"]
