@@ -1,7 +1,14 @@
 """The node's share of delivery capacity: at most ``max_in_flight`` attempts out at once, and no
 namespace more than its share of them (``namespace_share``), so that one tenant's slow or
 black-holed targets cannot starve the others, even those that arrive later. Waiting executions
-are served oldest first within a namespace and round-robin across namespaces."""
+are served oldest first within a namespace and round-robin across namespaces.
+
+Several such tenants together may fill every slot between them (two at half each). A namespace
+below its fair share (``max_in_flight`` over the namespaces with work, itself included) is then
+admitted all the same, beyond ``max_in_flight``, while the others start nothing new until they are
+back within their fair shares: it never waits for another tenant's attempts to time out. The fair
+shares add up to ``max_in_flight``, so the node never has more than twice that out.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +32,18 @@ class InFlight(Generic[T]):
     def _fits(self, namespace: str) -> bool:
         # Always at most the share: a namespace arriving later finds its share free at once,
         # rather than waiting for another's attempts to time out (a share of 1: no limit).
-        return self.total < self.max and self.out.get(namespace, 0) < self.cap
+        out = self.out.get(namespace, 0)
+        if out >= self.cap:
+            return False
+        if self.total < self.max:
+            return True
+        # Full: only a namespace below its fair share starts anything (see the module's docstring).
+        return out < self.fair(namespace) and self.total < 2 * self.max
+
+    def fair(self, namespace: str) -> int:
+        """``max_in_flight`` shared evenly by the namespaces with attempts out or waiting, and this one."""
+        busy = len(self.out.keys() | self.waiting.keys() | {namespace})
+        return max(1, self.max // busy)
 
     def admit(self, namespace: str, item: T) -> bool:
         """True when the item may start now (and is counted); else it waits its turn."""
@@ -52,11 +70,9 @@ class InFlight(Generic[T]):
     def drain(self) -> list[T]:
         started: list[T] = []
         progress = True
-        while progress and self.waiting and self.total < self.max:
+        while progress and self.waiting:
             progress = False
             for ns in list(self.waiting):
-                if self.total >= self.max:
-                    break
                 if self._fits(ns):
                     queue = self.waiting[ns]
                     started.append(queue.popleft())

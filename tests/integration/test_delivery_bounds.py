@@ -219,3 +219,41 @@ def test_one_namespaces_black_holed_targets_do_not_delay_another_namespace(
     assert figures.missed == 0, figures.missed_sample
     assert figures.worst_lag_ms is not None and figures.worst_lag_ms < 500, figures.as_dict()
     assert tarpit_rows and all("timed out after 3s" in (r["error"] or "") for r in tarpit_rows), tarpit_rows[:3]
+
+
+def test_two_namespaces_black_holed_targets_do_not_delay_a_third(
+    client: FlaskClient, settings: Settings, ledger: LedgerReceiver
+) -> None:
+    # Two faults at once: two namespaces whose targets are black holes, each allowed half of the
+    # node's ten deliveries, fill all ten between them. A third namespace must not wait for their
+    # attempts to time out: it gets its fair share (a third) at once, beyond the ten if need be.
+    s = settings.model_copy(update={"max_in_flight": 10, "namespace_inflight_share": 0.5})
+    start = whole_second(3)
+    schedule = {"type": "interval", "every_seconds": 1, "start_at": iso(int(start * 1000))}
+    with BlackHole() as hole:
+        for namespace in ("tarpit-a", "tarpit-b"):
+            for i in range(20):
+                create(
+                    client,
+                    {
+                        "id": f"{namespace}-{i:02d}",
+                        "schedule": {"type": "interval", "every_seconds": 1},
+                        "target": {"type": "http", "url": f"{hole.url}/x", "timeout_seconds": 3},
+                        "retry": {"max_attempts": 1},
+                    },
+                    namespace=namespace,
+                )
+        steady = [f"steady-{i:02d}" for i in range(3)]
+        for job_id in steady:
+            create(
+                client,
+                {"id": job_id, "schedule": schedule, "target": {"type": "http", "url": f"{ledger.url}/hook"}},
+                namespace="steady",
+            )
+        with NodeThread(s):
+            time.sleep(max(0.0, start + 12 - time.time()))
+    figures = analyse(dict.fromkeys(steady, schedule), ledger.snapshot(), start + 2, start + 10)
+    print(f"\nsteady namespace beside two black-holed ones: {figures.as_dict()}")
+    assert figures.expected == 3 * 9
+    assert figures.missed == 0, figures.missed_sample
+    assert figures.worst_lag_ms is not None and figures.worst_lag_ms < 500, figures.as_dict()
