@@ -374,11 +374,15 @@ class Pool:
         raise Refused(first or f"{host} has no address", policy.dev_mode)
 
     def prune(self) -> None:
-        """Close connections idle for long (servers drop them anyway, often silently)."""
+        """Close connections idle for long (servers drop them anyway, often silently), and forget
+        origins with nothing left (a fleet calling a subdomain per customer names millions over time)."""
         cutoff = self.clock() - _IDLE_SECONDS
         for op in self._origins.values():
             for conn in [c for c in op.idle if c.idle_since < cutoff]:
                 conn.close()
+        empty = [o for o, op in self._origins.items() if not (op.idle or op.busy or op.connecting or op.waiting)]
+        for origin in empty:
+            del self._origins[origin]
         self.resolver.prune()
 
     def close(self) -> None:

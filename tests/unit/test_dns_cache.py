@@ -194,3 +194,35 @@ def test_a_batchs_hosts_are_looked_up_together_and_odd_documents_are_left_to_the
     resolve_callbacks(docs, settings, resolved)  # type: ignore[arg-type]
     assert set(resolved) == {"localhost"}
     assert "127.0.0.1" in resolved["localhost"]
+
+
+def test_the_callback_client_forgets_origins_it_no_longer_calls() -> None:
+    """A request to each of 300 closed ports (refused at once) leaves an origin each behind; the
+    client's pruning forgets them, and the lookups with them, so that calling a new host for every
+    customer over months does not grow the node without bound."""
+    import socket as sockets
+
+    from cronman.netguard import CallbackPolicy
+    from scheduler_node.senders.http import Pool, prepare
+
+    ports = []
+    for _ in range(300):
+        with sockets.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+
+    async def main() -> None:
+        clock = Clock()
+        pool = Pool(CallbackPolicy(True), clock=clock)
+        futures = [pool.request(prepare("POST", f"http://localhost:{p}/hook", ()), b"", b"{}", 2.0) for p in ports]
+        outcomes = await asyncio.gather(*futures)
+        assert not any(o.ok for o in outcomes)
+        assert len(pool._origins) == 300 and pool.resolver._cache
+        pool.prune()
+        assert len(pool._origins) == 0
+        clock.now += dns.TTL + dns.STALE + 1
+        pool.prune()
+        assert not pool.resolver._cache
+        await pool.resolver.close()
+
+    run(main())
