@@ -30,6 +30,7 @@ from scheduler_node.senders.dns import Lookup, LookupFailed, Resolver
 
 _SNIPPET = 200
 _MAX_BODY = 1 << 20  # read at most this much of a response; beyond it, drop the connection
+_MAX_HEAD = 64 << 10  # a status line and headers longer than this: an invalid response
 _IDLE_SECONDS = 30.0
 
 
@@ -112,6 +113,10 @@ class _Connection(asyncio.Protocol):
         "idle_since",
         "busy",
         "keep",
+        "head_bytes",
+        "head_done",
+        "feeding",
+        "spare",
     )
 
     def __init__(self, pool: Pool) -> None:
@@ -127,6 +132,13 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.busy = False  # counted in its origin's busy connections
         self.keep = _SNIPPET  # bytes of the body kept: for the error message, or as asked (capture)
+        self.head_bytes = 0  # bytes received before the end of the headers
+        self.head_done = False
+        # While a packet is parsed, a finished response's connection is handed on only after it: a
+        # second response in the same packet (one nobody asked for) must not become the answer to
+        # the request sent next on it. None: nothing to hand on; True: reusable; False: drop it.
+        self.feeding = False
+        self.spare: bool | None = None
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -136,13 +148,26 @@ class _Connection(asyncio.Protocol):
         if self.future is None:  # bytes nobody asked for: the connection is not reusable
             self.close()
             return
+        if not self.head_done:
+            self.head_bytes += len(data)
+        self.feeding = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
+            if self.done:  # garbage after the response: the connection is not reusable
+                self.spare = False
             self._finish(Outcome(False, None, f"invalid HTTP response: {exc}"), reusable=False)
-            return
-        if self.body_bytes > _MAX_BODY and not self.done:
-            self._finish(self._result(), reusable=False)
+        finally:
+            self.feeding = False
+        if not self.done:
+            if self.body_bytes > _MAX_BODY:
+                self._finish(self._result(), reusable=False)
+            elif not self.head_done and self.head_bytes > _MAX_HEAD:
+                reason = f"invalid HTTP response: no end of its headers in {_MAX_HEAD // 1024} KB"
+                self._finish(Outcome(False, None, reason), reusable=False)
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            self._hand_on(spare)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -157,12 +182,23 @@ class _Connection(asyncio.Protocol):
                 self._finish(Outcome(False, None, reason), reusable=False)
 
     # -- httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.done:  # a second response to one request: the connection has lost count
+            self.spare = False
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+
     def on_body(self, body: bytes) -> None:
         self.body_bytes += len(body)
         if len(self.snippet) < self.keep:
             self.snippet += body[: self.keep - len(self.snippet)]
 
     def on_message_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # informational (103 Early Hints): the answer follows
+            self.snippet, self.body_bytes, self.head_done = b"", 0, False
+            return
         self._finish(self._result(), reusable=self.parser.should_keep_alive())
 
     # -- requests
@@ -174,6 +210,8 @@ class _Connection(asyncio.Protocol):
         self.done = False
         self.snippet = b""
         self.body_bytes = 0
+        self.head_bytes = 0
+        self.head_done = False
         self.keep = max(_SNIPPET, request.capture)
         self.transport.write(request.data)
 
@@ -198,13 +236,19 @@ class _Connection(asyncio.Protocol):
             request.timer.cancel()
             request.timer = None
         future, self.future = self.future, None
+        if self.feeding:  # handed on once the packet is parsed (see __init__)
+            self.spare = reusable
+        else:
+            self._hand_on(reusable)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def _hand_on(self, reusable: bool) -> None:
         if reusable and not self.closed:
             self.parser = httptools.HttpResponseParser(self)
             self.pool.release(self)
         else:
             self.close()
-        if future is not None and not future.done():
-            future.set_result(result)
 
     def close(self) -> None:
         if not self.closed:
