@@ -32,6 +32,7 @@ _SNIPPET = 200
 _MAX_BODY = 1 << 20  # read at most this much of a response; beyond it, drop the connection
 _MAX_HEAD = 64 << 10  # a status line and headers longer than this: an invalid response
 _IDLE_SECONDS = 30.0
+_PRUNE_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +284,7 @@ class Pool:
         self.clock = clock
         self.loop = asyncio.get_running_loop()
         self.resolver = Resolver(lookup, clock)
+        self._pruned = float("-inf")
         self._origins: dict[Origin, _OriginPool] = {}
         self._owner: dict[_Connection, Origin] = {}
         self._tls = ssl.create_default_context()
@@ -419,8 +421,13 @@ class Pool:
 
     def prune(self) -> None:
         """Close connections idle for long (servers drop them anyway, often silently), and forget
-        origins with nothing left (a fleet calling a subdomain per customer names millions over time)."""
-        cutoff = self.clock() - _IDLE_SECONDS
+        origins with nothing left (a fleet calling a subdomain per customer names millions over time).
+        At most every few seconds: it looks at every origin."""
+        now = self.clock()
+        if now - self._pruned < _PRUNE_SECONDS:
+            return
+        self._pruned = now
+        cutoff = now - _IDLE_SECONDS
         for op in self._origins.values():
             for conn in [c for c in op.idle if c.idle_since < cutoff]:
                 conn.close()

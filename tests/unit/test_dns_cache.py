@@ -205,11 +205,10 @@ def test_the_callback_client_forgets_origins_it_no_longer_calls() -> None:
     from cronman.netguard import CallbackPolicy
     from scheduler_node.senders.http import Pool, prepare
 
-    ports = []
-    for _ in range(300):
-        with sockets.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
+    held = [sockets.socket() for _ in range(300)]  # bound, not listening: a connect is refused
+    for s in held:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in held]
 
     async def main() -> None:
         clock = Clock()
@@ -223,6 +222,13 @@ def test_the_callback_client_forgets_origins_it_no_longer_calls() -> None:
         clock.now += dns.TTL + dns.STALE + 1
         pool.prune()
         assert not pool.resolver._cache
+        pool.request(prepare("POST", f"http://localhost:{ports[0]}/hook", ()), b"", b"{}", 2.0)
+        pool.prune()  # too soon after the last: left for the next
+        assert len(pool._origins) == 1
         await pool.resolver.close()
 
-    run(main())
+    try:
+        run(main())
+    finally:
+        for s in held:
+            s.close()
