@@ -208,6 +208,8 @@ def test_no_job_document_gets_a_5xx(client: FlaskClient, doc: dict[str, Any], af
         ),
         "PATCH",
     )
+    # the batch too (its callback hosts are looked up for the whole batch first)
+    _ok(_send(client, "POST", "/v1/jobs:batch", {"jobs": [doc, {k: v for k, v in doc.items() if k != "id"}]}), "batch")
     _ok(client.get(f"/v1/jobs/fuzzed/next?after={_q(after)}&count={_q(count)}"), "next")
     _ok(client.get(f"/v1/jobs/fuzzed/executions?cursor={_q(after)}"), "executions")
     listed = client.get("/v1/jobs", query_string={"limit": 1000})

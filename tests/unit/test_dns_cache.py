@@ -11,6 +11,8 @@ import logging
 import socket
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler_node.senders import dns
 from scheduler_node.senders.dns import LookupFailed, Resolver
@@ -232,3 +234,32 @@ def test_the_callback_client_forgets_origins_it_no_longer_calls() -> None:
     finally:
         for s in held:
             s.close()
+
+
+URL_PARTS = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    docs=st.lists(
+        st.one_of(
+            st.builds(lambda u: {"target": {"url": u}}, URL_PARTS),
+            st.builds(lambda h, p: {"target": {"url": f"http://{h}/{p}"}}, URL_PARTS, URL_PARTS),
+            st.builds(lambda h: {"target": {"url": f"https://[{h}]:99999/"}}, URL_PARTS),
+            st.none(),
+            st.integers(),
+        ),
+        max_size=20,
+    )
+)
+def test_no_document_makes_the_batch_lookup_raise(docs: list[object]) -> None:
+    """Whatever a batch holds, looking its hosts up raises nothing (each document's own check says
+    what is wrong with it): a host that is not a name at all is simply not looked up."""
+    from types import SimpleNamespace
+
+    from cronman.netguard import parse_allowlist
+    from cronman.targets import resolve_callbacks
+
+    resolved: dict[str, list[str]] = {"": []}
+    settings_ = SimpleNamespace(dev_mode=False, allowlist=parse_allowlist(""))
+    resolve_callbacks(docs, settings_, resolved)  # type: ignore[arg-type]
