@@ -455,7 +455,9 @@ def test_generated_jobs_beside_a_thousand_ordinary_ones_on_a_real_node(
     documents = len(stored) + refused
     assert len(stored) >= max(50, documents // 3), f"{len(stored)} of {documents} stored: strategies drifted"
     missing = sorted(expected_rows - recorded)
-    assert not missing, f"triggered executions with no history row: {[(m, triggered[m]) for m in missing[:5]]}"
+    assert not missing, "triggered executions with no history row: " + json.dumps(
+        [(m, triggered[m], stored.get(triggered[m])) for m in missing[:5]], default=str
+    )
     assert steady.expected >= ORDINARY * (STEADY_SECONDS - 1) // EVERY
     assert whole.missed == 0, whole.missed_sample
     assert whole.doubled == 0, whole.doubled_sample
