@@ -335,6 +335,7 @@ class RawHttpServer:
         self._server.settimeout(0.2)
         self.port = int(self._server.getsockname()[1])
         self.requests: list[RawRequest] = []
+        self._count = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="raw-http", daemon=True)
 
@@ -379,8 +380,14 @@ class RawHttpServer:
                         return
                     buf += chunk
                 body, buf = buf[:length], buf[length:]
-                self.requests.append(RawRequest(lines[0], headers, body, time.time()))
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok")
+                with self._count:
+                    self.requests.append(RawRequest(lines[0], headers, body, time.time()))
+                    n = len(self.requests) - 1
+                self.respond(conn, n)
+
+    def respond(self, conn: socket.socket, n: int) -> None:
+        """Answer the ``n``-th request this server read (counted over every connection)."""
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok")
 
     def start(self) -> RawHttpServer:
         self._thread.start()

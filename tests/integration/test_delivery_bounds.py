@@ -182,68 +182,40 @@ def test_a_black_holed_connect_fails_within_the_timeout(client: FlaskClient, set
     assert row["error"] == "timed out after 1.5s (connecting)", row["error"]
 
 
-def test_one_namespaces_black_holed_targets_do_not_delay_another_namespace(
-    client: FlaskClient, settings: Settings, ledger: LedgerReceiver
+@pytest.mark.parametrize(
+    ("tarpits", "steady_jobs"),
+    [
+        # Ten deliveries at once on this node, at most half of them for one namespace. Forty jobs of
+        # "tarpit" call a black hole every second (each call holds its slot for 3 s): far more than
+        # the node can carry. "steady"'s ten jobs must still be delivered on time.
+        (["tarpit"], 10),
+        # Two faults at once: two such namespaces, each allowed half of the ten, fill all ten between
+        # them. A third must not wait for their attempts to time out: it gets its fair share (a
+        # third) at once, beyond the ten if need be.
+        (["tarpit-a", "tarpit-b"], 3),
+    ],
+    ids=["one-black-holed-namespace", "two-black-holed-namespaces"],
+)
+def test_black_holed_namespaces_do_not_delay_another_namespace(
+    client: FlaskClient, settings: Settings, ledger: LedgerReceiver, tarpits: list[str], steady_jobs: int
 ) -> None:
-    # Ten deliveries at once on this node, at most half of them for one namespace. Forty jobs of
-    # "tarpit" call a black hole every second (each call holds its slot for 3 s): far more than the
-    # node can carry. "steady"'s ten jobs must still be delivered on time.
     s = settings.model_copy(update={"max_in_flight": 10, "namespace_inflight_share": 0.5})
     start = whole_second(3)
     schedule = {"type": "interval", "every_seconds": 1, "start_at": iso(int(start * 1000))}
     with BlackHole() as hole:
-        for i in range(40):
-            create(
-                client,
-                {
-                    "id": f"tarpit-{i:02d}",
-                    "schedule": {"type": "interval", "every_seconds": 1},  # phases spread over the second
-                    "target": {"type": "http", "url": f"{hole.url}/x", "timeout_seconds": 3},
-                    "retry": {"max_attempts": 1},
-                },
-                namespace="tarpit",
-            )
-        steady = [f"steady-{i:02d}" for i in range(10)]
-        for job_id in steady:
-            create(
-                client,
-                {"id": job_id, "schedule": schedule, "target": {"type": "http", "url": f"{ledger.url}/hook"}},
-                namespace="steady",
-            )
-        with NodeThread(s):
-            time.sleep(max(0.0, start + 12 - time.time()))
-        tarpit_rows = history_rows(s.database_url, "tarpit-00")
-    figures = analyse(dict.fromkeys(steady, schedule), ledger.snapshot(), start + 2, start + 10)
-    print(f"\nsteady namespace beside a black-holed one: {figures.as_dict()}")
-    assert figures.expected == 10 * 9
-    assert figures.missed == 0, figures.missed_sample
-    assert figures.worst_lag_ms is not None and figures.worst_lag_ms < 500, figures.as_dict()
-    assert tarpit_rows and all("timed out after 3s" in (r["error"] or "") for r in tarpit_rows), tarpit_rows[:3]
-
-
-def test_two_namespaces_black_holed_targets_do_not_delay_a_third(
-    client: FlaskClient, settings: Settings, ledger: LedgerReceiver
-) -> None:
-    # Two faults at once: two namespaces whose targets are black holes, each allowed half of the
-    # node's ten deliveries, fill all ten between them. A third namespace must not wait for their
-    # attempts to time out: it gets its fair share (a third) at once, beyond the ten if need be.
-    s = settings.model_copy(update={"max_in_flight": 10, "namespace_inflight_share": 0.5})
-    start = whole_second(3)
-    schedule = {"type": "interval", "every_seconds": 1, "start_at": iso(int(start * 1000))}
-    with BlackHole() as hole:
-        for namespace in ("tarpit-a", "tarpit-b"):
-            for i in range(20):
+        for namespace in tarpits:
+            for i in range(40 // len(tarpits)):
                 create(
                     client,
                     {
                         "id": f"{namespace}-{i:02d}",
-                        "schedule": {"type": "interval", "every_seconds": 1},
+                        "schedule": {"type": "interval", "every_seconds": 1},  # phases spread over the second
                         "target": {"type": "http", "url": f"{hole.url}/x", "timeout_seconds": 3},
                         "retry": {"max_attempts": 1},
                     },
                     namespace=namespace,
                 )
-        steady = [f"steady-{i:02d}" for i in range(3)]
+        steady = [f"steady-{i:02d}" for i in range(steady_jobs)]
         for job_id in steady:
             create(
                 client,
@@ -252,8 +224,10 @@ def test_two_namespaces_black_holed_targets_do_not_delay_a_third(
             )
         with NodeThread(s):
             time.sleep(max(0.0, start + 12 - time.time()))
+        tarpit_rows = history_rows(s.database_url, f"{tarpits[0]}-00")
     figures = analyse(dict.fromkeys(steady, schedule), ledger.snapshot(), start + 2, start + 10)
-    print(f"\nsteady namespace beside two black-holed ones: {figures.as_dict()}")
-    assert figures.expected == 3 * 9
+    print(f"\nsteady namespace beside {len(tarpits)} black-holed: {figures.as_dict()}")
+    assert figures.expected == steady_jobs * 9
     assert figures.missed == 0, figures.missed_sample
     assert figures.worst_lag_ms is not None and figures.worst_lag_ms < 500, figures.as_dict()
+    assert tarpit_rows and all("timed out after 3s" in (r["error"] or "") for r in tarpit_rows), tarpit_rows[:3]

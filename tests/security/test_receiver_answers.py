@@ -7,108 +7,58 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 from collections.abc import Callable
 
 from cronman.netguard import CallbackPolicy
 from scheduler_node.parts import Outcome
 from scheduler_node.senders.http import Pool, prepare
+from tests.helpers import RawHttpServer
 
 
-class ScriptedServer:
-    """Answers the n-th request it reads (on any connection) with ``answers[n]`` (bytes, or a
-    callable given the socket that writes what it likes)."""
+class ScriptedServer(RawHttpServer):
+    """Answers the n-th request it reads (on any connection) with ``answers[n]``: bytes, or a
+    callable given the socket, which writes what it likes."""
 
     def __init__(self, answers: list[bytes | Callable[[socket.socket], None]]) -> None:
+        super().__init__()
         self.answers = answers
-        self.requests = 0
-        self._lock = threading.Lock()
-        self._server = socket.socket()
-        self._server.bind(("127.0.0.1", 0))
-        self._server.listen(16)
-        self._server.settimeout(0.2)
-        self.port = int(self._server.getsockname()[1])
-        self._stop = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
-
-    def _connection(self, conn: socket.socket) -> None:
-        conn.settimeout(10)
-        buf = b""
-        try:
-            while not self._stop.is_set():
-                while b"\r\n\r\n" not in buf:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    buf += chunk
-                head, _, rest = buf.partition(b"\r\n\r\n")
-                length = next(
-                    (
-                        int(line.split(b":")[1])
-                        for line in head.split(b"\r\n")
-                        if line.lower().startswith(b"content-length")
-                    ),
-                    0,
-                )
-                while len(rest) < length:
-                    rest += conn.recv(65536)
-                buf = rest[length:]
-                with self._lock:
-                    n, self.requests = self.requests, self.requests + 1
-                answer = self.answers[n] if n < len(self.answers) else b"HTTP/1.1 204 No Content\r\n\r\n"
-                if callable(answer):
-                    answer(conn)
-                else:
-                    conn.sendall(answer)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._server.close()
+    def respond(self, conn: socket.socket, n: int) -> None:
+        answer = self.answers[n] if n < len(self.answers) else b"HTTP/1.1 204 No Content\r\n\r\n"
+        if callable(answer):
+            answer(conn)
+        else:
+            conn.sendall(answer)
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 FAIL = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nfail"
 
 
-def _send(server: ScriptedServer, n: int, per_origin: int = 1) -> list[Outcome]:
-    """``n`` requests at once to the server's origin, over at most ``per_origin`` connections."""
+def _two(answers: list[bytes | Callable[[socket.socket], None]]) -> tuple[Outcome, Outcome, int]:
+    """Two requests at once to a server answering with ``answers``, over one connection at a time:
+    their outcomes, and how many requests the server read."""
 
-    async def main() -> list[Outcome]:
-        pool = Pool(CallbackPolicy(True), per_origin=per_origin)
-        prepared = prepare("POST", f"http://127.0.0.1:{server.port}/hook", ())
-        futures = [pool.request(prepared, b"", b"{}", 5.0) for _ in range(n)]
+    async def main(port: int) -> list[Outcome]:
+        pool = Pool(CallbackPolicy(True), per_origin=1)
+        prepared = prepare("POST", f"http://127.0.0.1:{port}/hook", ())
+        futures = [pool.request(prepared, b"", b"{}", 5.0) for _ in range(2)]
         try:
             return list(await asyncio.gather(*futures))
         finally:
             pool.close()
 
-    return asyncio.run(main())
+    with ScriptedServer(answers) as server:
+        first, second = asyncio.run(main(server.port))
+        return first, second, len(server.requests)
 
 
 def test_a_second_response_in_the_same_packet_is_not_the_next_requests_answer() -> None:
-    server = ScriptedServer([OK + OK, FAIL])
-    try:
-        first, second = _send(server, 2)
-    finally:
-        server.close()
+    first, second, requests = _two([OK + OK, FAIL])
     assert first.ok and first.http_status == 200
     # its own answer (the server saw it on a new connection), not the stray 200
     assert (second.ok, second.http_status) == (False, 500), second
-    assert server.requests == 2
+    assert requests == 2
 
 
 def test_a_header_section_far_too_long_ends_its_request_only() -> None:
@@ -120,11 +70,7 @@ def test_a_header_section_far_too_long_ends_its_request_only() -> None:
         except OSError:
             pass
 
-    server = ScriptedServer([flood, OK])
-    try:
-        first, second = _send(server, 2)
-    finally:
-        server.close()
+    first, second, _ = _two([flood, OK])
     assert not first.ok and first.error, first
     assert second.ok and second.http_status == 200, second
 
@@ -138,31 +84,19 @@ def test_a_body_without_end_is_cut_and_the_connection_dropped() -> None:
         except OSError:
             pass
 
-    server = ScriptedServer([endless, OK])
-    try:
-        first, second = _send(server, 2)
-    finally:
-        server.close()
+    first, second, _ = _two([endless, OK])
     assert first.http_status == 200, first  # what it said, from the start of what it sent
     assert second.ok and second.http_status == 200, second
 
 
 def test_garbage_after_a_response_drops_the_connection() -> None:
-    server = ScriptedServer([OK + b"\x00\x01 not HTTP at all\r\n\r\n", FAIL])
-    try:
-        first, second = _send(server, 2)
-    finally:
-        server.close()
+    first, second, _ = _two([OK + b"\x00\x01 not HTTP at all\r\n\r\n", FAIL])
     assert first.ok and first.http_status == 200, first
     assert (second.ok, second.http_status) == (False, 500), second
 
 
 def test_an_informational_answer_is_followed_by_the_real_one() -> None:
     early = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
-    server = ScriptedServer([early + OK, early + FAIL])
-    try:
-        first, second = _send(server, 2)
-    finally:
-        server.close()
+    first, second, _ = _two([early + OK, early + FAIL])
     assert first.ok and first.http_status == 200, first
     assert (second.ok, second.http_status) == (False, 500), second
