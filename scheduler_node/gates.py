@@ -29,7 +29,7 @@ class InFlight(Generic[T]):
     def __len__(self) -> int:
         return sum(len(q) for q in self.waiting.values())
 
-    def _fits(self, namespace: str) -> bool:
+    def _fits(self, namespace: str, fair: int | None = None) -> bool:
         # Always at most the share: a namespace arriving later finds its share free at once,
         # rather than waiting for another's attempts to time out (a share of 1: no limit).
         out = self.out.get(namespace, 0)
@@ -37,8 +37,10 @@ class InFlight(Generic[T]):
             return False
         if self.total < self.max:
             return True
+        if self.total >= 2 * self.max:
+            return False
         # Full: only a namespace below its fair share starts anything (see the module's docstring).
-        return out < self.fair(namespace) and self.total < 2 * self.max
+        return out < (self.fair(namespace) if fair is None else fair)
 
     def fair(self, namespace: str) -> int:
         """``max_in_flight`` shared evenly by the namespaces with attempts out or waiting, and this one."""
@@ -70,10 +72,16 @@ class InFlight(Generic[T]):
     def drain(self) -> list[T]:
         started: list[T] = []
         progress = True
+        # Every namespace waiting is busy already, and stays so while it drains: the fair share,
+        # once it is needed, is one figure for the whole drain (not a pass over every namespace for
+        # each one, at every release).
+        fair: int | None = None
         while progress and self.waiting:
             progress = False
             for ns in list(self.waiting):
-                if self._fits(ns):
+                if fair is None and self.total >= self.max:
+                    fair = self.fair(ns)
+                if self._fits(ns, fair):
                     queue = self.waiting[ns]
                     started.append(queue.popleft())
                     self._take(ns)
