@@ -88,7 +88,7 @@ class Resolver:
                 found = await self._lookup(host, port)
             if not found:
                 raise LookupFailed(f"{host} has no address")
-        except (OSError, TimeoutError, ValueError, UnicodeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever a lookup raises is its failure
             error = str(exc) if isinstance(exc, LookupFailed) else f"cannot resolve {host}: {_why(exc)}"
             old = self._cache.get(key)
             now = self.clock()
@@ -96,7 +96,7 @@ class Resolver:
                 self._cache[key] = _Entry(None, error, now + FAILURE_TTL)
             if not pending.done():
                 pending.set_exception(LookupFailed(error))
-        except BaseException as exc:  # cancelled (the resolver closing)
+        except asyncio.CancelledError as exc:  # the resolver closing
             if not pending.done():
                 pending.set_exception(LookupFailed(f"cannot resolve {host}: {_why(exc)}"))
             raise
