@@ -132,12 +132,6 @@ class Watch:
                         await self.pass_once()
                 except TransientError as exc:
                     log.warning("watch pass failed: %s", exc)
-                except RuntimeError as exc:
-                    if "after shutdown" not in str(exc) and "interpreter shutdown" not in str(exc):
-                        log.exception("watch pass failed")
-                    else:  # the process is exiting (its executors refuse work): nothing to lead
-                        log.info("watch stopped: the process is exiting")
-                        return
                 except Exception:  # noqa: BLE001 - the next pass tries again
                     log.exception("watch pass failed")
                 await asyncio.sleep(self.s.watch_seconds)

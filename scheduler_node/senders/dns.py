@@ -10,10 +10,10 @@ the system resolver does, and follows changes to them.
 
 What a lookup found is kept for a minute. A host one has found before is never waited for again:
 when its answer is older, connections use it still while one lookup asks again (for up to five
-minutes past its time, should the resolver fail meanwhile). A host that did not resolve is not
-asked about again for a few seconds: a job calling it every second, or a hundred jobs calling it,
-make one query, not one per occurrence. One lookup per host at a time: whoever needs it meanwhile
-waits for that one.
+minutes past its time, should the resolver fail meanwhile; asked again every few seconds then). A
+host that did not resolve is not asked about again for a few seconds: a job calling it every
+second, or a hundred jobs calling it, make one query, not one per occurrence. One lookup per host at
+a time: whoever needs it meanwhile waits for that one. Answers are per host, whatever the port.
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ class LookupFailed(OSError):
 
 @dataclass(slots=True)
 class _Entry:
-    addresses: list[tuple[int, str]] | None  # None: the last lookup failed
+    addresses: list[tuple[int, str]] | None  # None: no answer to use (the last lookup failed)
     error: str
-    expires: float
+    expires: float  # asked again after this
+    usable: float  # ``addresses`` used until this (past ``expires``: while it is asked again)
 
 
 class Resolver:
@@ -51,38 +52,36 @@ class Resolver:
         self.clock = clock
         self._ares: Any = None
         self._lookup: Lookup = lookup or self._query
-        self._cache: dict[tuple[str, int], _Entry] = {}
-        self._pending: dict[tuple[str, int], asyncio.Future[list[tuple[int, str]]]] = {}
+        self._cache: dict[str, _Entry] = {}
+        self._pending: dict[str, asyncio.Future[list[tuple[int, str]]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 
     async def resolve(self, host: str, port: int) -> list[tuple[int, str]]:
-        key = (host, port)
-        entry = self._cache.get(key)
+        """The addresses of ``host`` (the port is only passed on: answers are per host)."""
+        entry = self._cache.get(host)
         now = self.clock()
         if entry is not None:
+            if entry.addresses is not None and entry.usable > now:
+                if entry.expires <= now:
+                    self._start(host, port)  # asked again, behind the answer in hand
+                return entry.addresses
             if entry.expires > now:
-                if entry.addresses is None:
-                    raise LookupFailed(entry.error)
-                return entry.addresses
-            if entry.addresses is not None and entry.expires + STALE > now:
-                self._start(key)  # asked again, behind the answer in hand
-                return entry.addresses
-        return await asyncio.shield(self._start(key))
+                raise LookupFailed(entry.error)
+        return await asyncio.shield(self._start(host, port))
 
-    def _start(self, key: tuple[str, int]) -> asyncio.Future[list[tuple[int, str]]]:
-        pending = self._pending.get(key)
+    def _start(self, host: str, port: int) -> asyncio.Future[list[tuple[int, str]]]:
+        pending = self._pending.get(host)
         if pending is None:
-            pending = self._pending[key] = asyncio.get_running_loop().create_future()
+            pending = self._pending[host] = asyncio.get_running_loop().create_future()
             # marked as seen: a failure nobody waits for (a refresh behind a stale answer) is not
             # reported as an exception never retrieved
             pending.add_done_callback(lambda f: f.cancelled() or f.exception())
-            task = asyncio.ensure_future(self._ask(key, pending))
+            task = asyncio.ensure_future(self._ask(host, port, pending))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return pending
 
-    async def _ask(self, key: tuple[str, int], pending: asyncio.Future[list[tuple[int, str]]]) -> None:
-        host, port = key
+    async def _ask(self, host: str, port: int, pending: asyncio.Future[list[tuple[int, str]]]) -> None:
         try:
             async with asyncio.timeout(LOOKUP_LIMIT):
                 found = await self._lookup(host, port)
@@ -90,10 +89,13 @@ class Resolver:
                 raise LookupFailed(f"{host} has no address")
         except Exception as exc:  # noqa: BLE001 - whatever a lookup raises is its failure
             error = str(exc) if isinstance(exc, LookupFailed) else f"cannot resolve {host}: {_why(exc)}"
-            old = self._cache.get(key)
             now = self.clock()
-            if old is None or old.addresses is None or old.expires + STALE <= now:
-                self._cache[key] = _Entry(None, error, now + FAILURE_TTL)
+            old = self._cache.get(host)
+            if old is not None and old.addresses is not None and old.usable > now:
+                # the answer in hand stays in use (until it is too old), asked for again in a while
+                old.expires, old.error = now + FAILURE_TTL, error
+            else:
+                self._cache[host] = _Entry(None, error, now + FAILURE_TTL, now + FAILURE_TTL)
             if not pending.done():
                 pending.set_exception(LookupFailed(error))
         except asyncio.CancelledError as exc:  # the resolver closing
@@ -102,12 +104,13 @@ class Resolver:
             raise
         else:
             found = sorted(found, key=lambda a: a[0] != socket.AF_INET)  # stable: IPv4 first
-            self._cache[key] = _Entry(found, "", self.clock() + TTL)
+            now = self.clock()
+            self._cache[host] = _Entry(found, "", now + TTL, now + TTL + STALE)
             if not pending.done():
                 pending.set_result(found)
         finally:
-            if self._pending.get(key) is pending:
-                del self._pending[key]
+            if self._pending.get(host) is pending:
+                del self._pending[host]
 
     async def _query(self, host: str, port: int) -> list[tuple[int, str]]:
         import aiodns  # imported here: a node without a callback by host name never needs it
@@ -128,8 +131,8 @@ class Resolver:
     def prune(self) -> None:
         """Forget answers too old to be used."""
         now = self.clock()
-        for key in [k for k, e in self._cache.items() if e.expires + STALE <= now]:
-            del self._cache[key]
+        for host in [h for h, e in self._cache.items() if max(e.expires, e.usable) <= now]:
+            del self._cache[host]
 
     async def close(self) -> None:
         """Drop the lookups in flight (their waiters fail)."""

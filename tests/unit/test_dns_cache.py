@@ -48,6 +48,12 @@ def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(coro)
 
 
+def _resolver(answers: dict[str, list[tuple[int, str]] | Exception] | None = None) -> tuple[FakeDns, Clock, Resolver]:
+    fake, clock = FakeDns(), Clock()
+    fake.answers.update(answers or {})
+    return fake, clock, Resolver(fake, clock)
+
+
 def test_one_query_for_many_waiters_and_ipv4_first() -> None:
     async def main() -> None:
         fake, clock = FakeDns(), Clock()
@@ -70,9 +76,7 @@ def test_one_query_for_many_waiters_and_ipv4_first() -> None:
 
 def test_an_old_answer_is_used_while_it_is_asked_for_again() -> None:
     async def main() -> None:
-        fake, clock = FakeDns(), Clock()
-        fake.answers["a.example"] = [(socket.AF_INET, "192.0.2.1")]
-        r = Resolver(fake, clock)
+        fake, clock, r = _resolver({"a.example": [(socket.AF_INET, "192.0.2.1")]})
         await r.resolve("a.example", 80)
         clock.now += dns.TTL + 1
         fake.answers["a.example"] = [(socket.AF_INET, "192.0.2.2")]
@@ -89,15 +93,20 @@ def test_an_old_answer_is_used_while_it_is_asked_for_again() -> None:
 
 def test_a_failed_refresh_keeps_the_old_answer_until_it_is_too_old() -> None:
     async def main() -> None:
-        fake, clock = FakeDns(), Clock()
-        fake.answers["a.example"] = [(socket.AF_INET, "192.0.2.1")]
-        r = Resolver(fake, clock)
+        fake, clock, r = _resolver({"a.example": [(socket.AF_INET, "192.0.2.1")]})
         await r.resolve("a.example", 80)
         fake.answers["a.example"] = LookupFailed("cannot resolve a.example: timeout")
         clock.now += dns.TTL + 1
         assert await r.resolve("a.example", 80) == [(socket.AF_INET, "192.0.2.1")]
         await asyncio.sleep(0.01)  # the refresh failed
-        assert await r.resolve("a.example", 80) == [(socket.AF_INET, "192.0.2.1")]
+        for _ in range(10):  # the old answer still, and no new question for a few seconds
+            assert await r.resolve("a.example", 443) == [(socket.AF_INET, "192.0.2.1")]
+            await asyncio.sleep(0.001)  # a refresh, had one started, would have failed by now
+        assert len(fake.asked) == 2
+        clock.now += dns.FAILURE_TTL + 0.1
+        await r.resolve("a.example", 80)
+        await asyncio.sleep(0.01)
+        assert len(fake.asked) == 3
         clock.now += dns.STALE  # too old now: the failure is what callers get
         with pytest.raises(LookupFailed, match="timeout"):
             await r.resolve("a.example", 80)
@@ -107,9 +116,7 @@ def test_a_failed_refresh_keeps_the_old_answer_until_it_is_too_old() -> None:
 
 def test_a_failure_is_kept_for_a_few_seconds_then_asked_again() -> None:
     async def main() -> None:
-        fake, clock = FakeDns(), Clock()
-        fake.answers["gone.example"] = LookupFailed("cannot resolve gone.example: Domain name not found")
-        r = Resolver(fake, clock)
+        fake, clock, r = _resolver({"gone.example": LookupFailed("cannot resolve gone.example: Domain name not found")})
         for _ in range(100):
             with pytest.raises(LookupFailed, match="Domain name not found"):
                 await r.resolve("gone.example", 80)
@@ -131,8 +138,7 @@ def test_a_failure_is_kept_for_a_few_seconds_then_asked_again() -> None:
 
 def test_old_entries_are_forgotten() -> None:
     async def main() -> None:
-        fake, clock = FakeDns(), Clock()
-        r = Resolver(fake, clock)
+        fake, clock, r = _resolver()
         for i in range(100):
             fake.answers[f"h{i}.example"] = [(socket.AF_INET, "192.0.2.1")]
             await r.resolve(f"h{i}.example", 80)
@@ -140,16 +146,14 @@ def test_old_entries_are_forgotten() -> None:
         await r.resolve("h0.example", 80)  # refreshed in the background: kept
         await asyncio.sleep(0.01)
         r.prune()
-        assert set(r._cache) == {("h0.example", 80)}
+        assert set(r._cache) == {"h0.example"}
 
     run(main())
 
 
 def test_a_refresh_that_fails_with_nobody_waiting_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
     async def main() -> None:
-        fake, clock = FakeDns(), Clock()
-        fake.answers["a.example"] = [(socket.AF_INET, "192.0.2.1")]
-        r = Resolver(fake, clock)
+        fake, clock, r = _resolver({"a.example": [(socket.AF_INET, "192.0.2.1")]})
         await r.resolve("a.example", 80)
         clock.now += dns.TTL + 1
         fake.answers["a.example"] = LookupFailed("cannot resolve a.example: timeout")
