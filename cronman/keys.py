@@ -47,6 +47,10 @@ class Keys:
         """History rows of the slot delivered but not yet known to be in PostgreSQL."""
         return f"{self.prefix}{{s{slot}}}unrec"
 
+    def row_batch(self, slot: int, name: str) -> str:
+        """The rows of one done call kept together (``name`` is their member in ``unrecorded``)."""
+        return f"{self.prefix}{{s{slot}}}rows:{name}"
+
     # -- cluster-wide
     @property
     def members(self) -> str:

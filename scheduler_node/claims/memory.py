@@ -5,9 +5,11 @@ lose everything at once (Redis restarting empty)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from scheduler_node.claims.rows import BATCH_PREFIX, Kept, RowCopies, batchable, is_batch, pack, unpack
 from scheduler_node.parts import (
     ClaimResult,
     Claims,
@@ -29,7 +31,8 @@ class ClaimSpace:
     now: Callable[[], int]
     values: dict[str, tuple[str, int]] = field(default_factory=dict)  # key -> (value, expires at)
     open: dict[int, dict[str, int]] = field(default_factory=dict)  # slot -> member -> score
-    unrec: dict[int, dict[str, int]] = field(default_factory=dict)  # slot -> row -> score
+    unrec: dict[int, dict[str, int]] = field(default_factory=dict)  # slot -> row or batch -> score
+    batches: dict[tuple[int, str], str] = field(default_factory=dict)  # (slot, batch) -> its rows
 
     def get(self, key: str) -> str | None:
         found = self.values.get(key)
@@ -47,6 +50,7 @@ class ClaimSpace:
         self.values.clear()
         self.open.clear()
         self.unrec.clear()
+        self.batches.clear()
 
     def open_count(self) -> int:
         return sum(len(v) for v in self.open.values())
@@ -71,6 +75,8 @@ class MemoryClaims(Claims):
         self.holder = holder
         self.keep_ms = keep_ms
         self._mine = f"c|{holder}|"
+        self.copies = RowCopies()
+        self._batches = itertools.count(1)
 
     def _index(self, slot: int) -> dict[str, int]:
         return self.space.open.setdefault(slot, {})
@@ -160,7 +166,10 @@ class MemoryClaims(Claims):
         sp = self.space
         now = sp.now()
         out = []
-        for f in finishes:
+        kept_rows = [f.row if f.row and self.copies.unwritten(f.row) else "" for f in finishes]
+        rows = [(f.ticket.slot, row) for f, row in zip(finishes, kept_rows, strict=True) if row]
+        together = batchable(rows)
+        for f, row in zip(finishes, kept_rows, strict=True):
             t = f.ticket
             key = _claim_key(t)
             v = sp.get(key)
@@ -174,8 +183,14 @@ class MemoryClaims(Claims):
                 out.append(True)
             else:
                 out.append(False)
-            if f.row:
-                sp.unrec.setdefault(t.slot, {})[f.row] = now
+            if row and not together:
+                sp.unrec.setdefault(t.slot, {})[row] = now
+        if together:
+            kept = (rows[0][0], f"{BATCH_PREFIX}{self.holder}|{next(self._batches)}")
+            sp.batches[kept] = pack(rows)
+            sp.unrec.setdefault(kept[0], {})[kept[1]] = now
+            if self.copies.batched(kept, [row for _, row in rows]):
+                self._forget([kept])
         return out
 
     async def take(self, tickets: Sequence[Ticket], lease_ms: int) -> list[Took]:
@@ -231,12 +246,23 @@ class MemoryClaims(Claims):
                     swept.due[slot] = due
             rows = sp.unrec.get(slot)
             if rows and unrecorded_age_ms >= 0:
-                swept.unrecorded.extend((slot, r) for r in _lowest(rows, now - unrecorded_age_ms, limit))
+                for member in _lowest(rows, now - unrecorded_age_ms, limit):
+                    if not is_batch(member):
+                        swept.unrecorded.append((slot, member))
+                        continue
+                    found = unpack(sp.batches.get((slot, member), ""))
+                    if not found or self.copies.batched((slot, member), [row for _, row in found]):
+                        self._forget([(slot, member)])
+                    swept.unrecorded.extend(found)
         return swept
 
     async def recorded(self, rows: Sequence[tuple[int, str]]) -> None:
-        for slot, row in rows:
-            self.space.unrec.get(slot, {}).pop(row, None)
+        self._forget(self.copies.written(rows))
+
+    def _forget(self, kept: Sequence[Kept]) -> None:
+        for slot, member in kept:
+            self.space.unrec.get(slot, {}).pop(member, None)
+            self.space.batches.pop((slot, member), None)
 
 
 def _lowest(scores: dict[str, int], at_most: int, limit: int) -> list[str]:

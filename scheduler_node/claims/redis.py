@@ -10,14 +10,20 @@ inside each script): no caller's clock reaches a script. Redis errors become
 
 from __future__ import annotations
 
+import itertools
+import secrets
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
+from redis.exceptions import RedisError
+
+from cronman.errors import TransientError
 from cronman.keys import Keys
-from cronman.scripts import Call, Script
+from cronman.scripts import Call, Script, transient
+from scheduler_node.claims.rows import BATCH_PREFIX, Kept, RowCopies, batchable, is_batch, pack, unpack
 from scheduler_node.parts import (
     ClaimResult,
     Claims,
@@ -48,6 +54,9 @@ class RedisClaims(Claims):
         self.keep_ms = keep_ms
         self.sharded = sharded  # a Redis Cluster: one call per slot tag
         self._scripts = {n: Script(client, script(n)) for n in SCRIPTS}
+        self.copies = RowCopies()  # which batch each kept row is in (scheduler_node/claims/rows.py)
+        self._batch_names = f"{BATCH_PREFIX}{holder}|{secrets.token_hex(3)}"  # (one holder, one name)
+        self._batches = itertools.count(1)
 
     # -- batching
     def _groups(self, items: Sequence[T], slot_of: Callable[[T], int]) -> list[list[int]]:
@@ -118,20 +127,45 @@ class RedisClaims(Claims):
         if not finishes:
             return []
         calls = []
+        batches: list[tuple[Kept, list[str]] | None] = []
         groups = self._groups(finishes, lambda f: f.ticket.slot)
+        unwritten = self.copies.unwritten
+        kept_rows = [f.row if f.row and unwritten(f.row) else "" for f in finishes]
         for group in groups:
             keys: list[str] = []
-            args: list[Any] = [self.holder, self.keep_ms]
+            rows = [(finishes[i].ticket.slot, kept_rows[i]) for i in group if kept_rows[i]]
+            together = batchable(rows)
+            if together:
+                kept: Kept = (rows[0][0], f"{self._batch_names}{next(self._batches)}")
+                args: list[Any] = [self.holder, self.keep_ms, kept[1], pack(rows)]
+                batches.append((kept, [row for _, row in rows]))
+            else:
+                args = [self.holder, self.keep_ms, "", ""]
+                batches.append(None)
             for i in group:
                 f = finishes[i]
                 triple, flag = self._triple(f.ticket)
                 keys += [*triple, self.keys.unrecorded(f.ticket.slot)]
-                args += [f.ticket.member, f"d|{self.holder}|{f.status}|{f.attempt}", f.row, flag]
+                args += [
+                    f.ticket.member,
+                    f"d|{self.holder}|{f.status}|{f.attempt}",
+                    "" if together else kept_rows[i],
+                    flag,
+                ]
+            if together:
+                keys += [self.keys.row_batch(*kept), self.keys.unrecorded(kept[0])]
             calls.append((keys, args))
         out = [False] * len(finishes)
         for group, res in zip(groups, await self._run("done", calls), strict=True):
             for i, r in zip(group, res, strict=True):
                 out[i] = bool(int(r))
+        # Counted once the store has them (a call whose answer was lost is found by a sweep later).
+        written = [b[0] for b in batches if b is not None and self.copies.batched(*b)]
+        if written:
+            try:
+                await self._forget(written)
+            except TransientError:
+                pass  # the marks are made: these are found by a sweep, written again, forgotten
         return out
 
     async def take(self, tickets: Sequence[Ticket], lease_ms: int) -> list[Took]:
@@ -164,21 +198,57 @@ class RedisClaims(Claims):
                 keys += [self.keys.open(slots[i]), self.keys.unrecorded(slots[i])]
             calls.append((keys, [limit, unrecorded_age_ms]))
         swept = Swept()
+        batches: list[Kept] = []
         for group, res in zip(groups, await self._run("sweep", calls), strict=True):
             for k in range(0, len(res), 3):  # (position in the call, due members, old rows): only slots with either
                 slot = slots[group[int(res[k]) - 1]]
                 due, old = res[k + 1], res[k + 2]
                 if due:
                     swept.due[slot] = [_text(m) for m in due]
-                swept.unrecorded.extend((slot, _text(r)) for r in old)
+                for member in map(_text, old):
+                    if is_batch(member):
+                        batches.append((slot, member))
+                    else:
+                        swept.unrecorded.append((slot, member))
+        if batches:
+            swept.unrecorded.extend(await self._open_batches(batches))
         return swept
 
+    async def _open_batches(self, batches: list[Kept]) -> list[tuple[int, str]]:
+        """The rows of old batches, counted from now on by this node; a batch whose value is gone
+        (nothing left to write) is forgotten."""
+        pipe = self.client.pipeline(transaction=False)
+        for kept in batches:
+            pipe.get(self.keys.row_batch(*kept))
+        try:
+            values = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise transient(exc) from exc
+        rows: list[tuple[int, str]] = []
+        empty: list[Kept] = []
+        for kept, value in zip(batches, values, strict=True):
+            found = unpack(_text(value)) if value is not None else []
+            if not found or self.copies.batched(kept, [row for _, row in found]):
+                empty.append(kept)
+            rows.extend(found)
+        if empty:
+            await self._forget(empty)
+        return rows
+
     async def recorded(self, rows: Sequence[tuple[int, str]]) -> None:
-        if not rows:
+        await self._forget(self.copies.written(rows))
+
+    async def _forget(self, kept: Sequence[Kept]) -> None:
+        if not kept:
             return
         calls = []
-        for group in self._groups(rows, lambda r: r[0]):
-            calls.append(([self.keys.unrecorded(rows[i][0]) for i in group], [rows[i][1] for i in group]))
+        for group in self._groups(kept, lambda k: k[0]):
+            keys: list[str] = []
+            for i in group:
+                slot, member = kept[i]
+                unrec = self.keys.unrecorded(slot)
+                keys += [unrec, self.keys.row_batch(slot, member) if is_batch(member) else unrec]
+            calls.append((keys, [kept[i][1] for i in group]))
         await self._run("recorded", calls)
 
 

@@ -13,7 +13,7 @@ import asyncio
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -383,6 +383,96 @@ def test_done_by_another_than_the_holder_is_a_duplicate_and_rows_wait_until_reco
         assert (await b.sweep([30, 31], 10, -1)).unrecorded == []
 
     run(store_of, scenario)
+
+
+def test_rows_kept_together_are_found_until_every_one_is_written_by_whichever_node(
+    store_of: Callable[[], Store],
+) -> None:
+    """A done call's rows may be kept as one batch (scheduler_node/claims/rows.py): a sweep still
+    finds each row, with its own slot, until it is written; a batch is gone once all of its rows
+    are, whether the node that kept it or another one that found it wrote them."""
+
+    async def scenario(store: Store) -> None:
+        a, b = store.claims("node-a/1"), store.claims("node-b/1")
+        slots = [60, 61, 62, 63, 64]
+        tickets = [ticket(s, f"k{s}") for s in slots]
+        await a.claim(tickets, LEASE_MS)
+        rows = [(s, f'["row",{s}]') for s in slots]
+        assert await a.done([Finish(t, "succeeded", 1, r) for t, (_, r) in zip(tickets, rows, strict=True)]) == [
+            True
+        ] * len(slots)
+        assert sorted((await a.sweep(slots, 10, 0)).unrecorded) == rows
+        await a.recorded(rows[:3])
+        left = set((await a.sweep(slots, 10, 0)).unrecorded)
+        assert set(rows[3:]) <= left <= set(rows)  # (a batch stays whole until all of it is written)
+        await a.recorded(rows[3:])
+        assert (await a.sweep(slots, 10, 0)).unrecorded == []
+
+        # Kept by a, written by b (a died): b counts what it found.
+        more = [ticket(s, f"m{s}") for s in slots]
+        await a.claim(more, LEASE_MS)
+        rows = [(s, f'["more",{s}]') for s in slots]
+        await a.done([Finish(t, "succeeded", 1, r) for t, (_, r) in zip(more, rows, strict=True)])
+        found = (await b.sweep(slots, 10, 0)).unrecorded
+        assert sorted(found) == rows
+        await b.recorded(found)
+        assert (await a.sweep(slots, 10, 0)).unrecorded == []
+
+        # Several rows of one slot (a batch on a Redis Cluster too), found and written by b.
+        same = [ticket(65, f"s{i}") for i in range(3)]
+        await a.claim(same, LEASE_MS)
+        rows = [(65, f'["same",{i}]') for i in range(3)]
+        await a.done([Finish(t, "succeeded", 1, r) for t, (_, r) in zip(same, rows, strict=True)])
+        found = (await b.sweep([65], 10, 0)).unrecorded
+        assert sorted(found) == rows
+        await b.recorded(found[:2])
+        assert set(rows[2:]) <= set((await a.sweep([65], 10, 0)).unrecorded)
+        await b.recorded(found[2:])
+        assert (await a.sweep([65], 10, 0)).unrecorded == []
+
+        # Written before the done mark went out (a slow Redis): not kept at all.
+        late = [ticket(s, f"l{s}") for s in slots]
+        await a.claim(late, LEASE_MS)
+        rows = [(s, f'["late",{s}]') for s in slots]
+        await a.recorded(rows)
+        await a.done([Finish(t, "succeeded", 1, r) for t, (_, r) in zip(late, rows, strict=True)])
+        assert (await b.sweep(slots, 10, 0)).unrecorded == []
+
+    run(store_of, scenario)
+
+
+@pytest.mark.parametrize("store_of", ["memory", "standalone", "sentinel"], indirect=True)
+def test_a_done_calls_rows_are_one_entry_in_the_store(store_of: Callable[[], Store]) -> None:
+    """Where one call carries a whole batch: its rows cost the store one entry (two commands to
+    keep, two to forget), not one per row; a row alone is kept as before."""
+
+    async def scenario(store: Store) -> None:
+        a = store.claims("node-a/1")
+        tickets = [ticket(s, f"e{s}") for s in range(200, 300)]
+        await a.claim(tickets, LEASE_MS)
+        rows = [(t.slot, f'["r","{t.name}"]') for t in tickets]
+        await a.done([Finish(t, "succeeded", 1, r) for t, (_, r) in zip(tickets, rows, strict=True)])
+        assert await _kept(a, range(200, 300)) == (1, 1)
+        alone = ticket(300, "alone")
+        await a.claim([alone], LEASE_MS)
+        await a.done([Finish(alone, "succeeded", 1, '["alone"]')])
+        assert await _kept(a, [300]) == (1, 1)  # its own member; the batch's value is the first call's
+        await a.recorded([*rows, (300, '["alone"]')])
+        assert await _kept(a, range(200, 301)) == (0, 0)
+
+    run(store_of, scenario)
+
+
+async def _kept(claims: Claims, slots: Iterable[int]) -> tuple[int, int]:
+    """Members of these slots' unrecorded sets, and batch values in the whole store."""
+    if isinstance(claims, MemoryClaims):
+        return sum(len(claims.space.unrec.get(s, {})) for s in slots), len(claims.space.batches)
+    assert isinstance(claims, RedisClaims)
+    members = 0
+    for s in slots:
+        members += await claims.client.zcard(claims.keys.unrecorded(s))
+    values = [k async for k in claims.client.scan_iter(match=claims.keys.prefix + "*rows:*")]
+    return members, len(values)
 
 
 def test_sweep_lists_only_what_is_due_up_to_its_limit(store_of: Callable[[], Store]) -> None:

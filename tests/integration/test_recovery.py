@@ -18,13 +18,12 @@ from cronman.settings import Settings
 from tests.helpers import start_node_process, wait_for
 
 
-def _create_jobs(client: FlaskClient, url: str, n: int) -> None:
+def _create_jobs(client: FlaskClient, url: str, n: int, together: bool = False) -> None:
     for i in range(n):
-        doc = {
-            "id": f"r-{i}",
-            "schedule": {"type": "interval", "every_seconds": 1},
-            "target": {"type": "http", "url": url},
-        }
+        schedule: dict[str, object] = {"type": "interval", "every_seconds": 1}
+        if together:  # the same phase: each second's deliveries finish together, one done call
+            schedule["start_at"] = "2026-01-01T00:00:00Z"
+        doc = {"id": f"r-{i}", "schedule": schedule, "target": {"type": "http", "url": url}}
         assert client.post("/v1/jobs", data=json.dumps(doc), content_type="application/json").status_code == 201
 
 
@@ -37,18 +36,22 @@ def _history(client: FlaskClient, n: int) -> dict[str, dict]:
 
 
 def test_a_killed_nodes_unwritten_history_is_recovered_by_a_survivor(
-    client: FlaskClient, settings_env: dict[str, str], workdir: Path, redis_prefix: str
+    client: FlaskClient, settings: Settings, settings_env: dict[str, str], workdir: Path, redis_prefix: str
 ) -> None:
+    """Rows kept alone and in batches (scheduler_node/claims/rows.py): the jobs fire together, so
+    node-a's done calls carry several rows each."""
     logs = workdir / f"recovery-{redis_prefix.strip(':')}"
     logs.mkdir()
     with Receiver() as receiver:
         a, _ = start_node_process(settings_env, "node-a", logs / "a.log", extra={"CRONMAN_TEST_FAULTS": "hold_history"})
         b, _ = start_node_process(settings_env, "node-b", logs / "b.log")
         try:
-            _create_jobs(client, receiver.url, 10)
+            _create_jobs(client, receiver.url, 10, together=True)
             time.sleep(4)
             a.signal(signal.SIGKILL)
             a.proc.wait(10)
+            r = redis.Redis.from_url(settings.redis_url)
+            assert list(r.scan_iter(match=f"{settings.redis_prefix}*rows:b|node-a/*")), "node-a kept no batch"
             delivered = {r.execution_id for r in receiver.snapshot()}
             assert delivered
             # node-a's rows were never written; node-b writes them once node-a's heartbeat is gone
@@ -87,4 +90,5 @@ def test_sigterm_leaves_the_cluster_at_once_with_history_written(
     rows = _history(client, 5)
     assert delivered <= set(rows), "a delivery finished during shutdown was not recorded"
     leftover = [k for k in r.scan_iter(match=f"{settings.redis_prefix}*unrec") if r.zcard(k)]
+    leftover += list(r.scan_iter(match=f"{settings.redis_prefix}*rows:*"))  # batches (claims/rows.py)
     assert leftover == [], "rows written to history are still kept in Redis"
