@@ -71,6 +71,7 @@ FINAL = frozenset(
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
 _SWEEP_LIMIT = 500  # open claims looked at per slot per sweep
 _PARK_BATCH = 1000  # executions parked per call
+_SUPERSEDED_MAX = 10_000  # final rows kept of executions finished here and found taken over
 WAITING_LEASES = 3  # an execution waiting for a permit or a slot is leased this many leases at a time
 RECREATED_KEPT = 10_000  # jobs deleted and created again remembered for adoption (the latest)
 RETAKE_MS = 250  # a parked retry whose take found a live lease is taken again at least this much later
@@ -155,6 +156,10 @@ class Firer:
         # they were fired anyway may have been delivered, and are checked against history.
         self.verify_through: dict[int, int] = {}
         self.to_verify: list[Execution] = []  # won, but check history before sending
+        # Final rows of executions this node finished whose done mark found another node's claim
+        # (it had taken them over meanwhile): should this node take that claim over in turn, what
+        # it did itself counts as history even when the database cannot say (see _verify).
+        self._finished_superseded: dict[Ident, HistoryRow] = {}
         self._to_release: list[Execution] = []  # won for a slot that moved away meanwhile
         # executions held: claimed and not over, by claim name
         self.held: dict[str, Execution] = {}
@@ -665,7 +670,15 @@ class Firer:
         # paused while delivering came back, finished the execution, and took it over again from
         # the node that had taken it meanwhile; its success was still in its buffer, PostgreSQL
         # having been away, so history did not show it, and it delivered the attempt again).
-        _fold(found, self.history.unwritten({e.ident for e in items}))
+        idents = {e.ident for e in items}
+        _fold(found, self.history.unwritten(idents))
+        # The same for what it finished and wrote already, and then found taken over (seed 40733:
+        # a node paused while sending attempt 3 came back, succeeded, and its done mark found the
+        # claim of the node that had taken it over; that node left without its own done mark, and
+        # this one took the claim over and sent attempt 3 again, the database being down).
+        superseded = self._finished_superseded
+        if superseded:
+            _fold(found, [superseded[i] for i in idents if i in superseded])
         for e in items:
             e.verify = False
             if e.stage is not Stage.WAITING:
@@ -1310,13 +1323,26 @@ class Firer:
             except BaseException:
                 self._done_pending[:0] = batch
                 raise
-            for (e, _, _), marked in zip(batch, ok, strict=True):
+            for (e, _, row), marked in zip(batch, ok, strict=True):
                 e.stage = Stage.OVER
                 if self.closing.get(e.ticket.name) is e:
                     del self.closing[e.ticket.name]
                 if not marked:
                     self._superseded(e, "another node took over an execution this node delivered")
+                    if row:
+                        self._remember_superseded(e, row)
             self.metrics.in_flight.set(len(self.held))
+
+    def _remember_superseded(self, e: Execution, row: str) -> None:
+        try:
+            finished = row_from_text(row)
+        except (ValueError, TypeError):
+            return
+        kept = self._finished_superseded
+        kept.pop(e.ident, None)
+        kept[e.ident] = finished
+        if len(kept) > _SUPERSEDED_MAX:
+            del kept[next(iter(kept))]
 
     # ------------------------------------------------------------------ handing over
     def _hand_over(self, which: Callable[[Execution], bool], patience: float = 3.0) -> None:
