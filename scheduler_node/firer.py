@@ -71,6 +71,7 @@ FINAL = frozenset(
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
 _SWEEP_LIMIT = 500  # open claims looked at per slot per sweep
 _PARK_BATCH = 1000  # executions parked per call
+_UNANSWERED_MAX = 1_000_000  # names of claims asked for without an answer, kept to ask again
 _SUPERSEDED_MAX = 10_000  # final rows kept of executions finished here and found taken over
 WAITING_LEASES = 3  # an execution waiting for a permit or a slot is leased this many leases at a time
 RECREATED_KEPT = 10_000  # jobs deleted and created again remembered for adoption (the latest)
@@ -156,6 +157,9 @@ class Firer:
         # they were fired anyway may have been delivered, and are checked against history.
         self.verify_through: dict[int, int] = {}
         self.to_verify: list[Execution] = []  # won, but check history before sending
+        # Claims asked for by a call whose answer never came (it may have been applied): asked for
+        # again, a claim of ours found there is ours (the claim script reads it only for these).
+        self._unanswered: set[str] = set()
         # Final rows of executions this node finished whose done mark found another node's claim
         # (it had taken them over meanwhile): should this node take that claim over in turn, what
         # it did itself counts as history even when the database cannot say (see _verify).
@@ -470,7 +474,16 @@ class Firer:
             return
         loop = asyncio.get_running_loop()
         asked = loop.time()
-        results = await self.claims.claim([e.ticket for e in due], self.cfg.lease_ms)
+        unanswered = self._unanswered
+        try:
+            results = await self.claims.claim([e.ticket for e in due], self.cfg.lease_ms, unanswered)
+        except BaseException:
+            if len(unanswered) > _UNANSWERED_MAX:  # (an outage's backlog: any left are taken over late)
+                unanswered.clear()
+            unanswered.update(e.ticket.name for e in due)
+            raise
+        if unanswered:
+            unanswered.difference_update(e.ticket.name for e in due)
         m = self.metrics
         won = lost = 0  # counted here, added to the metrics once (each inc takes a lock)
         for e, r in zip(due, results, strict=True):

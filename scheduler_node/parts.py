@@ -18,6 +18,7 @@ import abc
 import asyncio
 import enum
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -93,8 +94,12 @@ class Claims(abc.ABC):
     holder: str
 
     @abc.abstractmethod
-    async def claim(self, tickets: Sequence[Ticket], lease_ms: int) -> list[ClaimResult]:
-        """First attempt of each due execution (a claim of ours found again counts as won)."""
+    async def claim(
+        self, tickets: Sequence[Ticket], lease_ms: int, unanswered: AbstractSet[str] = frozenset()
+    ) -> list[ClaimResult]:
+        """First attempt of each due execution. A claim of ours found again counts as won when its
+        name is in ``unanswered`` (claims this holder asked for before and got no answer to); asked
+        for the first time, a claim already there is lost, whoever made it."""
 
     @abc.abstractmethod
     async def renew(self, holds: Sequence[Hold]) -> list[RenewResult]:

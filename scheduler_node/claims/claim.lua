@@ -3,13 +3,16 @@
 -- KEYS, three per execution: its claim key, its slot's index of open claims, its overlap guard
 --   (the claim key again when the job has none).
 -- ARGV[1]: holder ("<node>/<incarnation>"). ARGV[2]: lease (ms). ARGV[3]: how long a finished
---   mark is kept (ms). Then two per execution: its index member, '1' if it has a guard.
+--   mark is kept (ms). Then two per execution: its index member, and flags: 1 if it has a guard,
+--   plus 2 if this holder asked for it before without getting an answer.
 -- A guard holds "<claim key>|<deadline>" of the job event's latest execution that was not
 -- skipped; while that deadline lies ahead (in flight, or parked waiting to retry), a new
 -- execution is skipped: held (as if won, without the guard) until its holder marks it finished
 -- with its "skipped" history row.
--- A first-attempt claim of this holder's found again (its answer was lost) is won again, its lease
--- extended to now + lease if it ends sooner.
+-- A first-attempt claim of this holder's found again (asked before, its answer lost) is won again,
+-- its lease extended to now + lease if it ends sooner. Asked for the first time, a claim that is
+-- there already is lost without reading it (the other owner's, almost always: a read per
+-- occurrence saved).
 -- Returns per execution: 0 lost, 1 won, 2 won but skipped.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -22,7 +25,8 @@ local value, ttl, n = first .. deadline, keep + lease, #mine + 2
 local out = {}
 for i = 1, #KEYS / 3 do
   local key, open, guard = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local member, guarded = ARGV[2 + 2 * i], ARGV[3 + 2 * i] == '1'
+  local member, flags = ARGV[2 + 2 * i], tonumber(ARGV[3 + 2 * i])
+  local guarded, again = flags % 2 == 1, flags >= 2
   if redis.call('SET', key, value, 'NX', 'PX', ttl) then
     local busy = false
     if guarded then
@@ -44,7 +48,7 @@ for i = 1, #KEYS / 3 do
       end
       out[i] = 1
     end
-  else
+  elseif again then
     local v = redis.call('GET', key)
     -- Our own first-attempt claim, made by a call whose answer we never got: still ours, and held
     -- from now (a repeat may come after its lease ran out: a batch that failed on another shard).
@@ -64,6 +68,8 @@ for i = 1, #KEYS / 3 do
     else
       out[i] = 0
     end
+  else
+    out[i] = 0
   end
 end
 return out

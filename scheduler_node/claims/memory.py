@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from scheduler_node.claims.rows import BATCH_PREFIX, Kept, RowCopies, batchable, is_batch, pack, unpack
@@ -89,7 +90,9 @@ class MemoryClaims(Claims):
             return
         self.space.set(_guard_key(t), f"{key}|{deadline}", ttl)
 
-    async def claim(self, tickets: Sequence[Ticket], lease_ms: int) -> list[ClaimResult]:
+    async def claim(
+        self, tickets: Sequence[Ticket], lease_ms: int, unanswered: AbstractSet[str] = frozenset()
+    ) -> list[ClaimResult]:
         sp = self.space
         now = sp.now()
         deadline = now + lease_ms
@@ -98,7 +101,8 @@ class MemoryClaims(Claims):
             key = _claim_key(t)
             v = sp.get(key)
             if v is not None:
-                if not v.startswith(self._mine + "1|"):  # another's, or a retry of ours parked there
+                if t.name not in unanswered or not v.startswith(self._mine + "1|"):
+                    # another's (or ours, not asked before: it is not read), or a retry of ours parked there
                     out.append(ClaimResult.LOST)
                     continue
                 # Our own first-attempt claim, made by a call whose answer was lost: still ours, and

@@ -14,6 +14,7 @@ import itertools
 import secrets
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +38,7 @@ from scheduler_node.parts import (
 )
 
 CHUNK = 1000  # executions per script call, so that one call never blocks Redis for long
+_AGAIN = {"0": "2", "1": "3"}  # a claim's flags when its holder asked before without an answer
 SCRIPTS = ("claim", "renew", "done", "take", "sweep", "recorded")
 T = TypeVar("T")
 
@@ -84,7 +86,9 @@ class RedisClaims(Claims):
         return [claim, self.keys.open(t.slot), self.keys.guard(t.slot, t.guard)], "1"
 
     # -- the protocol
-    async def claim(self, tickets: Sequence[Ticket], lease_ms: int) -> list[ClaimResult]:
+    async def claim(
+        self, tickets: Sequence[Ticket], lease_ms: int, unanswered: AbstractSet[str] = frozenset()
+    ) -> list[ClaimResult]:
         if not tickets:
             return []
         calls = []
@@ -93,9 +97,10 @@ class RedisClaims(Claims):
             keys: list[str] = []
             args: list[Any] = [self.holder, lease_ms, self.keep_ms]
             for i in group:
-                triple, flag = self._triple(tickets[i])
+                t = tickets[i]
+                triple, flag = self._triple(t)
                 keys += triple
-                args += [tickets[i].member, flag]
+                args += [t.member, _AGAIN[flag] if t.name in unanswered else flag]
             calls.append((keys, args))
         out: list[ClaimResult] = [ClaimResult.LOST] * len(tickets)
         for group, res in zip(groups, await self._run("claim", calls), strict=True):

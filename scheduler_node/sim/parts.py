@@ -8,6 +8,7 @@ import asyncio
 import json
 import random
 from collections.abc import Collection, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -128,9 +129,11 @@ class SimClaims(Claims):
     async def _after(self) -> None:
         await self.redis.half()
 
-    async def claim(self, tickets: Sequence[Ticket], lease_ms: int) -> list[ClaimResult]:
+    async def claim(
+        self, tickets: Sequence[Ticket], lease_ms: int, unanswered: AbstractSet[str] = frozenset()
+    ) -> list[ClaimResult]:
         await self.redis.call(self.node)
-        out = await self.inner.claim(tickets, lease_ms)
+        out = await self.inner.claim(tickets, lease_ms, unanswered)
         await self._after()
         return out
 

@@ -161,7 +161,10 @@ def test_the_first_claim_wins_and_the_others_lose(store_of: Callable[[], Store])
         assert await a.claim(tickets, LEASE_MS) == [ClaimResult.WON] * 3
         assert await b.claim(tickets, LEASE_MS) == [ClaimResult.LOST] * 3
         # The same holder asking again (its first answer was lost on the way): still won.
-        assert await a.claim(tickets, LEASE_MS) == [ClaimResult.WON] * 3
+        names = {t.name for t in tickets}
+        assert await a.claim(tickets, LEASE_MS, names) == [ClaimResult.WON] * 3
+        # Not said to be asked before, a claim already there is lost without being read, ours too.
+        assert await a.claim(tickets, LEASE_MS) == [ClaimResult.LOST] * 3
 
     run(store_of, scenario)
 
@@ -176,12 +179,12 @@ def test_a_claim_repeated_after_its_lease_ran_out_holds_it_again(store_of: Calla
         t, guarded = ticket(6, "e6"), ticket(6, "g6", guard="job-6|0")
         assert await a.claim([t, guarded], LEASE_MS) == [ClaimResult.WON] * 2  # (an answer never read)
         await expire()
-        assert await a.claim([t, guarded], LEASE_MS) == [ClaimResult.WON] * 2
+        assert await a.claim([t, guarded], LEASE_MS, {t.name, guarded.name}) == [ClaimResult.WON] * 2
         assert [r.state for r in await b.take([t, guarded], LEASE_MS)] == [TakeState.HELD] * 2
         assert await b.claim([ticket(6, "g6-next", guard="job-6|0")], LEASE_MS) == [ClaimResult.SKIPPED]
         # a retry of ours parked there is not claimed again, and keeps its time
         assert await a.renew([Hold(t, 2, 10 * LEASE_MS)]) == [RenewResult.RENEWED]
-        assert await a.claim([t], LEASE_MS) == [ClaimResult.LOST]
+        assert await a.claim([t], LEASE_MS, {t.name}) == [ClaimResult.LOST]
         await expire()
         assert (await b.take([t], LEASE_MS))[0].state is TakeState.HELD
 

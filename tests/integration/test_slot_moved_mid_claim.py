@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 import pytest
 
@@ -48,10 +49,12 @@ class HeldClaims(RedisClaims):
         self.gate = asyncio.Event()
         self.renew_calls: list[int] = []
 
-    async def claim(self, tickets: Sequence[Ticket], lease_ms: int) -> list[ClaimResult]:
+    async def claim(
+        self, tickets: Sequence[Ticket], lease_ms: int, unanswered: AbstractSet[str] = frozenset()
+    ) -> list[ClaimResult]:
         self.entered.set()
         await self.gate.wait()
-        return await super().claim(tickets, lease_ms)
+        return await super().claim(tickets, lease_ms, unanswered)
 
     async def renew(self, holds: Sequence[Hold]) -> list[RenewResult]:
         self.renew_calls.append(len(holds))
