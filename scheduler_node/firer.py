@@ -173,6 +173,7 @@ class Firer:
         self.sending: dict[asyncio.Future[Outcome], tuple[Execution, int]] = {}
         self._reverify: list[Execution] = []
         self._done_pending: list[tuple[Execution, str, str]] = []
+        self._done_in_flight = 0  # done calls out (drain waits for them: see drain)
         # Finished here, their done marks on the way: until a mark lands the claim store still
         # shows the claim as this node's first attempt, which it would let this node win again.
         self.closing: dict[str, Execution] = {}
@@ -1085,10 +1086,18 @@ class Firer:
         """Park again what waits to retry here (idempotent): after Redis lost keys, or before this
         node stops, so that whoever owns the slot finds it. Tried for ``patience`` seconds."""
         await self._keep_trying(
-            lambda: self.claims.renew([Hold(e.ticket, e.attempt, max(0, e.due_ms - self.clock())) for e in items]),
+            lambda: self.claims.renew(
+                [Hold(e.ticket, e.attempt, max(0, e.due_ms - self.clock())) for e in items if self._still_parked(e)]
+            ),
             patience,
             f"could not park {len(items)} executions waiting to retry",
         )
+
+    def _still_parked(self, e: Execution) -> bool:
+        """Parked here, not taken back meanwhile: a park tried again (its answer lost, maybe made)
+        must not move the deadline of a claim this node has since taken back and is sending (seed
+        300094: the other owner found it due and delivered the attempt again)."""
+        return e.stage is Stage.PARKED and self.parked.get(e.ticket.member) is e
 
     async def _keep_trying(self, call: Callable[[], Awaitable[Any]], patience: float, what: str) -> bool:
         loop = asyncio.get_running_loop()
@@ -1120,6 +1129,17 @@ class Firer:
 
     async def _park_now(self, items: list[tuple[Execution, int]]) -> None:
         for attempt in range(5):
+            if attempt:
+                # What was taken back meanwhile is no longer to be parked (_still_parked); what was
+                # queued meanwhile goes in this call, not after every try of this one (seed 300194:
+                # a park waited behind tries whose answers were lost until its lease had run out).
+                room = _PARK_BATCH - len(items)
+                if room > 0 and self._to_park:
+                    items = items + self._to_park[:room]
+                    self._to_park = self._to_park[room:]
+                items = [(e, due) for e, due in items if e.stage is Stage.OVER or self._still_parked(e)]
+                if not items:
+                    return
             try:
                 now = self.clock()
                 results = await self.claims.renew([Hold(e.ticket, e.attempt, max(0, due - now)) for e, due in items])
@@ -1331,11 +1351,14 @@ class Firer:
         """Coalesced: whatever finished while the previous round trip was out goes in the next."""
         while self._done_pending:
             batch, self._done_pending = self._done_pending, []
+            self._done_in_flight += 1
             try:
                 ok = await self.claims.done([Finish(e.ticket, st, e.attempt, row) for e, st, row in batch])
             except BaseException:
                 self._done_pending[:0] = batch
                 raise
+            finally:
+                self._done_in_flight -= 1
             for (e, _, row), marked in zip(batch, ok, strict=True):
                 e.stage = Stage.OVER
                 if self.closing.get(e.ticket.name) is e:
@@ -1408,10 +1431,22 @@ class Firer:
             await self._repark(list(self.parked.values()), patience=handover_seconds)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=handover_seconds + 1)
-        try:
-            await asyncio.wait_for(self.flush_done(), handover_seconds)
-        except (TimeoutError, TransientError) as exc:
-            log.warning("could not mark executions done at shutdown: %s", exc)
+        # Done marks: what is pending, and what the done loop has out (seed 300778: its call, slow,
+        # was still out when this flush found nothing pending and the stop cancelled it; the marks
+        # never landed, and the slot's other owner delivered the attempt again after the lease).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + handover_seconds
+        while (self._done_pending or self._done_in_flight) and loop.time() < deadline:
+            if not self._done_pending:
+                await asyncio.sleep(0.02)
+                continue
+            try:
+                await asyncio.wait_for(self.flush_done(), max(0.01, deadline - loop.time()))
+            except (TimeoutError, TransientError) as exc:
+                log.warning("could not mark executions done at shutdown, retrying: %s", exc)
+                await asyncio.sleep(0.2)
+        if self._done_pending or self._done_in_flight:
+            log.warning("could not mark executions done at shutdown", extra={"executions": len(self._done_pending)})
 
     async def settle(self, timeout: float) -> None:
         """Wait (a while) for the short tasks this firer started to end."""

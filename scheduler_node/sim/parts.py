@@ -82,6 +82,10 @@ class SimRedis:
     epoch: str = ""
     progress: int | None = None
     slow: Spells = field(default_factory=Spells)
+    # spells in which each claim call's answer is lost with some probability (the call applied):
+    # (start, end, probability), drawn from a generator of their own
+    flaky: list[tuple[float, float, float]] = field(default_factory=list)
+    flaky_rng: random.Random = field(default_factory=lambda: random.Random(0))
     # claims taken over from another holder: (when, claim name, from holder, by holder), so that
     # the checks can tell a lease that ran out from an attempt number gone stale
     takeovers: list[tuple[float, str, str, str]] = field(default_factory=list)
@@ -118,7 +122,8 @@ class SimRedis:
 class SimClaims(Claims):
     """:class:`MemoryClaims` on a :class:`SimRedis`: each call reaches Redis after half a round
     trip, is applied there at once, and its answer comes back after the other half (so a process
-    paused or killed meanwhile leaves the change made and the answer unread)."""
+    paused or killed meanwhile leaves the change made and the answer unread, and Redis going away
+    meanwhile leaves it made and the caller with an error)."""
 
     def __init__(self, redis: SimRedis, holder: str, keep_ms: int) -> None:
         self.redis = redis
@@ -127,7 +132,15 @@ class SimClaims(Claims):
         self.inner = MemoryClaims(redis.space, holder, keep_ms)
 
     async def _after(self) -> None:
+        """The answer's way back: lost when Redis became unreachable meanwhile (the change is made,
+        the caller gets an error, as a client whose connection broke after sending)."""
         await self.redis.half()
+        r = self.redis
+        if r.world.now < max(r.down_until, r.cut.get(self.node, 0.0)):
+            raise TransientError("redis: connection reset (the answer was lost)")
+        for start, end, p in r.flaky:
+            if start <= r.world.now < end and r.flaky_rng.random() < p:
+                raise TransientError("redis: connection reset (the answer was lost)")
 
     async def claim(
         self, tickets: Sequence[Ticket], lease_ms: int, unanswered: AbstractSet[str] = frozenset()

@@ -19,6 +19,7 @@ from scheduler_node.sim.loop import InlineExecutor, SimLoop, World
 from scheduler_node.sim.parts import Receivers, SimClaims, SimDb, SimMembership, SimRedis, SimSender, SimStore
 
 SLOW_FROM = 100_000  # seeds from here on also draw slow spells (SimConfig.slow)
+FLAKY_FROM = 300_000  # seeds from here on also draw spells of lost answers (SimConfig.flaky)
 EPOCH = 1_893_456_000.0  # 2030-01-01T00:00:00Z: a fixed start, so runs do not depend on today
 
 FAULTS = (
@@ -57,6 +58,9 @@ class SimConfig:
     # None: seeds from SLOW_FROM on, so that the seeds below replay the runs they always had.
     slow: bool | None = None
     tick: float | None = None  # the nodes' timer_tick_seconds; None: the product's default
+    # Spells in which Redis applies claim calls and their answers are lost (a connection broken
+    # after the request went out); None: seeds from FLAKY_FROM on.
+    flaky: bool | None = None
 
 
 @dataclass
@@ -396,6 +400,20 @@ class Sim:
             (self.redis if kind == "redis_slow" else self.db).slow.spans.append((start, end, worst))
             self.faults.append(Fault(kind, start, end, worst=worst))
 
+    def _flaky_spells(self) -> None:
+        """One to three spells in which each claim call's answer is lost with a probability of
+        0.1 to 0.6, the call applied: the node must take what it asked for as maybe done (a claim
+        of its own found again, a take or a park that happened, a done mark made). Drawn from a
+        generator of their own."""
+        rng = random.Random(f"flaky/{self.cfg.seed}")
+        self.redis.flaky_rng = random.Random(rng.random())
+        for _ in range(rng.randint(1, 3)):
+            start = EPOCH + rng.uniform(self.cfg.warmup, self.cfg.duration - 2)
+            end = min(start + rng.uniform(1.0, 6.0), EPOCH + self.cfg.duration)
+            p = rng.choice((0.1, 0.3, 0.6))
+            self.redis.flaky.append((start, end, p))
+            self.faults.append(Fault("redis_flaky", start, end, worst=p))
+
     def _revive_all(self, node_ids: list[str]) -> None:
         for n in node_ids:
             self._revive(n)
@@ -424,6 +442,8 @@ class Sim:
             self._nemesis()
             if cfg.slow if cfg.slow is not None else cfg.seed >= SLOW_FROM:
                 self._slow_spells()
+            if cfg.flaky if cfg.flaky is not None else cfg.seed >= FLAKY_FROM:
+                self._flaky_spells()
             self.world.run_until(EPOCH + cfg.duration)
             # the nemesis rests: everything comes back and nothing fails any more
             self.redis.down_until = self.db.down_until = 0
