@@ -71,6 +71,7 @@ FINAL = frozenset(
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
 _SWEEP_LIMIT = 500  # open claims looked at per slot per sweep
 _PARK_BATCH = 1000  # executions parked per call
+_PARK_CALLS = 4  # park calls out at once
 _UNANSWERED_MAX = 1_000_000  # names of claims asked for without an answer, kept to ask again
 _SUPERSEDED_MAX = 10_000  # final rows kept of executions finished here and found taken over
 WAITING_LEASES = 3  # an execution waiting for a permit or a slot is leased this many leases at a time
@@ -185,11 +186,11 @@ class Firer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
         # Executions waiting to retry whose claims are to be parked, with when they retry: parked by
-        # one call at a time, as many as are waiting then (a receiver that times out a thousand
-        # requests at once makes a thousand of them in one pass, and a call each ran the node's
-        # Redis connections out).
+        # a few calls at a time (_PARK_CALLS), as many as are waiting then each (a receiver that
+        # times out a thousand requests at once makes a thousand of them in one pass, and a call
+        # each ran the node's Redis connections out).
         self._to_park: list[tuple[Execution, int]] = []
-        self._parking = False
+        self._parking = 0  # park calls out, at most _PARK_CALLS
         self._sweep_wake = asyncio.Event()
         self._done_wake = asyncio.Event()
         self.stopping = False
@@ -1074,8 +1075,8 @@ class Firer:
         else:
             e.stage = Stage.OVER
         self._to_park.append((e, due_ms))
-        if not self._parking:
-            self._parking = True
+        if self._parking < _PARK_CALLS:
+            self._parking += 1
             self._spawn(self._park_queued())
 
     def _repark_all(self) -> None:
@@ -1117,7 +1118,9 @@ class Firer:
 
     async def _park_queued(self) -> None:
         """Park what is queued, a batch a call, until nothing is (what comes meanwhile goes in the
-        next call)."""
+        next call of one of the _PARK_CALLS tasks that do this: a park never waits behind more
+        than that many calls out, a slow one included, where one call at a time made a park wait
+        until its lease had run out behind a slow spell of Redis, seed 100376)."""
         try:
             for _ in range(1_000_000):  # bound: each round takes what is queued
                 if not self._to_park:
@@ -1125,7 +1128,7 @@ class Firer:
                 batch, self._to_park = self._to_park[:_PARK_BATCH], self._to_park[_PARK_BATCH:]
                 await self._park_now(batch)
         finally:
-            self._parking = False
+            self._parking -= 1
 
     async def _park_now(self, items: list[tuple[Execution, int]]) -> None:
         for attempt in range(5):

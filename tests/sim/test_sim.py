@@ -96,6 +96,7 @@ FOUND_AT_DEFAULT_TICK = [
     40021,  # the job deleted: a taker's "cancelled" of an attempt lost to a paused node's "failed" of it
     120323,  # (the check's, not the product's) a node's delivery taken over, and taken back from a paused taker
     40733,  # a node's success found taken over, the taker gone, taken back and sent again, PostgreSQL down
+    100376,  # a park waited behind a slow park call until its lease ran out (one park call at a time)
 ]
 
 
