@@ -21,17 +21,21 @@ DARK = 2.0  # seconds everything stays down
 
 
 def _recorded(database_url: str, t0: float, t1: float) -> set[tuple[str, int]]:
-    """Occurrences (job id, scheduled ms) of [t0, t1] with a final history row."""
+    """Occurrences (job id, scheduled ms) of [t0, t1] with a final history row, the window in
+    whole milliseconds as the ledger's analysis has it (an occurrence in t0's own millisecond, before
+    t0's fraction of it, counts in both)."""
     engine = make_engine(database_url, pool_size=1)
     try:
         with engine.connect() as conn:
             rows = conn.execute(
                 text(
-                    "SELECT job_id, floor(extract(epoch from scheduled_for) * 1000)::bigint FROM scheduled_jobs "
-                    "WHERE scheduled_for BETWEEN to_timestamp(:a) AND to_timestamp(:b) "
+                    "SELECT job_id, ms FROM (SELECT job_id, status, "
+                    "floor(extract(epoch from scheduled_for) * 1000)::bigint AS ms FROM scheduled_jobs "
+                    "WHERE scheduled_for BETWEEN to_timestamp(:a) - interval '1 second' "
+                    "AND to_timestamp(:b) + interval '1 second') r WHERE ms BETWEEN :a_ms AND :b_ms "
                     "AND status IN ('succeeded', 'permanently_failed', 'skipped', 'cancelled')"
                 ),
-                {"a": t0, "b": t1},
+                {"a": t0, "b": t1, "a_ms": int(t0 * 1000), "b_ms": int(t1 * 1000)},
             ).all()
     finally:
         engine.dispose()
