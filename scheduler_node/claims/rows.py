@@ -60,9 +60,6 @@ class RowCopies:
         self._left: dict[Kept, int] = {}
         self._early: dict[str, None] = {}
 
-    def __len__(self) -> int:
-        return len(self._batch_of)
-
     def unwritten(self, row: str) -> bool:
         """Whether a row about to be kept is not written yet (a done call slower than the
         history writer: then it is not kept at all)."""
