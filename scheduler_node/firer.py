@@ -189,7 +189,7 @@ class Firer:
         # a few calls at a time (_PARK_CALLS), as many as are waiting then each (a receiver that
         # times out a thousand requests at once makes a thousand of them in one pass, and a call
         # each ran the node's Redis connections out).
-        self._to_park: list[tuple[Execution, int]] = []
+        self._to_park: list[tuple[Execution, int, bool]] = []  # (execution, due, advance: see Hold)
         self._parking = 0  # park calls out, at most _PARK_CALLS
         self._sweep_wake = asyncio.Event()
         self._done_wake = asyncio.Event()
@@ -1052,18 +1052,19 @@ class Firer:
         if status is Status.FAILED:
             e.attempt += 1
             if job.slot not in self.slots:  # the slot moved meanwhile: its new owners retry it
-                self._park(e, finished + delay, here=False)
+                self._park(e, finished + delay, here=False, advance=True)
             elif gone or (current is not None and current.paused):
                 self._finish_with(e, Status.CANCELLED, "no retry: the job was " + ("deleted" if gone else "paused"))
             else:
-                self._park(e, finished + delay)
+                self._park(e, finished + delay, advance=True)
             return
         self._close(e, status.value, row_to_text(row))
 
-    def _park(self, e: Execution, due_ms: int, here: bool = True) -> None:
+    def _park(self, e: Execution, due_ms: int, here: bool = True, advance: bool = False) -> None:
         """Wait to retry: the claim is parked in the claim store until then (so that whoever owns
         the slot may take it if this node is gone), and this node takes it back at that time
-        (unless ``here`` is False: the slot is someone else's now)."""
+        (unless ``here`` is False: the slot is someone else's now). ``advance``: the park moves the
+        claim on to the execution's next attempt, and is made once (see Hold)."""
         if self.trace:
             self.trace("park", e, f"attempt {e.attempt} at {due_ms}" + ("" if here else " (for the slot's owners)"))
         self.held.pop(e.ticket.name, None)
@@ -1074,7 +1075,7 @@ class Firer:
             self._wake.set()
         else:
             e.stage = Stage.OVER
-        self._to_park.append((e, due_ms))
+        self._to_park.append((e, due_ms, advance))
         if self._parking < _PARK_CALLS:
             self._parking += 1
             self._spawn(self._park_queued())
@@ -1130,7 +1131,7 @@ class Firer:
         finally:
             self._parking -= 1
 
-    async def _park_now(self, items: list[tuple[Execution, int]]) -> None:
+    async def _park_now(self, items: list[tuple[Execution, int, bool]]) -> None:
         for attempt in range(5):
             if attempt:
                 # What was taken back meanwhile is no longer to be parked (_still_parked); what was
@@ -1140,13 +1141,15 @@ class Firer:
                 if room > 0 and self._to_park:
                     items = items + self._to_park[:room]
                     self._to_park = self._to_park[room:]
-                items = [(e, due) for e, due in items if e.stage is Stage.OVER or self._still_parked(e)]
+                items = [item for item in items if item[0].stage is Stage.OVER or self._still_parked(item[0])]
                 if not items:
                     return
             try:
                 now = self.clock()
-                results = await self.claims.renew([Hold(e.ticket, e.attempt, max(0, due - now)) for e, due in items])
-                for (e, _), r in zip(items, results, strict=True):
+                results = await self.claims.renew(
+                    [Hold(e.ticket, e.attempt, max(0, due - now), advance) for e, due, advance in items]
+                )
+                for (e, _, _), r in zip(items, results, strict=True):
                     if r is RenewResult.LOST:
                         self._superseded(e, "lost the claim on an execution waiting to retry")
                         self.parked.pop(e.ticket.member, None)

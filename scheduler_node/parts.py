@@ -63,11 +63,15 @@ class Ticket(NamedTuple):
 
 
 class Hold(NamedTuple):
-    """Keep (renew) or park a claim: ``duration_ms`` from now, at ``attempt``."""
+    """Keep (renew) or park a claim: ``duration_ms`` from now, at ``attempt``. ``advance``: a park
+    that moves the claim on to ``attempt`` (a retry after a failed one); when the claim holds that
+    attempt already, this park was made before (a call tried again, its answer lost) and this one
+    changes nothing: the node may have taken the retry back and be sending it meanwhile."""
 
     ticket: Ticket
     attempt: int
     duration_ms: int
+    advance: bool = False
 
 
 class Finish(NamedTuple):

@@ -134,11 +134,12 @@ class MemoryClaims(Claims):
             out.append(ClaimResult.WON)
         return out
 
-    def _stale(self, value: str, attempt: int) -> bool:
-        """A renewal of an attempt earlier than our claim holds: sent before the park of the next
-        attempt, landed after it; it changes nothing (renew.lua)."""
+    def _stale(self, value: str, attempt: int, advance: bool) -> bool:
+        """A renewal of an attempt earlier than our claim holds (sent before the park of the next
+        attempt, landed after it), or a park on to an attempt it holds already (made before, then
+        tried again): it changes nothing (renew.lua)."""
         held = value[len(self._mine) :].split("|")[0]
-        return held.isdigit() and int(held) > attempt
+        return held.isdigit() and (int(held) >= attempt if advance else int(held) > attempt)
 
     async def renew(self, holds: Sequence[Hold]) -> list[RenewResult]:
         sp = self.space
@@ -152,7 +153,7 @@ class MemoryClaims(Claims):
                 result = RenewResult.RECLAIMED
             elif v.startswith(self._mine):
                 result = RenewResult.RENEWED
-                if self._stale(v, h.attempt):
+                if self._stale(v, h.attempt, h.advance):
                     out.append(result)
                     continue
             else:

@@ -38,7 +38,9 @@ from scheduler_node.parts import (
 )
 
 CHUNK = 1000  # executions per script call, so that one call never blocks Redis for long
-_AGAIN = {"0": "2", "1": "3"}  # a claim's flags when its holder asked before without an answer
+# An execution's flags ('0', or '1' with a guard) with their second bit set: a claim its holder
+# asked for before without an answer (claim.lua), a park on to a new attempt (renew.lua).
+_BIT2 = {"0": "2", "1": "3"}
 SCRIPTS = ("claim", "renew", "done", "take", "sweep", "recorded")
 T = TypeVar("T")
 
@@ -100,7 +102,7 @@ class RedisClaims(Claims):
                 t = tickets[i]
                 triple, flag = self._triple(t)
                 keys += triple
-                args += [t.member, _AGAIN[flag] if t.name in unanswered else flag]
+                args += [t.member, _BIT2[flag] if t.name in unanswered else flag]
             calls.append((keys, args))
         out: list[ClaimResult] = [ClaimResult.LOST] * len(tickets)
         for group, res in zip(groups, await self._run("claim", calls), strict=True):
@@ -120,7 +122,7 @@ class RedisClaims(Claims):
                 h = holds[i]
                 triple, flag = self._triple(h.ticket)
                 keys += triple
-                args += [h.ticket.member, h.attempt, max(0, h.duration_ms), flag]
+                args += [h.ticket.member, h.attempt, max(0, h.duration_ms), _BIT2[flag] if h.advance else flag]
             calls.append((keys, args))
         out: list[RenewResult] = [RenewResult.LOST] * len(holds)
         for group, res in zip(groups, await self._run("renew", calls), strict=True):

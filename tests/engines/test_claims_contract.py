@@ -316,6 +316,33 @@ def test_a_renewal_that_arrives_after_the_next_attempts_park_changes_nothing(sto
     run(store_of, scenario)
 
 
+def test_a_park_made_again_after_the_retry_was_taken_back_changes_nothing(store_of: Callable[[], Store]) -> None:
+    """The park of attempt 2 lands but its answer is lost, so the node sends it again. Meanwhile
+    the retry came due and the node took it back and is sending it: the park tried again lands
+    after that take. Were it applied, the claim's deadline would move back to the retry's due
+    time, and the slot's other owner would take attempt 2 and send it too (seeds 911088, 911482,
+    911510 of the simulation, every fault)."""
+
+    async def scenario(store: Store) -> None:
+        a, owner = store.claims("node-a/1"), store.claims("node-b/1")
+        t = ticket(15, "e15")
+        await a.claim([t], LEASE_MS)
+        park = Hold(t, 2, 50, advance=True)
+        assert await a.renew([park]) == [RenewResult.RENEWED]  # made; its answer lost
+        await asyncio.sleep(0.2)
+        assert await a.take([t], LEASE_MS) == [Took(TakeState.TAKEN, 2)]  # due: taken back, sending
+        assert await a.renew([park._replace(duration_ms=0)]) == [RenewResult.RENEWED]  # the park again
+        assert (await owner.sweep([15], 10, -1)).due == {}
+        assert (await owner.take([t], LEASE_MS))[0].state is TakeState.HELD
+        # a park on to the next attempt still moves the claim on, and a hand-over still parks for now
+        assert await a.renew([Hold(t, 3, 10 * LEASE_MS, advance=True)]) == [RenewResult.RENEWED]
+        assert (await owner.take([t], LEASE_MS))[0].state is TakeState.HELD
+        assert await a.renew([Hold(t, 3, 0)]) == [RenewResult.RENEWED]
+        assert await owner.take([t], LEASE_MS) == [Took(TakeState.TAKEN, 3)]
+
+    run(store_of, scenario)
+
+
 def test_handing_over_parks_for_now_and_the_owner_takes_it(store_of: Callable[[], Store]) -> None:
     async def scenario(store: Store) -> None:
         a, owner = store.claims("node-a/1"), store.claims("node-b/1")

@@ -205,11 +205,25 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
     ]
 
 
+# 911088, 911482 and 911510 (every fault: 1,000 seeds from 911001, 3 failed): a park of a retry,
+# its answer lost in a spell of lost answers, was tried again; meanwhile the retry came due and its
+# node took it back, and the park tried again landed after that take (on another connection, the
+# take overtook it in a slow spell). The claim's deadline moved back to the due time, the slot's
+# other owner took the retry and sent it too. A park on to an attempt the claim holds already
+# changes nothing now (renew.lua).
 @pytest.mark.parametrize(
     ("seed", "faults"),
-    [(870158, WITH_POWER_CUTS), (870335, WITH_POWER_CUTS), (880157, EVERY_FAULT), (880196, EVERY_FAULT)],
+    [
+        (870158, WITH_POWER_CUTS),
+        (870335, WITH_POWER_CUTS),
+        (880157, EVERY_FAULT),
+        (880196, EVERY_FAULT),
+        (911088, EVERY_FAULT),
+        (911482, EVERY_FAULT),
+        (911510, EVERY_FAULT),
+    ],
 )
-def test_seeds_found_with_power_cuts_keep_the_guarantee(seed: int, faults: frozenset[str]) -> None:
+def test_seeds_found_with_every_fault_keep_the_guarantee(seed: int, faults: frozenset[str]) -> None:
     report = run_seed(seed, SimConfig(seed, faults=faults))
     assert not report.violations, (
         f"{report.violations[:3]} - replay: cronman sim --seed {seed} --faults {','.join(sorted(faults))}"
