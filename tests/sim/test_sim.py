@@ -210,7 +210,11 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
 # node took it back, and the park tried again landed after that take (on another connection, the
 # take overtook it in a slow spell). The claim's deadline moved back to the due time, the slot's
 # other owner took the retry and sent it too. A park on to an attempt the claim holds already
-# changes nothing now (renew.lua).
+# changes nothing now (renew.lua). In a second 1,000 seeds of every fault (911001-, with that
+# fix), 911903 found a defect of the checker: Redis lost a claim whose answer was still on its way
+# (a slow spell); the other owner claimed the occurrence anew and skipped it for an overlap, and the
+# first node's retry found it ended. The checker now counts a loss up to a second before the first
+# attempt, as its history check does.
 @pytest.mark.parametrize(
     ("seed", "faults"),
     [
@@ -221,6 +225,7 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
         (911088, EVERY_FAULT),
         (911482, EVERY_FAULT),
         (911510, EVERY_FAULT),
+        (911903, EVERY_FAULT),
     ],
 )
 def test_seeds_found_with_every_fault_keep_the_guarantee(seed: int, faults: frozenset[str]) -> None:
