@@ -5,12 +5,13 @@ the nemesis injects. The node code above them is the production code."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from cronman.errors import TransientError
 from cronman.hashing import slot_of
@@ -237,6 +238,10 @@ class SimMembership(Membership):
 
 
 # --------------------------------------------------------------------------- PostgreSQL
+T = TypeVar("T")
+A = ParamSpec("A")
+
+
 @dataclass
 class SimJob:
     id: str
@@ -304,6 +309,11 @@ class SimDb:
     cut: dict[str, float] = field(default_factory=dict)  # node id -> unreachable from it until
     hang_until: float = 0.0  # no answer (nor error) to any round trip before then
     slow: Spells = field(default_factory=Spells)
+    # spells in which each round trip's answer is lost with some probability, the change made (a
+    # connection broken after the commit): (from, to, probability), drawn from flaky_rng
+    flaky: list[tuple[float, float, float]] = field(default_factory=list)
+    flaky_rng: random.Random = field(default_factory=lambda: random.Random(0))
+    answers_lost: int = 0
     polls: dict[str, list[float]] = field(default_factory=dict)  # holder -> when its feed reads succeeded
     change: int = 1
     version: int = 1
@@ -384,9 +394,21 @@ class SimDb:
         if self._down(node):
             raise TransientError("database: server closed the connection unexpectedly")
 
+    def answer(self) -> None:
+        """The answer's way back: lost in a spell of lost answers (what was asked is done)."""
+        for start, end, p in self.flaky:
+            if start <= self.world.now < end and self.flaky_rng.random() < p:
+                self.answers_lost += 1
+                raise TransientError("database: server closed the connection unexpectedly (the answer was lost)")
+
     def write(self, rows: list[HistoryRow], node: str = "") -> int:
         if self._down(node):
             raise TransientError("database: connection refused")
+        dups = self._write(rows)
+        self.answer()
+        return dups
+
+    def _write(self, rows: list[HistoryRow]) -> int:
         dups = 0
         for r in rows:
             old = self.history.get(r.key)
@@ -409,12 +431,27 @@ class SimBackfill:
     lease_until: int = 0
 
 
+def _answered(
+    fn: Callable[Concatenate[SimStore, A], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[SimStore, A], Coroutine[Any, Any, T]]:
+    """A store call whose answer may be lost on its way back (SimDb.answer), what it did done."""
+
+    @functools.wraps(fn)
+    async def call(self: SimStore, *args: A.args, **kwargs: A.kwargs) -> T:
+        out = await fn(self, *args, **kwargs)
+        self.db.answer()
+        return out
+
+    return call
+
+
 class SimStore(NodeStore):
     def __init__(self, db: SimDb, holder: str = "") -> None:
         self.db = db
         self.holder = holder
         self.node = holder.split("/")[0]
 
+    @_answered
     async def load_slots(self, slots: Sequence[int], decoder: Decoder) -> tuple[int, Loaded]:
         await self.db.call(self.node)
         wanted = set(slots)
@@ -428,18 +465,22 @@ class SimStore(NodeStore):
         self, cursor: int, slots: Collection[int] | None = None
     ) -> tuple[int, list[JobRow], list[TriggerRow]]:
         await self.db.call(self.node)
-        self.db.polls.setdefault(self.holder, []).append(self.db.world.now)
+        now = self.db.world.now
         wanted = None if slots is None else set(slots)
         jobs = sorted(self.db.jobs.values(), key=lambda j: j.change)
         rows = [j.row() for j in jobs if j.change >= cursor and (wanted is None or j.slot in wanted)]
         triggers = [t for c, t, slot in self.db.triggers if c >= cursor and (wanted is None or slot in wanted)]
+        self.db.answer()
+        self.db.polls.setdefault(self.holder, []).append(now)  # a read the node got (the checker's)
         return self.db.change + 1, rows, triggers
 
+    @_answered
     async def recent_triggers(self, slots: Sequence[int], since_ms: int) -> list[TriggerRow]:
         await self.db.call(self.node)
         wanted = set(slots)
         return [t for _, t, slot in self.db.triggers if slot in wanted and t.requested_ms > since_ms]
 
+    @_answered
     async def attempts(self, idents: Sequence[Ident]) -> dict[Ident, Attempts]:
         await self.db.call(self.node)
         wanted = set(idents)
@@ -454,15 +495,18 @@ class SimStore(NodeStore):
                 found[ident] = Attempts(last, old.final or final, (old.final or final) and not ended)
         return found
 
+    @_answered
     async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
         await self.db.call(self.node)
         jobs = self.db.jobs
         return {i: (jobs[i].incarnation, jobs[i].created_ms) for i in job_ids if i in jobs and not jobs[i].deleted}
 
+    @_answered
     async def cluster_config(self) -> ClusterConfig:
         await self.db.call(self.node)
         return ClusterConfig({}, {})
 
+    @_answered
     async def save_progress(
         self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes, epoch: str | None
     ) -> None:
@@ -477,6 +521,7 @@ class SimStore(NodeStore):
         firing = max(fired_through_ms, old.firing_through) if old is not None else fired_through_ms
         db.progress[(node_id, incarnation)] = Progress(ms, slots, epoch, firing, db.now_ms())
 
+    @_answered
     async def lose_epoch(
         self,
         epoch: str,
@@ -507,6 +552,7 @@ class SimStore(NodeStore):
                 p.fired_through = since_ms
         return since_ms
 
+    @_answered
     async def unnoticed_losses(
         self, current: str, reach_ms: int, margin_ms: int, node_id: str
     ) -> list[tuple[str, int]]:
@@ -523,12 +569,14 @@ class SimStore(NodeStore):
             out.append((epoch, self._lose(epoch, current, since)))
         return out
 
+    @_answered
     async def slot_marks(self) -> SlotMarks:
         await self.db.call(self.node)
         return slot_marks_of(
             (p.fired_through, max(p.firing_through, p.fired_through), p.slots) for p in self.db.progress.values()
         )
 
+    @_answered
     async def back(
         self, mark_ms: int | None, now_ms: int, outage_after_ms: int, node_id: str
     ) -> tuple[int, int] | None:
@@ -541,10 +589,12 @@ class SimStore(NodeStore):
             self.db.outages.append(outage)
         return outage
 
+    @_answered
     async def outages(self, since_ms: int) -> list[tuple[int, int]]:
         await self.db.call(self.node)
         return sorted((a, b) for a, b in self.db.outages if b > since_ms)
 
+    @_answered
     async def delete_completed(self, jobs: Sequence[tuple[str, int]]) -> list[str]:
         await self.db.call(self.node)
         deleted = []
@@ -556,6 +606,7 @@ class SimStore(NodeStore):
             deleted.append(job_id)
         return deleted
 
+    @_answered
     async def backfills(self) -> list[BackfillRow]:
         await self.db.call(self.node)
         out = []
@@ -565,6 +616,7 @@ class SimStore(NodeStore):
             out.append(replace(b.row, live_incarnation=live))
         return out
 
+    @_answered
     async def lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
         await self.db.call(self.node)
         b = self.db.backfills.get(backfill_id)
@@ -574,6 +626,7 @@ class SimStore(NodeStore):
         b.driver, b.lease_until = holder, now + lease_ms
         return b.row.cursor_ms, b.row.dispatched
 
+    @_answered
     async def renew_backfill(
         self,
         backfill_id: str,
@@ -598,6 +651,7 @@ class SimStore(NodeStore):
             b.driver = None
         return running
 
+    @_answered
     async def end_backfill(self, backfill_id: str, reason: str) -> None:
         await self.db.call(self.node)
         b = self.db.backfills.get(backfill_id)

@@ -20,6 +20,10 @@ from scheduler_node.sim.parts import Receivers, SimClaims, SimDb, SimMembership,
 
 SLOW_FROM = 100_000  # seeds from here on also draw slow spells (SimConfig.slow)
 FLAKY_FROM = 300_000  # seeds from here on also draw spells of lost answers (SimConfig.flaky)
+# Seeds of this range also draw spells of PostgreSQL's answers lost (SimConfig.db_flaky); a range,
+# not a start, so that the seeds above it (the opt-in faults' mixes, the seeds kept because they
+# found a defect) replay the runs they always had.
+DB_FLAKY_SEEDS = range(400_000, 500_000)
 EPOCH = 1_893_456_000.0  # 2030-01-01T00:00:00Z: a fixed start, so runs do not depend on today
 
 FAULTS = (
@@ -61,6 +65,10 @@ class SimConfig:
     # Spells in which Redis applies claim calls and their answers are lost (a connection broken
     # after the request went out); None: seeds from FLAKY_FROM on.
     flaky: bool | None = None
+    # The same for PostgreSQL: every call made and its answer lost (a connection broken after the
+    # commit: a history write, a progress mark, an outage recorded, a backfill's lease); None: the
+    # seeds of DB_FLAKY_SEEDS.
+    db_flaky: bool | None = None
 
 
 @dataclass
@@ -414,6 +422,18 @@ class Sim:
             self.redis.flaky.append((start, end, p))
             self.faults.append(Fault("redis_flaky", start, end, worst=p))
 
+    def _db_flaky_spells(self) -> None:
+        """One to three spells in which each PostgreSQL round trip is made and its answer lost with
+        a probability of 0.1 to 0.6. Drawn from a generator of their own."""
+        rng = random.Random(f"db-flaky/{self.cfg.seed}")
+        self.db.flaky_rng = random.Random(rng.random())
+        for _ in range(rng.randint(1, 3)):
+            start = EPOCH + rng.uniform(self.cfg.warmup, self.cfg.duration - 2)
+            end = min(start + rng.uniform(1.0, 6.0), EPOCH + self.cfg.duration)
+            p = rng.choice((0.1, 0.3, 0.6))
+            self.db.flaky.append((start, end, p))
+            self.faults.append(Fault("db_flaky", start, end, worst=p))
+
     def _revive_all(self, node_ids: list[str]) -> None:
         for n in node_ids:
             self._revive(n)
@@ -444,6 +464,8 @@ class Sim:
                 self._slow_spells()
             if cfg.flaky if cfg.flaky is not None else cfg.seed >= FLAKY_FROM:
                 self._flaky_spells()
+            if cfg.db_flaky if cfg.db_flaky is not None else cfg.seed in DB_FLAKY_SEEDS:
+                self._db_flaky_spells()
             self.world.run_until(EPOCH + cfg.duration)
             # the nemesis rests: everything comes back and nothing fails any more
             self.redis.down_until = self.db.down_until = 0
