@@ -95,10 +95,10 @@ def rows(count: int, probes: int, url: str) -> tuple[Iterator[tuple[str, JobTemp
 
 # Resident memory a node needs per job it owns with this job set, the node's own baseline included
 # (measured: 1.39 KB at 1M jobs and 1.94 KB at 5M while nodes loaded neighbours' shares and dropped
-# them again, fragmenting the heap; 1.04 KB at 5M and 1.13 KB at 1M since each node loads its share
-# once). Kept above the measurement: a size that fits only by these figures (7M here) was never run,
-# and PostgreSQL, Redis and the bench need their share too. Each job is owned by two nodes.
-NODE_BYTES_PER_OWNED_JOB = 2000
+# them again, fragmenting the heap; since each node loads its share once, 1.04 KB at 5M and 931 B at
+# 2M). Kept half as much again above the measurement: PostgreSQL, Redis and the bench need their
+# share too, and a size that fits only by the figures was never run. Each job is owned by two nodes.
+NODE_BYTES_PER_OWNED_JOB = 1600
 
 
 def memory_check(jobs: int) -> None:
