@@ -87,6 +87,8 @@ class SimRedis:
     # (start, end, probability), drawn from a generator of their own
     flaky: list[tuple[float, float, float]] = field(default_factory=list)
     flaky_rng: random.Random = field(default_factory=lambda: random.Random(0))
+    # the membership's calls too (heartbeats, standings, leaving): only where the run says so
+    members_flaky: bool = False
     # claims taken over from another holder: (when, claim name, from holder, by holder), so that
     # the checks can tell a lease that ran out from an attempt number gone stale
     takeovers: list[tuple[float, str, str, str]] = field(default_factory=list)
@@ -108,6 +110,19 @@ class SimRedis:
         self.epoch = ""
         self.progress = None
         self.losses.append(self.world.now)
+
+    def lost(self, node: str) -> bool:
+        """Whether a call's answer is lost on its way back: Redis went away meanwhile, or a spell
+        of lost answers drew it."""
+        if self.world.now < max(self.down_until, self.cut.get(node, 0.0)):
+            return True
+        return any(start <= self.world.now < end and self.flaky_rng.random() < p for start, end, p in self.flaky)
+
+    async def answer(self, node: str) -> None:
+        """A membership call's way back (see ``members_flaky``)."""
+        await self.half()
+        if self.members_flaky and self.lost(node):
+            raise TransientError("redis: connection reset (the answer was lost)")
 
     async def call(self, node: str = "") -> None:
         """The request's way there; raises while Redis is unreachable (after a timeout), for
@@ -136,12 +151,8 @@ class SimClaims(Claims):
         """The answer's way back: lost when Redis became unreachable meanwhile (the change is made,
         the caller gets an error, as a client whose connection broke after sending)."""
         await self.redis.half()
-        r = self.redis
-        if r.world.now < max(r.down_until, r.cut.get(self.node, 0.0)):
+        if self.redis.lost(self.node):
             raise TransientError("redis: connection reset (the answer was lost)")
-        for start, end, p in r.flaky:
-            if start <= r.world.now < end and r.flaky_rng.random() < p:
-                raise TransientError("redis: connection reset (the answer was lost)")
 
     async def claim(
         self, tickets: Sequence[Ticket], lease_ms: int, unanswered: AbstractSet[str] = frozenset()
@@ -203,7 +214,7 @@ class SimMembership(Membership):
         if progress_ms is not None and progress_ms > (self.redis.progress or 0):
             self.redis.progress = progress_ms
         beat = Beat(self.redis.epoch, self.redis.progress)
-        await self.redis.half()
+        await self.redis.answer(self.node_id)
         return beat
 
     async def live(self) -> list[Member]:
@@ -217,14 +228,14 @@ class SimMembership(Membership):
                 continue
             info = json.loads(info_text)
             out.append(Member(node_id, (now - beat) / 1000, bool(info.get("ready")), info))
-        await self.redis.half()
+        await self.redis.answer(self.node_id)
         return out
 
     async def leave(self) -> None:
         await self.redis.call(self.node_id)
         self.redis.members.pop(self.node_id, None)
         self.redis.standings.pop(self.node_id, None)
-        await self.redis.half()
+        await self.redis.answer(self.node_id)
 
     async def stand(self, standing: str | None) -> dict[str, str]:
         await self.redis.call(self.node_id)
@@ -233,7 +244,7 @@ class SimMembership(Membership):
         else:
             self.redis.standings[self.node_id] = standing
         out = dict(self.redis.standings)
-        await self.redis.half()
+        await self.redis.answer(self.node_id)
         return out
 
 

@@ -66,8 +66,9 @@ class SimConfig:
     # after the request went out); None: seeds from FLAKY_FROM on.
     flaky: bool | None = None
     # The same for PostgreSQL: every call made and its answer lost (a connection broken after the
-    # commit: a history write, a progress mark, an outage recorded, a backfill's lease); None: the
-    # seeds of DB_FLAKY_SEEDS.
+    # commit: a history write, a progress mark, an outage recorded, a backfill's lease); and Redis's
+    # spells then lose the membership's answers too (a heartbeat, a standing); None: the seeds of
+    # DB_FLAKY_SEEDS.
     db_flaky: bool | None = None
 
 
@@ -466,6 +467,7 @@ class Sim:
                 self._flaky_spells()
             if cfg.db_flaky if cfg.db_flaky is not None else cfg.seed in DB_FLAKY_SEEDS:
                 self._db_flaky_spells()
+                self.redis.members_flaky = True  # Redis's lost answers reach heartbeats and standings too
             self.world.run_until(EPOCH + cfg.duration)
             # the nemesis rests: everything comes back and nothing fails any more
             self.redis.down_until = self.db.down_until = 0
