@@ -1086,10 +1086,16 @@ class Firer:
 
     async def _repark(self, items: list[Execution], patience: float = 3.0) -> None:
         """Park again what waits to retry here (idempotent): after Redis lost keys, or before this
-        node stops, so that whoever owns the slot finds it. Tried for ``patience`` seconds."""
+        node stops, so that whoever owns the slot finds it. Tried for ``patience`` seconds. Each is
+        a park on to its attempt (``advance``): where the claim holds it already (the park made,
+        or the retry taken back since, with a take still on its way) it changes nothing."""
         await self._keep_trying(
             lambda: self.claims.renew(
-                [Hold(e.ticket, e.attempt, max(0, e.due_ms - self.clock())) for e in items if self._still_parked(e)]
+                [
+                    Hold(e.ticket, e.attempt, max(0, e.due_ms - self.clock()), advance=True)
+                    for e in items
+                    if self._still_parked(e)
+                ]
             ),
             patience,
             f"could not park {len(items)} executions waiting to retry",
