@@ -409,31 +409,20 @@ class Sim:
             (self.redis if kind == "redis_slow" else self.db).slow.spans.append((start, end, worst))
             self.faults.append(Fault(kind, start, end, worst=worst))
 
-    def _flaky_spells(self) -> None:
-        """One to three spells in which each claim call's answer is lost with a probability of
-        0.1 to 0.6, the call applied: the node must take what it asked for as maybe done (a claim
-        of its own found again, a take or a park that happened, a done mark made). Drawn from a
-        generator of their own."""
-        rng = random.Random(f"flaky/{self.cfg.seed}")
-        self.redis.flaky_rng = random.Random(rng.random())
+    def _flaky_spells(self, part: SimRedis | SimDb, kind: str, name: str) -> None:
+        """One to three spells in which each call's answer is lost with a probability of 0.1 to
+        0.6, the call made: the node must take what it asked for as maybe done (for Redis a claim
+        of its own found again, a take or a park that happened, a done mark made; for PostgreSQL
+        history written, a mark or an outage recorded). Drawn from a generator of their own,
+        ``name``/seed."""
+        rng = random.Random(f"{name}/{self.cfg.seed}")
+        part.flaky_rng = random.Random(rng.random())
         for _ in range(rng.randint(1, 3)):
             start = EPOCH + rng.uniform(self.cfg.warmup, self.cfg.duration - 2)
             end = min(start + rng.uniform(1.0, 6.0), EPOCH + self.cfg.duration)
             p = rng.choice((0.1, 0.3, 0.6))
-            self.redis.flaky.append((start, end, p))
-            self.faults.append(Fault("redis_flaky", start, end, worst=p))
-
-    def _db_flaky_spells(self) -> None:
-        """One to three spells in which each PostgreSQL round trip is made and its answer lost with
-        a probability of 0.1 to 0.6. Drawn from a generator of their own."""
-        rng = random.Random(f"db-flaky/{self.cfg.seed}")
-        self.db.flaky_rng = random.Random(rng.random())
-        for _ in range(rng.randint(1, 3)):
-            start = EPOCH + rng.uniform(self.cfg.warmup, self.cfg.duration - 2)
-            end = min(start + rng.uniform(1.0, 6.0), EPOCH + self.cfg.duration)
-            p = rng.choice((0.1, 0.3, 0.6))
-            self.db.flaky.append((start, end, p))
-            self.faults.append(Fault("db_flaky", start, end, worst=p))
+            part.flaky.append((start, end, p))
+            self.faults.append(Fault(kind, start, end, worst=p))
 
     def _revive_all(self, node_ids: list[str]) -> None:
         for n in node_ids:
@@ -464,9 +453,9 @@ class Sim:
             if cfg.slow if cfg.slow is not None else cfg.seed >= SLOW_FROM:
                 self._slow_spells()
             if cfg.flaky if cfg.flaky is not None else cfg.seed >= FLAKY_FROM:
-                self._flaky_spells()
+                self._flaky_spells(self.redis, "redis_flaky", "flaky")
             if cfg.db_flaky if cfg.db_flaky is not None else cfg.seed in DB_FLAKY_SEEDS:
-                self._db_flaky_spells()
+                self._flaky_spells(self.db, "db_flaky", "db-flaky")
                 self.redis.members_flaky = True  # Redis's lost answers reach heartbeats and standings too
             self.world.run_until(EPOCH + cfg.duration)
             # the nemesis rests: everything comes back and nothing fails any more
