@@ -47,11 +47,17 @@ def test_a_killed_nodes_unwritten_history_is_recovered_by_a_survivor(
         b, _ = start_node_process(settings_env, "node-b", logs / "b.log")
         try:
             _create_jobs(client, receiver.url, 10, together=True)
-            time.sleep(4)
+            r = redis.Redis.from_url(settings.redis_url)
+            # (waited for, not slept on: on a busy machine a second's deliveries can finish apart,
+            # each done call then carrying one row, kept alone)
+            wait_for(
+                lambda: list(r.scan_iter(match=f"{settings.redis_prefix}*rows:b|node-a/*")),
+                20,
+                "node-a to keep a batch of rows",
+            )
+            time.sleep(1)
             a.signal(signal.SIGKILL)
             a.proc.wait(10)
-            r = redis.Redis.from_url(settings.redis_url)
-            assert list(r.scan_iter(match=f"{settings.redis_prefix}*rows:b|node-a/*")), "node-a kept no batch"
             delivered = {r.execution_id for r in receiver.snapshot()}
             assert delivered
             # node-a's rows were never written; node-b writes them once node-a's heartbeat is gone
