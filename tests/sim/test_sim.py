@@ -221,7 +221,11 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
 # The first way of telling them apart (an outage that takes in a later stop's start is that stop's)
 # was wrong the other way: 911430, 912346 and 912437 have a second stop before the nodes came back
 # from the first, one outage for both. An outage is a later stop's now only when it starts after
-# this stop ended.
+# this stop ended. 401891 and 402048 (every fault in the seeds that lose PostgreSQL's answers too,
+# 1,000 from 401501, 2 failed) found a defect of the product: two power cuts, the second before any
+# node marked progress after the first, so its outage started where the first one ended; a node
+# merged the two outages as records of one (the earliest end), lost the second, and delivered its
+# occurrences late instead of giving them their misfire policy (fire_once fired two, skip fired).
 @pytest.mark.parametrize(
     ("seed", "faults"),
     [
@@ -237,6 +241,8 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
         (911430, EVERY_FAULT),
         (912346, EVERY_FAULT),
         (912437, EVERY_FAULT),
+        (401891, EVERY_FAULT),
+        (402048, EVERY_FAULT),
     ],
 )
 def test_seeds_found_with_every_fault_keep_the_guarantee(seed: int, faults: frozenset[str]) -> None:
