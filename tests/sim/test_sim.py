@@ -226,6 +226,9 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
 # node marked progress after the first, so its outage started where the first one ended; a node
 # merged the two outages as records of one (the earliest end), lost the second, and delivered its
 # occurrences late instead of giving them their misfire policy (fire_once fired two, skip fired).
+# 914644 (2,000 from 913001, 1 failed) found one more of the checker: after a short power cut no
+# node became ready while PostgreSQL hung, and the outage recorded from the first node back (3 s
+# after the cut) was judged as the cut's.
 @pytest.mark.parametrize(
     ("seed", "faults"),
     [
@@ -243,6 +246,7 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
         (912437, EVERY_FAULT),
         (401891, EVERY_FAULT),
         (402048, EVERY_FAULT),
+        (914644, EVERY_FAULT),
     ],
 )
 def test_seeds_found_with_every_fault_keep_the_guarantee(seed: int, faults: frozenset[str]) -> None:
