@@ -104,6 +104,37 @@ def phase_for(job_id: str, every_ms: int) -> int:
     return int.from_bytes(digest, "big") % every_ms
 
 
+# Intervals at least this long are phased when asked (see IdPhasedInterval): a job of them fires
+# at most once a minute, so the id's hash (about a microsecond) is nothing beside a delivery.
+LAZY_PHASE_MIN_MS = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class IdPhasedInterval:
+    """The timing of every job of one interval schedule (no ``start_at``, no jitter) without the
+    job: each job's phase comes from its id (:func:`phase_for`). Shared by all the jobs of the
+    schedule, where an IntervalTiming of each and its phase took about 96 bytes a job."""
+
+    every_ms: int
+    end_ms: int | None = None
+
+    def for_job(self, job_id: str) -> IntervalTiming:
+        return IntervalTiming(self.every_ms, phase_for(job_id, self.every_ms), None, self.end_ms)
+
+
+def id_phased(schedule: dict, from_ms: int = LAZY_PHASE_MIN_MS) -> IdPhasedInterval | None:
+    """The shared timing of a schedule whose jobs differ only by their id's phase, if its
+    interval is at least ``from_ms``; else None."""
+    if schedule.get("type") != "interval" or schedule.get("start_at") is not None:
+        return None
+    if int(float(schedule.get("jitter_seconds") or 0) * 1000) > 0:  # as timing_maker: jittered
+        return None
+    every = int(schedule["every_seconds"]) * 1000
+    if every < from_ms:
+        return None
+    return IdPhasedInterval(every, _ms_or_none(schedule.get("end_at")))
+
+
 @lru_cache(maxsize=4096)
 def validate_cron(expression: str) -> str | None:
     """Return an error message for an unusable expression (naming the field at fault), or None."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from cronman.hashing import SLOTS
 from cronman.misfire import MisfirePolicy
-from cronman.schedule import Timing, timing_maker
+from cronman.schedule import LAZY_PHASE_MIN_MS, IdPhasedInterval, Timing, id_phased, timing_maker
 from scheduler_node.parts import Target
 
 
@@ -40,7 +40,9 @@ class Options:
 
 class OwnedJob:
     """One job this node owns. ``key`` is the firer's: its pending timer entry (or, with none
-    pending, its place in the firer's table; None when it has none)."""
+    pending, its place in the firer's table; None when it has none). Its timing is kept as given,
+    or, for an interval phased by the job's id, as that interval shared by every job of it (see
+    IdPhasedInterval) and made when asked."""
 
     __slots__ = (
         "id",
@@ -48,7 +50,7 @@ class OwnedJob:
         "version",
         "incarnation",
         "namespace",
-        "timing",
+        "_timing",
         "target",
         "payload",
         "retry",
@@ -64,7 +66,7 @@ class OwnedJob:
         version: int,
         incarnation: int,
         namespace: str,
-        timing: Timing,
+        timing: Timing | IdPhasedInterval,
         target: Target,
         payload: bytes,
         retry: Retry,
@@ -76,13 +78,22 @@ class OwnedJob:
         self.version = version
         self.incarnation = incarnation
         self.namespace = namespace
-        self.timing = timing
+        self._timing = timing
         self.target = target
         self.payload = payload
         self.retry = retry
         self.opts = opts
         self.paused = paused
         self.key: int | None = None
+
+    @property
+    def timing(self) -> Timing:
+        t = self._timing
+        return t.for_job(self.id) if isinstance(t, IdPhasedInterval) else t
+
+    def same_timing(self, other: OwnedJob) -> bool:
+        """Whether ``other`` (the same job) has this job's timing, without making either."""
+        return self._timing == other._timing
 
     @classmethod
     def gone(cls, job_id: str, slot: int, incarnation: int) -> OwnedJob:
@@ -140,15 +151,20 @@ class JobRow:
 
 
 class Decoder:
-    """Builds OwnedJobs, sharing equal targets, retry policies and options between jobs.
-    ``decode_target`` turns a stored target document into a sender's target (by its kind)."""
+    """Builds OwnedJobs, sharing equal targets, retry policies and options between jobs, and one
+    timing between the jobs of an interval of at least ``phased_from_ms``. ``decode_target``
+    turns a stored target document into a sender's target (by its kind)."""
 
-    def __init__(self, decode_target: Callable[[dict[str, Any]], Target]) -> None:
+    def __init__(
+        self, decode_target: Callable[[dict[str, Any]], Target], phased_from_ms: int = LAZY_PHASE_MIN_MS
+    ) -> None:
         self._decode_target = decode_target
+        self._phased_from_ms = phased_from_ms
         self._targets: dict[str, Target] = {}
         self._retries: dict[str, Retry] = {}
         self._options: dict[str, Options] = {}
         self._timing_makers: dict[str, Callable[[str], Timing]] = {}
+        self._phased: dict[str, IdPhasedInterval | None] = {}
         self._payloads: dict[bytes, bytes] = {}
 
     def target(self, text: str) -> Target:
@@ -203,6 +219,17 @@ class Decoder:
                 self._timing_makers[schedule_text] = make
         return make(job_id)
 
+    def job_timing(self, schedule_text: str, job_id: str) -> Timing | IdPhasedInterval:
+        """What an OwnedJob keeps of its timing: the one shared interval of a schedule phased by
+        the job's id (see IdPhasedInterval), else the job's timing."""
+        try:
+            phased = self._phased[schedule_text]
+        except KeyError:
+            phased = id_phased(json.loads(schedule_text), self._phased_from_ms)
+            if len(self._phased) < 100_000:
+                self._phased[schedule_text] = phased
+        return self.timing(schedule_text, job_id) if phased is None else phased
+
     def payload(self, text: str) -> bytes:
         # Equal small payloads (very common: {} or a fixed document per kind of job) share one
         # object. Keyed by the encoded body, which the job keeps anyway: the row's text is not kept.
@@ -251,7 +278,7 @@ class Decoder:
             version,
             incarnation,
             sys.intern(namespace),
-            self.timing(schedule_text, id),
+            self.job_timing(schedule_text, id),
             self.target(target_text),
             self.payload(payload),
             self.retry(retry_text),

@@ -42,7 +42,7 @@ from cronman.errors import TransientError
 from cronman.execution import Status, Trigger, backfill_of
 from cronman.hashing import shared_ownership
 from cronman.keys import LAYOUT_VERSION
-from cronman.schedule import Timing
+from cronman.schedule import LAZY_PHASE_MIN_MS, Timing
 from cronman.settings import Settings
 from cronman.timeutil import iso
 from scheduler_node.backfill import BackfillDriver
@@ -92,7 +92,10 @@ class Node:
         incarnation: str | None = None,
         rng: random.Random | None = None,
         tuning: dict[str, Any] | None = None,
+        phased_from_ms: int = LAZY_PHASE_MIN_MS,
     ) -> None:
+        """``phased_from_ms``: intervals from this long keep one timing for all their jobs (see
+        cronman.schedule.IdPhasedInterval; the simulation lowers it to drive that way too)."""
         from cronman.hashing import SLOTS
 
         self.s = settings
@@ -104,6 +107,7 @@ class Node:
         self.parts = parts
         self.rng = rng or random.Random()
         self.tuning = tuning or {}  # FirerConfig fields to override (the simulation's coarser timer)
+        self.phased_from_ms = phased_from_ms
         self.metrics = NodeMetrics(self.node_id)
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.config = ClusterConfig({}, {})
@@ -196,7 +200,7 @@ class Node:
             )
             firer.standby.on_claim = lambda reason: m.standby_claims.labels(reason).inc()
         self.backfills = BackfillDriver(firer, parts.store, self.holder, max(3 * self.lease_ms, 5000))
-        self.decoder = Decoder(parts.senders.decode)
+        self.decoder = Decoder(parts.senders.decode, self.phased_from_ms)
         await parts.senders.start()
         self._sync_wake = asyncio.Event()
         self._config_wake = asyncio.Event()
@@ -571,6 +575,8 @@ class Node:
                 standby.set_owned(self.owned)
             self.metrics.slots_moved.labels("loaded").inc(len(added))
         self.metrics.slots_owned.set(len(self.owned))
+        if added or removed:
+            self.firer.compact()
         self.metrics.jobs_owned.set(len(self.jobs))
         log.info(
             "ownership applied",
@@ -726,6 +732,7 @@ class Node:
                     self._caught_up += YIELD_EVERY
                     await asyncio.sleep(0)  # millions of jobs: heartbeats and renewals go on
         tally.log()
+        self.firer.compact()  # (each job was taken out and put back)
         self.ready = True
         # Not past what the loaded slots still owe: a node that dies before claiming its catch-up
         # (or holding it back for a slot's leader) must not have recorded it as fired.

@@ -447,6 +447,7 @@ def _measure_load(url: str) -> dict[str, float]:
     for job_id, start in pending.items():
         firer.install(firer.jobs.pop(job_id), start)
     del pending
+    firer.compact()
     cpu = time.process_time() - started
     gc.collect()
     rss = _rss_mb()

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from cronman.schedule import LAZY_PHASE_MIN_MS
 from cronman.settings import Settings
 from scheduler_node.node import Node, NodeParts
 from scheduler_node.senders import Senders
@@ -70,6 +71,10 @@ class SimConfig:
     # spells then lose the membership's answers too (a heartbeat, a standing); None: the seeds of
     # DB_FLAKY_SEEDS.
     db_flaky: bool | None = None
+    # Jobs of an interval keep one timing for all of them, phased by each id when asked (what a node
+    # does for intervals of a minute and more, see cronman.schedule.IdPhasedInterval); the
+    # workload's intervals are seconds. None: seeds whose tens digit is odd.
+    phased: bool | None = None
 
 
 @dataclass
@@ -123,6 +128,7 @@ class Process:
             incarnation=self.incarnation,
             rng=random.Random(sim.rng.random()),
             tuning={"idle_seconds": 0.5},
+            phased_from_ms=0 if sim.phased else LAZY_PHASE_MIN_MS,
         )
         self.stop = asyncio.Event()
         self.task = self.loop.create_task(self._run(sim))
@@ -178,6 +184,7 @@ class Sim:
         )
         if cfg.tick is not None:
             self.settings = self.settings.model_copy(update={"timer_tick_seconds": cfg.tick})
+        self.phased = cfg.phased if cfg.phased is not None else (cfg.seed // 10) % 2 == 1
         self.processes: dict[str, Process] = {}
         self.starts = 0
         self.faults: list[Fault] = []

@@ -369,3 +369,14 @@ def test_database_answers_are_lost_in_those_seeds_only() -> None:
     other = Sim(SimConfig(DB_FLAKY_SEEDS[-1] + 1))
     other.run()
     assert other.db.answers_lost == 0 and not other.db.flaky
+
+
+@pytest.mark.parametrize("seed", [13, 25, 1007, 46_501])
+def test_jobs_sharing_their_intervals_timing_fire_as_jobs_with_their_own(seed: int) -> None:
+    """A node keeps one timing for all the jobs of an interval of a minute or more, each job's
+    phase made from its id when asked (cronman.schedule.IdPhasedInterval); seeds whose tens digit
+    is odd run the workload's intervals of seconds that way. A seed delivers the same either way,
+    every attempt at the same instant, faults and all."""
+    for faults in (SimConfig(seed).faults, EVERY_FAULT):
+        phased = digest(seed, SimConfig(seed, faults=faults, phased=True))
+        assert phased == digest(seed, SimConfig(seed, faults=faults, phased=False))
