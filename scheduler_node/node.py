@@ -614,9 +614,13 @@ class Node:
             for slot in added:
                 self.firer.verify_through[slot] = max(self.firer.verify_through.get(slot, -1), now)
 
+        # (one int object for the many jobs that start at the same time, not one each: millions
+        # of them, kept until the node is ready, leave their pages behind when they go)
+        unmarked = now - self.lease_ms
+
         def start_of(job: OwnedJob, updated_ms: int) -> int:
             mark = marks.claimed.get(job.slot)
-            start = now - self.lease_ms if mark is None else mark
+            start = unmarked if mark is None else mark
             if lost is not None:
                 start = min(start, lost)
             return max(start, updated_ms - 1, floor)
