@@ -45,6 +45,9 @@ def plan(timing: Timing, since_ms: int, until_ms: int, policy: MisfirePolicy, ca
     """What to do with the occurrences in (since, until] that were missed. Bounded: at most
     MAX_COUNTED occurrences are fired or counted, and the recorded skips are found by a search
     back from the end of the window that never lists more than a few hundred occurrences."""
+    first = timing.next_after(since_ms)
+    if first is None or first > until_ms:  # nothing missed (most jobs of a short outage): no search
+        return MisfirePlan()
     latest = latest_at_or_before(timing, since_ms, until_ms)
     if latest is None:
         return MisfirePlan()
@@ -56,7 +59,6 @@ def plan(timing: Timing, since_ms: int, until_ms: int, policy: MisfirePolicy, ca
         skip_until = max(since_ms, until_ms - catchup_ms)
         fire = between(timing, skip_until, until_ms, MAX_COUNTED)
     fired = set(fire)
-    first = timing.next_after(since_ms)
     total = sum(t not in fired for t in between(timing, since_ms, until_ms, MAX_COUNTED))
     skipped = [t for t in _latest(timing, since_ms, skip_until, MAX_RECORDED) if t not in fired]
     return MisfirePlan(fire, skipped, total, first, latest)

@@ -35,6 +35,7 @@ from cronman import signing
 from cronman.errors import TransientError
 from cronman.execution import Status, Trigger, backfill_of, backoff_ms, execution_id
 from cronman.hashing import slot_of
+from cronman.schedule import Timing
 from cronman.timeutil import iso
 from scheduler_node.execution import Descriptor, Execution, Stage
 from scheduler_node.gates import InFlight
@@ -209,9 +210,10 @@ class Firer:
         self._lags: list[int] = []  # recent first-attempt lags (ms)
 
     # ------------------------------------------------------------------ jobs
-    def install(self, job: OwnedJob, after_ms: int) -> bool:
+    def install(self, job: OwnedJob, after_ms: int, timing: Timing | None = None) -> bool:
         """Install a job (or a newer version of it); its next occurrence is the first after
-        ``after_ms``. Executions already held keep going, with the new definition."""
+        ``after_ms``. Executions already held keep going, with the new definition. ``timing``:
+        the job's, when the caller has made it already (see OwnedJob.timing)."""
         old = self.jobs.get(job.id)
         if old is not None:
             if job.version <= old.version:
@@ -232,7 +234,7 @@ class Firer:
         place = self._take_place(job, old)
         self.jobs[job.id] = job
         if not job.paused:
-            nxt = _next(job, after_ms)
+            nxt = _next(job, after_ms, timing)
             if nxt is not None:
                 job.key = nxt << _PLACE_BITS | place
                 heapq.heappush(self.fires, job.key)
@@ -1523,10 +1525,10 @@ def _fold(found: dict[Ident, Attempts], rows: Iterable[HistoryRow]) -> None:
         found[ident] = Attempts(max(old.last_attempt, r.attempt), final, final and not ended)
 
 
-def _next(job: OwnedJob, after_ms: int) -> int | None:
+def _next(job: OwnedJob, after_ms: int, timing: Timing | None = None) -> int | None:
     """The job's next occurrence; a schedule that cannot compute one has none (logged)."""
     try:
-        return job.timing.next_after(after_ms)
+        return (job.timing if timing is None else timing).next_after(after_ms)
     except Exception:  # noqa: BLE001 - one job's schedule never stops the timer
         log.exception("cannot compute the next occurrence", extra={"job_id": job.id})
         return None

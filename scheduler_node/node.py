@@ -668,17 +668,18 @@ class Node:
         if job.paused:
             firer.install(job, now)
             return
+        timing = job.timing  # (made once: a job of a long interval makes it when asked)
         if tally.merged_of is not self._outages:  # merged once a load, not once a job (a new list when they change)
             tally.merged_of, tally.merged = self._outages, _merged(self._outages)
         windows = [(max(a, start), min(b, now)) for a, b in tally.merged if b > start and a < now]
         if not windows:
-            firer.install(job, start)
+            firer.install(job, start, timing)
             return
         cursor = start
         for a, b in windows:
             # Due while a node of the cluster was alive, before this outage: delivered late, like
             # any occurrence a node takes over (only the outage itself gets the misfire policy).
-            times = misfire.between(job.timing, cursor, a)
+            times = misfire.between(timing, cursor, a)
             if len(times) == misfire.MAX_COUNTED and times[-1] < a:
                 tally.bound(job.id)
             late = [e for t in times for e in firer.occurrence(job, t)]
@@ -687,7 +688,7 @@ class Node:
             if late:
                 firer.enqueue(late)
             # with its calendars: an occurrence on an excluded day was never due, so never missed
-            plan = misfire.plan(self.timing_of(job), a, b, job.opts.misfire, job.opts.catchup_ms)
+            plan = misfire.plan(self.timing_of(job, timing), a, b, job.opts.misfire, job.opts.catchup_ms)
             if plan.last_missed is not None:
                 executions = [Execution.of(job, t, i) for t in plan.fire for i in range(job.opts.events)] or [
                     Execution.of(job, plan.last_missed)
@@ -698,7 +699,7 @@ class Node:
                 firer.enqueue(executions)
                 tally.misfire(job.id, (a, b))
             cursor = b
-        firer.install(job, cursor)
+        firer.install(job, cursor, timing)
 
     async def _become_ready(self) -> None:
         """The first ownership is loaded: classify what the loaded slots missed, and if no node
@@ -827,13 +828,16 @@ class Node:
             self.parts.throttle.policies = config.throttles
 
     # ------------------------------------------------------------------ calendars and backfills
-    def timing_of(self, job: OwnedJob) -> Timing:
-        """The job's timing with its calendars: the occurrences that are due at all."""
+    def timing_of(self, job: OwnedJob, timing: Timing | None = None) -> Timing:
+        """The job's timing with its calendars: the occurrences that are due at all. ``timing``:
+        the job's own, when the caller has made it already (see OwnedJob.timing)."""
+        if timing is None:
+            timing = job.timing
         names = job.opts.calendars
         if not names:
-            return job.timing
+            return timing
         found = {n: c for n in names if (c := self.config.calendars.get((job.namespace, n))) is not None}
-        return timing_with(job.timing, names, found)
+        return timing_with(timing, names, found)
 
     def _screen(self, e: Execution) -> tuple[Status, str] | None:
         """Before a won execution is sent: an occurrence on a day a calendar of its job excludes is

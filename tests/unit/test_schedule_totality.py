@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cronman.calendars import Calendar, CalendarTiming
-from cronman.misfire import MAX_COUNTED, MAX_RECORDED, MisfirePolicy, plan
+from cronman.misfire import MAX_COUNTED, MAX_RECORDED, MisfirePlan, MisfirePolicy, between, plan
 from cronman.schedule import (
     CronTiming,
     EarliestOf,
@@ -127,3 +127,19 @@ def test_misfire_fire_all_skips_what_is_older_than_the_catch_up_window() -> None
     p = plan(timing, 0, 600_000, MisfirePolicy.FIRE_ALL, 180_000)
     assert p.fire == [480_000, 540_000, 600_000]
     assert p.skip == [60_000 * k for k in range(1, 8)] and p.skipped_total == 7
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    timing=timings(), since=accepted, width=st.integers(0, 40 * 86_400_000), policy=st.sampled_from(list(MisfirePolicy))
+)
+def test_a_misfire_plan_names_the_latest_occurrence_of_its_window_and_none_without_one(
+    timing: Timing, since: int, width: int, policy: MisfirePolicy
+) -> None:
+    """Against the window's occurrences listed one by one (where there are few enough to list)."""
+    listed = between(timing, since, since + width, 2_000)
+    assume(len(listed) < 2_000)
+    p = plan(timing, since, since + width, policy, 3_600_000)
+    assert p.last_missed == (listed[-1] if listed else None)
+    assert p.first_missed == (listed[0] if listed else None)
+    assert p == MisfirePlan() or listed
