@@ -176,8 +176,8 @@ class BackfillDriver:
                 continue
             if now - batch.handed_out < _DROPPED_AFTER_S:
                 return
-            if queued is None:
-                queued = {id(e) for e in self.firer.due}
+            if queued is None:  # (waiting to be claimed, or in a claim call out now)
+                queued = {id(e) for e in self.firer.due} | {id(e) for e in self.firer.claiming}
             if any(id(e) in queued for e in waiting):
                 return
             drive.batches.clear()

@@ -156,6 +156,8 @@ class Firer:
         self._free: list[int] = []  # places no job holds
         self.retries: list[tuple[int, int, Execution]] = []
         self.due: list[Execution] = []  # to claim at the next pass (triggers, catch-up)
+        # What the pass in progress claims (taken from ``due``; what it could not claim goes back)
+        self.claiming: list[Execution] = []
         # Slots taken over whose marks a loss of Redis's data lowered: occurrences up to how far
         # they were fired anyway may have been delivered, and are checked against history.
         self.verify_through: dict[int, int] = {}
@@ -418,6 +420,7 @@ class Firer:
         """One timer pass; False when the claim store could not be reached for the due work (it
         is tried again at the next pass)."""
         ok = True
+        self.claiming = due
         try:
             if self._reverify:
                 await self._confirm_late()
@@ -441,6 +444,8 @@ class Firer:
             log.exception("timer pass failed")
             self.due[:0] = [e for e in due if e.stage is Stage.NEW]
             await asyncio.sleep(0.2)
+        finally:
+            self.claiming = []
         return ok
 
     def _pop_retries(self, now: int) -> list[Execution]:
