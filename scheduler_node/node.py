@@ -669,6 +669,10 @@ class Node:
             firer.install(job, now)
             return
         timing = job.timing  # (made once: a job of a long interval makes it when asked)
+        first = timing.next_after(start)
+        if first is None or first > now:  # nothing came due since: no outage matters (most jobs)
+            firer.install(job, start, timing)
+            return
         if tally.merged_of is not self._outages:  # merged once a load, not once a job (a new list when they change)
             tally.merged_of, tally.merged = self._outages, _merged(self._outages)
         windows = [(max(a, start), min(b, now)) for a, b in tally.merged if b > start and a < now]
