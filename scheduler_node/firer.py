@@ -51,6 +51,7 @@ from scheduler_node.parts import (
     Outcome,
     RenewResult,
     TakeState,
+    Took,
 )
 from scheduler_node.senders import Senders
 from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
@@ -182,6 +183,12 @@ class Firer:
         # Finished here, their done marks on the way: until a mark lands the claim store still
         # shows the claim as this node's first attempt, which it would let this node win again.
         self.closing: dict[str, Execution] = {}
+        # Claim and take calls out, by claim name, and the names among them this node finished
+        # meanwhile by another path: an answer applied before the done mark and arriving after it
+        # (a claim asked again after its answer was lost, while the sweep took the same claim
+        # over: seed 917685) would start the finished execution again.
+        self._acquiring: dict[str, int] = {}
+        self._finished_meanwhile: set[str] = set()
         self._completed: list[tuple[str, int]] = []  # jobs to delete (delete_after_completion)
         # Jobs deleted and created again: (new incarnation, scheduled from), for executions of the
         # earlier one that were on their way to a claim when the new one arrived (see _proceed).
@@ -496,38 +503,65 @@ class Firer:
         loop = asyncio.get_running_loop()
         asked = loop.time()
         unanswered = self._unanswered
+        names = [e.ticket.name for e in due]
+        self._acquire(names)
         try:
             results = await self.claims.claim([e.ticket for e in due], self.cfg.lease_ms, unanswered)
         except BaseException:
+            self._acquired(names)
             if len(unanswered) > _UNANSWERED_MAX:  # (an outage's backlog: any left are taken over late)
                 unanswered.clear()
-            unanswered.update(e.ticket.name for e in due)
+            unanswered.update(names)
             raise
         if unanswered:
-            unanswered.difference_update(e.ticket.name for e in due)
+            unanswered.difference_update(names)
         m = self.metrics
         won = lost = 0  # counted here, added to the metrics once (each inc takes a lock)
-        for e, r in zip(due, results, strict=True):
-            if self.trace:
-                self.trace("claim", e, r.name)
-            if e.ticket.name in held or e.ticket.member in parked or e.ticket.name in closing:  # taken meanwhile
-                e.stage = Stage.OVER
-                continue
-            if r is ClaimResult.WON:
-                won += 1
-                self._hold(e, asked)
-                self._won(e)
-            elif r is ClaimResult.SKIPPED:
-                won += 1
-                self._finish_with(e, Status.SKIPPED, _OVERLAP)  # its row kept in Redis until written
-            else:
-                lost += 1
-                e.stage = Stage.OVER
+        try:
+            meanwhile = self._finished_meanwhile
+            for e, r in zip(due, results, strict=True):
+                if self.trace:
+                    self.trace("claim", e, r.name)
+                if (
+                    e.ticket.name in held
+                    or e.ticket.member in parked
+                    or e.ticket.name in closing
+                    or (meanwhile and e.ticket.name in meanwhile)
+                ):  # taken meanwhile, or taken and finished
+                    e.stage = Stage.OVER
+                    continue
+                if r is ClaimResult.WON:
+                    won += 1
+                    self._hold(e, asked)
+                    self._won(e)
+                elif r is ClaimResult.SKIPPED:
+                    won += 1
+                    self._finish_with(e, Status.SKIPPED, _OVERLAP)  # its row kept in Redis until written
+                else:
+                    lost += 1
+                    e.stage = Stage.OVER
+        finally:
+            self._acquired(names)
         if won:
             m.claim["won"].inc(won)
         if lost:
             m.claim["lost"].inc(lost)
         m.in_flight.set(len(self.held))
+
+    def _acquire(self, names: list[str]) -> None:
+        acquiring = self._acquiring
+        for n in names:
+            acquiring[n] = acquiring.get(n, 0) + 1
+
+    def _acquired(self, names: list[str]) -> None:
+        """The answers of a claim or take call for ``names`` are dealt with (see _acquiring)."""
+        acquiring, meanwhile = self._acquiring, self._finished_meanwhile
+        for n in names:
+            left = acquiring.pop(n, 1) - 1
+            if left > 0:
+                acquiring[n] = left
+            elif meanwhile:
+                meanwhile.discard(n)
 
     def _hold(self, e: Execution, asked: float) -> None:
         e.lease_until = asked + self.lease_s
@@ -550,16 +584,53 @@ class Firer:
         taking.update(unique)
         loop = asyncio.get_running_loop()
         asked = loop.time()
+        names = [e.ticket.name for e in items]
+        self._acquire(names)
         try:
             results = await self.claims.take([e.ticket for e in items], self.cfg.lease_ms)
+        except BaseException:
+            self._acquired(names)
+            raise
         finally:
             taking.difference_update(unique)
+        try:
+            lost, taken_over = self._taken(items, results, parked, asked)
+        finally:
+            self._acquired(names)
+        if taken_over:  # one line per batch (a dead node's slots can hold thousands)
+            log.info(
+                "took over executions",
+                extra={
+                    "executions": len(taken_over),
+                    "job_ids": [e.d.job_id for e in taken_over[:10]],
+                    "execution_ids": [e.id for e in taken_over[:10]],
+                },
+            )
+        if lost:
+            self._repark_all()  # Redis lost keys: it lost the other parked retries too
+            results2 = await self.claims.renew([Hold(e.ticket, e.attempt, self.cfg.lease_ms) for e in lost])
+            for e, r in zip(lost, results2, strict=True):
+                if r is RenewResult.LOST:
+                    e.stage = Stage.OVER
+                    continue
+                e.verify = True
+                self._hold(e, asked)
+                self._won(e)
+
+    def _taken(
+        self, items: list[Execution], results: list[Took], parked: set[str], asked: float
+    ) -> tuple[list[Execution], list[Execution]]:
+        """Deal with a take's answers: (lost, taken over)."""
         lost: list[Execution] = []
         taken_over: list[Execution] = []
+        meanwhile = self._finished_meanwhile
         for e, took in zip(items, results, strict=True):
             ours = self.parked.get(e.ticket.member) is e
             if self.trace:
                 self.trace("take", e, f"{took.state.name} attempt {took.attempt} ours={ours}")
+            if meanwhile and not ours and e.ticket.name in meanwhile:
+                e.stage = Stage.OVER  # finished here by another path while the take was out
+                continue
             if ours:
                 del self.parked[e.ticket.member]
             elif e.ticket.member in parked or e.ticket.name in self.held or e.ticket.name in self.closing:
@@ -603,25 +674,7 @@ class Firer:
                 self._later(max(self.clock() + RETAKE_MS, took.attempt), e)
             else:
                 e.stage = Stage.OVER
-        if taken_over:  # one line per batch (a dead node's slots can hold thousands)
-            log.info(
-                "took over executions",
-                extra={
-                    "executions": len(taken_over),
-                    "job_ids": [e.d.job_id for e in taken_over[:10]],
-                    "execution_ids": [e.id for e in taken_over[:10]],
-                },
-            )
-        if lost:
-            self._repark_all()  # Redis lost keys: it lost the other parked retries too
-            results2 = await self.claims.renew([Hold(e.ticket, e.attempt, self.cfg.lease_ms) for e in lost])
-            for e, r in zip(lost, results2, strict=True):
-                if r is RenewResult.LOST:
-                    e.stage = Stage.OVER
-                    continue
-                e.verify = True
-                self._hold(e, asked)
-                self._won(e)
+        return lost, taken_over
 
     def _won(self, e: Execution) -> None:
         """A claim is ours: first learn from history where it stands if it must (a takeover, a
@@ -1390,10 +1443,13 @@ class Firer:
                 raise
             finally:
                 self._done_in_flight -= 1
+            acquiring = self._acquiring
             for (e, _, row), marked in zip(batch, ok, strict=True):
                 e.stage = Stage.OVER
                 if self.closing.get(e.ticket.name) is e:
                     del self.closing[e.ticket.name]
+                if acquiring and e.ticket.name in acquiring:  # (see _acquiring)
+                    self._finished_meanwhile.add(e.ticket.name)
                 if not marked:
                     self._superseded(e, "another node took over an execution this node delivered")
                     if row:
