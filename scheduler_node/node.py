@@ -62,6 +62,7 @@ log = logging.getLogger("cronman.node")
 
 _CONFIG_SECONDS = 5.0  # throttle policies, signing secrets and calendars
 TRIGGER_LOOKBACK_MS = 3_600_000  # a slot taken over still fires triggers asked for this recently
+_TRIGGERS_AGAIN_TRIES = 120  # reads of recent triggers after a loss of Redis's data, a second apart
 MAX_CATCH_UP_MS = 86_400_000  # a slot taken over delivers at most this far back
 
 
@@ -136,6 +137,9 @@ class Node:
         self._seen: dict[str, float] = {}  # incarnation -> when its heartbeat was last seen (loop time)
         self._recording: asyncio.Task[bool] | None = None  # the heartbeat's recording of those
         self._unnoticed: asyncio.Task[None] | None = None  # looking for losses nobody recorded
+        # Triggers to claim again after a loss of Redis's data, asked for from then (see _triggers_again)
+        self._triggers_since: int | None = None
+        self._triggering: asyncio.Task[None] | None = None
         self._cluster_progress_ms: int | None = None  # as Redis last reported it
         self.firer: Firer | None = None
         self.history: HistoryWriter | None = None
@@ -411,6 +415,29 @@ class Node:
         )
         firer._repark_all()
         firer.enqueue(again)
+        self._triggers_since = since if self._triggers_since is None else min(self._triggers_since, since)
+        if self._triggering is None or self._triggering.done():
+            self._triggering = asyncio.create_task(self._triggers_again())
+
+    async def _triggers_again(self) -> None:
+        """Claim again, checked against history, the manual triggers and redeliveries of the owned
+        slots asked for since shortly before Redis lost its data: a claim of one may have gone with
+        it, held by no node that knows (seed 918049: a take whose answer was lost, then the loss).
+        Scheduled occurrences are claimed again by _claim_again."""
+        for _ in range(_TRIGGERS_AGAIN_TRIES):
+            since = self._triggers_since
+            if since is None or self._stopping or self.parts is None:
+                return
+            try:
+                triggers = await self.parts.store.recent_triggers(sorted(self.owned), since)
+            except TransientError as exc:
+                log.warning("could not read recent triggers to claim them again: %s", exc)
+                await asyncio.sleep(1.0)
+                continue
+            if self._triggers_since == since:
+                self._triggers_since = None
+            self._apply_triggers(triggers, verify=True, again=True)
+        log.error("recent triggers were not claimed again after a loss of Redis's data: PostgreSQL was away")
 
     async def _find_unnoticed_losses(self, current: str) -> None:
         """Once, when this process first reaches Redis: progress recorded in data Redis no longer
@@ -919,11 +946,11 @@ class Node:
         self.firer.feed_read_ms = started
         self.metrics.jobs_owned.set(len(self.jobs))
 
-    def _apply_triggers(self, triggers: list[TriggerRow], verify: bool) -> None:
+    def _apply_triggers(self, triggers: list[TriggerRow], verify: bool, again: bool = False) -> None:
         assert self.firer is not None
         out: list[Execution] = []
         for t in triggers:
-            if t.id in self._seen_triggers:
+            if t.id in self._seen_triggers and not again:
                 continue
             job = self.firer.jobs.get(t.job_id)
             if job is None or (t.incarnation is not None and t.incarnation != job.incarnation):

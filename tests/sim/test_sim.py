@@ -238,6 +238,9 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
 # claim whose answers were lost was asked again while the sweep took the same claim over (its lease
 # had run out unrenewed); the take's answer came first, the execution was delivered and marked
 # done, and then the claim's answer (WON, applied before the done mark) started it again.
+# 918049 (2,000 from 918001, 1 failed) lost a manual trigger: a node took its claim over by a take
+# whose answer was lost, and Redis lost its data before the lease ran out; a loss claimed again
+# the scheduled occurrences since shortly before it, not the triggers asked for then.
 @pytest.mark.parametrize(
     ("seed", "faults"),
     [
@@ -258,6 +261,7 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
         (914644, EVERY_FAULT),
         (916944, EVERY_FAULT),
         (917685, EVERY_FAULT),
+        (918049, EVERY_FAULT),
     ],
 )
 def test_seeds_found_with_every_fault_keep_the_guarantee(seed: int, faults: frozenset[str]) -> None:
