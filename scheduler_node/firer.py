@@ -189,6 +189,8 @@ class Firer:
         # over: seed 917685) would start the finished execution again.
         self._acquiring: dict[str, int] = {}
         self._finished_meanwhile: set[str] = set()
+        self._renewing = 0  # renewal calls out (a handover waits for them: see _release)
+        self._renewed = asyncio.Event()
         self._completed: list[tuple[str, int]] = []  # jobs to delete (delete_after_completion)
         # Jobs deleted and created again: (new incarnation, scheduled from), for executions of the
         # earlier one that were on their way to a claim when the new one arrived (see _proceed).
@@ -924,7 +926,15 @@ class Firer:
         asked = asyncio.get_running_loop().time()
         lease = self.cfg.lease_ms
         durations = [lease * WAITING_LEASES if e.stage is Stage.WAITING else lease for e in items]
-        results = await self.claims.renew([Hold(e.ticket, e.attempt, d) for e, d in zip(items, durations, strict=True)])
+        self._renewing += 1
+        try:
+            results = await self.claims.renew(
+                [Hold(e.ticket, e.attempt, d) for e, d in zip(items, durations, strict=True)]
+            )
+        finally:
+            self._renewing -= 1
+            if not self._renewing:
+                self._renewed.set()
         reclaimed = False
         for e, r, d in zip(items, results, durations, strict=True):
             if e.stage is Stage.FINISHING:  # the done mark's answer says whether it was still ours
@@ -1497,6 +1507,15 @@ class Firer:
             await self._release(items)
 
     async def _release(self, items: list[Execution], patience: float = 3.0) -> None:
+        # After the renewals out: one sent before the handover and applied after it would hold
+        # the claims for leases more, where nobody takes them (seed 920153: a waiting execution
+        # handed over during a slow spell of Redis, held 6 s by its own renewal, and lost with
+        # Redis's data in a power cut before its lease ran out).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * self.lease_s
+        while self._renewing and loop.time() < deadline:
+            self._renewed.clear()
+            await wait_event(self._renewed, deadline - loop.time())
         await self._keep_trying(
             lambda: self.claims.renew([Hold(e.ticket, e.attempt, 0) for e in items]),
             patience,

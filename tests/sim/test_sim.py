@@ -241,6 +241,10 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
 # 918049 (2,000 from 918001, 1 failed) lost a manual trigger: a node took its claim over by a take
 # whose answer was lost, and Redis lost its data before the lease ran out; a loss claimed again
 # the scheduled occurrences since shortly before it, not the triggers asked for then.
+# 920153 (2,000 from 920001, 1 failed) missed an occurrence: a node handed a waiting execution over
+# during a slow spell of Redis, and its own renewal of it, sent before and applied after, held the
+# claim 6 s more; a power cut took Redis's data before the lease ran out, longer after the
+# occurrence than a loss claims again.
 @pytest.mark.parametrize(
     ("seed", "faults"),
     [
@@ -262,6 +266,7 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
         (916944, EVERY_FAULT),
         (917685, EVERY_FAULT),
         (918049, EVERY_FAULT),
+        (920153, EVERY_FAULT),
     ],
 )
 def test_seeds_found_with_every_fault_keep_the_guarantee(seed: int, faults: frozenset[str]) -> None:
