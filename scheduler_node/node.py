@@ -421,9 +421,10 @@ class Node:
 
     async def _triggers_again(self) -> None:
         """Claim again, checked against history, the manual triggers and redeliveries of the owned
-        slots asked for since shortly before Redis lost its data: a claim of one may have gone with
-        it, held by no node that knows (seed 918049: a take whose answer was lost, then the loss).
-        Scheduled occurrences are claimed again by _claim_again."""
+        slots asked for since shortly before Redis lost its data and already read from the change
+        feed: a claim of one may have gone with it, held by no node that knows (seed 918049: a
+        take whose answer was lost, then the loss). Scheduled occurrences are claimed again by
+        _claim_again."""
         for _ in range(_TRIGGERS_AGAIN_TRIES):
             since = self._triggers_since
             if since is None or self._stopping or self.parts is None:
@@ -950,7 +951,10 @@ class Node:
         assert self.firer is not None
         out: list[Execution] = []
         for t in triggers:
-            if t.id in self._seen_triggers and not again:
+            # Again: only what the feed brought before, with the job's changes up to it (one the
+            # feed has not brought yet comes with them: seed 400050, a trigger read before the
+            # job's resume was, fired on a paused job's terms, which retry nothing).
+            if (t.id in self._seen_triggers) != again:
                 continue
             job = self.firer.jobs.get(t.job_id)
             if job is None or (t.incarnation is not None and t.incarnation != job.incarnation):
