@@ -697,7 +697,7 @@ class Node:
             firer.install(job, now)
             return
         timing = job.timing  # (made once: a job of a long interval makes it when asked)
-        first = timing.next_after(start)
+        first = _next_of(job, start, timing)
         if first is None or first > now:  # nothing came due since: no outage matters (most jobs)
             firer.install(job, start, timing)
             return
@@ -1002,9 +1002,9 @@ class Node:
             await asyncio.sleep(0.02)
 
 
-def _next_of(job: OwnedJob, after_ms: int) -> int | None:
+def _next_of(job: OwnedJob, after_ms: int, timing: Timing | None = None) -> int | None:
     try:
-        return job.timing.next_after(after_ms)
+        return (job.timing if timing is None else timing).next_after(after_ms)
     except Exception:  # noqa: BLE001 - one job's schedule never stops the others
         return None
 

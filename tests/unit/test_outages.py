@@ -1,5 +1,5 @@
 """Outages of the whole cluster as a node keeps them: recorded once per stop (``decide_outage``),
-read again and again, merged (``scheduler_node.node._merged``)."""
+read again and again, merged (``scheduler_node.node._merged``), and caught up by a node."""
 
 from __future__ import annotations
 
@@ -51,3 +51,33 @@ def test_outages_recorded_one_after_another_stay_apart_and_lose_no_instant(
     for a, b in outages:
         for t in range(a + 1, b + 1):
             assert any(x < t <= y for x, y in merged)
+
+
+def test_a_schedule_that_cannot_say_its_next_occurrence_stops_no_other_jobs_catch_up() -> None:
+    """One job's schedule never stops the others: a node becoming ready after an outage catches
+    every job up, the broken one installed without an occurrence."""
+    from cronman.bench.footprint import _installer
+    from cronman.settings import Settings
+    from scheduler_node.jobs import OwnedJob
+    from scheduler_node.node import Node, _Tally
+
+    class Broken:
+        def next_after(self, after_ms: int) -> int | None:
+            raise ArithmeticError("no next occurrence")
+
+    now = 1_790_000_000_000
+    firer, decoder = _installer(now)
+    node = Node(Settings(node_id="n", database_url="postgresql://x/x", redis_url="redis://x", dev_mode=True))
+    node.firer = firer
+    node._outages = [(now - 60_000, now)]
+    good = decoder.job_from(
+        "good", 1, 1, '{"type": "interval", "every_seconds": 1}', '{"type": "http", "url": "https://h.example/c"}',
+        "{}", "{}", False, "default", "{}", 1,
+    )  # fmt: skip
+    broken = OwnedJob("broken", 2, 1, 1, "default", Broken(), good.target, b"{}", good.retry, good.opts, False)
+    tally = _Tally()
+    node._catch_up(broken, now - 70_000, now, tally)
+    node._catch_up(good, now - 70_000, now, tally)
+    assert set(firer.jobs) == {"good", "broken"}
+    assert firer.jobs["broken"].key is not None and firer.jobs["broken"].key < 1 << 32  # no timer entry
+    assert firer.due  # the good job's occurrences of the window were dealt with
