@@ -252,6 +252,18 @@ class Firer:
         self._wake.set()
         return True
 
+    def install_at(self, job: OwnedJob, nxt: int, after_ms: int, timing: Timing) -> None:
+        """``install(job, after_ms, timing)`` for a caller that worked out the job's next occurrence
+        already (``nxt``, after ``after_ms``): a node becoming ready installs millions of jobs, and
+        working it out again was a sixth of the time it spent on each."""
+        if job.paused or job.id in self.jobs:  # (what install decides is not this shortcut's)
+            self.install(job, after_ms, timing)
+            return
+        job.key = nxt << _PLACE_BITS | self._take_place(job, None)
+        self.jobs[job.id] = job
+        heapq.heappush(self.fires, job.key)
+        self._wake.set()
+
     def _take_place(self, job: OwnedJob, old: OwnedJob | None, keep: bool = False) -> int:
         """Put ``job`` in the table, at ``old``'s place if it had one; with ``keep``, ``old``'s
         pending entry is ``job``'s (else ``job`` has none yet)."""

@@ -698,8 +698,11 @@ class Node:
             return
         timing = job.timing  # (made once: a job of a long interval makes it when asked)
         first = _next_of(job, start, timing)
-        if first is None or first > now:  # nothing came due since: no outage matters (most jobs)
+        if first is None:
             firer.install(job, start, timing)
+            return
+        if first > now:  # nothing came due since: no outage matters (most jobs)
+            firer.install_at(job, first, start, timing)
             return
         if tally.merged_of is not self._outages:  # merged once a load, not once a job (a new list when they change)
             tally.merged_of, tally.merged = self._outages, _merged(self._outages)

@@ -185,3 +185,34 @@ def test_a_table_grown_by_taking_every_job_out_and_back_is_made_its_size_again()
         assert fired.isdisjoint(e.job.id for e in due)
         fired.update(e.job.id for e in due)
     assert fired == {j.id for j in jobs}
+
+
+def _state(firer: Firer) -> tuple:
+    """What installing leaves behind: the table, each job's timer key, and the timer."""
+    return sorted((j.id, j.version, j.key) for j in firer.jobs.values()), sorted(firer.fires), list(firer._epochs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 4), st.booleans(), st.integers(0, 200_000)), min_size=1, max_size=12
+    )
+)
+def test_installing_at_a_worked_out_occurrence_is_installing(steps: list[tuple[int, int, bool, int]]) -> None:
+    """The shortcut a node becoming ready takes (``install_at``, given the next occurrence it
+    worked out) leaves the firer as ``install`` does, whatever was installed before: an older or
+    newer version of the job, a paused one, or none."""
+    now = 1_790_000_000_000
+    plain, short = _firer_at(now), _firer_at(now)
+    d = _decoder()
+    for n, version, paused, back in steps:
+        row = _schedule_row(f"job-{n}", {"type": "interval", "every_seconds": 60 * (n + 1)})
+        row = replace(row, version=version, paused=paused)
+        a, b = d.job(row), d.job(row)
+        after = now - back
+        plain.install(a, after)
+        timing = b.timing
+        nxt = timing.next_after(after)
+        assert nxt is not None
+        short.install_at(b, nxt, after, timing)
+        assert _state(short) == _state(plain)
