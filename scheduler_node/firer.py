@@ -224,8 +224,11 @@ class Firer:
     def install(self, job: OwnedJob, after_ms: int, timing: Timing | None = None) -> bool:
         """Install a job (or a newer version of it); its next occurrence is the first after
         ``after_ms``. Executions already held keep going, with the new definition. ``timing``:
-        the job's, when the caller has made it already (see OwnedJob.timing)."""
+        the job's, when the caller has made it already (see OwnedJob.timing). A job staged (see
+        stage) is installed in its entry of the table."""
         old = self.jobs.get(job.id)
+        if old is job and job.key is None:
+            old = None
         if old is not None:
             if job.version <= old.version:
                 return False
@@ -256,7 +259,7 @@ class Firer:
         """``install(job, after_ms, timing)`` for a caller that worked out the job's next occurrence
         already (``nxt``, after ``after_ms``): a node becoming ready installs millions of jobs, and
         working it out again was a sixth of the time it spent on each."""
-        if job.paused or job.id in self.jobs:  # (what install decides is not this shortcut's)
+        if job.paused or job.key is not None or self.jobs.get(job.id, job) is not job:  # (install's to decide)
             self.install(job, after_ms, timing)
             return
         job.key = nxt << _PLACE_BITS | self._take_place(job, None)
@@ -298,10 +301,10 @@ class Firer:
             job.key = None
 
     def compact(self) -> None:
-        """Size the table of jobs for what it holds, when it is well over that. A node becoming
-        ready takes each job out and puts it back (see scheduler_node.node), and a table grows
-        to three times what it holds when it fills: 75 bytes a job in place of 37 at millions of
-        jobs. (No caller keeps the table across a turn of the event loop.)"""
+        """Size the table of jobs for what it holds, when it is well over that: slots that move
+        take jobs out and put others in, and a table grows to three times what it holds when it
+        fills (75 bytes a job in place of 37 at millions of jobs). (No caller keeps the table
+        across a turn of the event loop.)"""
         jobs = self.jobs
         if len(jobs) >= _COMPACT_FROM and sys.getsizeof(jobs) > 3 * _dict_bytes(len(jobs)) // 2:
             sized: dict[str, Any] = dict.fromkeys(jobs)  # (made at the size it needs, then given the values)
@@ -309,9 +312,10 @@ class Firer:
             self.jobs = sized
 
     def stage(self, job: OwnedJob) -> None:
-        """Keep a job read before the node is ready, without a timer entry: it is installed once
-        the node is ready (what it missed decided then). One that replaces an installed job (a
-        change read while the node becomes ready) frees that job's place."""
+        """Keep a job read before the node is ready, without a timer entry (nor a place: its key
+        is None): it is installed once the node is ready (what it missed decided then), where it
+        is. One that replaces an installed job (a change read while the node becomes ready) frees
+        that job's place."""
         old = self.jobs.get(job.id)
         if old is not None:
             self._drop(old)

@@ -764,7 +764,9 @@ class Node:
             if not pending:
                 break
             for job_id, start in pending.items():
-                job = self.firer.jobs.pop(job_id, None)
+                # installed in its entry of the table: taking millions out and putting them back
+                # grew the table to three times its size on the way
+                job = self.firer.jobs.get(job_id)
                 if job is not None:  # (not deleted meanwhile)
                     self._catch_up(job, start, now, tally)
                 done += 1
@@ -772,7 +774,7 @@ class Node:
                     self._caught_up += YIELD_EVERY
                     await asyncio.sleep(0)  # millions of jobs: heartbeats and renewals go on
         tally.log()
-        self.firer.compact()  # (each job was taken out and put back)
+        self.firer.compact()  # (a table that grew as the load staged its jobs)
         self.ready = True
         # Not past what the loaded slots still owe: a node that dies before claiming its catch-up
         # (or holding it back for a slot's leader) must not have recorded it as fired.

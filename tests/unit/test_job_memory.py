@@ -216,3 +216,38 @@ def test_installing_at_a_worked_out_occurrence_is_installing(steps: list[tuple[i
         assert nxt is not None
         short.install_at(b, nxt, after, timing)
         assert _state(short) == _state(plain)
+
+
+def test_a_node_becoming_ready_installs_its_staged_jobs_where_they_are() -> None:
+    """A node that is not ready stages what it loads (``stage``), and installs each job once it
+    is ready: in its entry of the table, which so keeps its size; a job changed meanwhile (staged
+    again, a newer version) is installed as itself, and every job comes due once."""
+    now = 1_790_000_000_000
+    firer, d = _firer_at(now), _decoder()
+    every = {"type": "interval", "every_seconds": 60}
+    jobs = [d.job(_schedule_row(f"job-{i:06d}", every)) for i in range(40_000)]
+    for job in jobs:
+        firer.stage(job)
+    newer = d.job(replace(_schedule_row("job-000007", every), version=2))
+    firer.stage(newer)
+    staged = sys.getsizeof(firer.jobs)
+    for i, job in enumerate(jobs):
+        if i % 2:
+            firer.install(firer.jobs[job.id], now - 1000)
+        else:
+            current = firer.jobs[job.id]
+            timing = current.timing
+            nxt = timing.next_after(now - 1000)
+            assert nxt is not None
+            firer.install_at(current, nxt, now - 1000, timing)
+    assert sys.getsizeof(firer.jobs) == staged
+    assert firer.jobs["job-000007"] is newer and all(j.key is not None for j in firer.jobs.values())
+    assert not firer.install(newer, now)  # (installed: the same object again changes nothing)
+    fired: list[str] = []
+    for _ in range(len(jobs)):
+        due: list = []
+        firer._pop_fires(now + 59_000, due)  # (one occurrence of each after now - 1000)
+        if not due:
+            break
+        fired.extend(e.job.id for e in due)
+    assert sorted(fired) == sorted(firer.jobs)
