@@ -142,16 +142,25 @@ def run_scale10m(b: Bench) -> dict[str, Any]:
     b.say(f"  scale10m: loaded in {load['copy_s']}s ({load['jobs_per_s']:,.0f}/s); starting {b.i('nodes')} nodes")
     t_start = time.monotonic()
     nodes = stack.start_nodes(b.i("nodes"))
+    # where becoming ready spends the machine: the nodes' and PostgreSQL's cores, and how busy
+    # the machine was (what bounds it, docs/performance.md)
+    ready_meter = CpuMeter(stack.processes()).start()
     stack.wait_ready(nodes, timeout)
     at_ready = {n.node_id: round(n.rss_mb(), 1) for n in nodes}
     stack.wait_settled(nodes, slots, timeout)
     owning = time.monotonic() - t_start
+    ready_cpu = ready_meter.stop()
     settled_rss = {n.node_id: round(n.rss_mb(), 1) for n in nodes}
     members = sorted(n.node_id for n in nodes)
     shares = {n.node_id: stack.expected_jobs(n.node_id, members, slots) for n in nodes}
     b.say(
         f"  scale10m: every node owns its share {owning:.1f}s after start; RSS {max(settled_rss.values()):,.0f} MB"
         f" (largest); {warmup:g}s warm-up, then SIGKILL of one node {kill_after:g}s into {measure:g}s"
+    )
+    b.say(
+        f"  scale10m: until then the machine was {ready_cpu['machine_busy']:.0%} busy: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in ready_cpu["cores_used"].items() if v)
+        + " cores"
     )
     t0 = math.ceil(time.time()) + warmup
     t1 = t0 + measure
@@ -183,6 +192,7 @@ def run_scale10m(b: Bench) -> dict[str, Any]:
         "probes": probes,
         "node_ready_s": round(owning, 2),
         "readyz_s": ready,
+        "ready_cpu": ready_cpu,
         "rss_mb_per_node": max(max(at_ready.values()), max(settled_rss.values())),
         "rss_mb_at_ready": at_ready,
         "rss_mb_settled": settled_rss,
