@@ -267,6 +267,7 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
         (917685, EVERY_FAULT),
         (918049, EVERY_FAULT),
         (920153, EVERY_FAULT),
+        (923708, EVERY_FAULT),
     ],
 )
 def test_seeds_found_with_every_fault_keep_the_guarantee(seed: int, faults: frozenset[str]) -> None:

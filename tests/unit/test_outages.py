@@ -3,6 +3,8 @@ read again and again, merged (``scheduler_node.node._merged``), and caught up by
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -81,3 +83,56 @@ def test_a_schedule_that_cannot_say_its_next_occurrence_stops_no_other_jobs_catc
     assert set(firer.jobs) == {"good", "broken"}
     assert firer.jobs["broken"].key is not None and firer.jobs["broken"].key < 1 << 32  # no timer entry
     assert firer.due  # the good job's occurrences of the window were dealt with
+
+
+def _behind(ahead_ms: int) -> tuple[Any, Any, Any, int, int]:
+    """A node whose clock is ``ahead_ms`` behind that of the node that recorded the outage, which
+    ends after this node's now: (node, firer, decoder, now, the outage's end)."""
+    from cronman.bench.footprint import _installer
+    from cronman.settings import Settings
+    from scheduler_node.node import Node
+
+    now = 1_790_000_000_000
+    firer, decoder = _installer(now)
+    node = Node(Settings(node_id="n", database_url="postgresql://x/x", redis_url="redis://x", dev_mode=True))
+    node.firer = firer
+    node._outages = [(now - 60_000, now + ahead_ms)]
+    return node, firer, decoder, now, now + ahead_ms
+
+
+def _every_second(decoder: Any, job_id: str, options: str) -> Any:
+    return decoder.job_from(
+        job_id, 1, 1, '{"type": "interval", "every_seconds": 1}', '{"type": "http", "url": "https://h.example/c"}',
+        "{}", "{}", False, "default", options, 1,
+    )  # fmt: skip
+
+
+def test_an_outage_recorded_by_a_clock_ahead_is_caught_up_whole() -> None:
+    """The first node back, its clock 2.2 s ahead of this node's, recorded an outage that ends
+    after this node's now. Its misfire policy covers the whole outage here too: fire_once fires the
+    outage's latest occurrence, the one the recorder fires, and the timer resumes after the outage
+    (seed 923708, every fault: cut at this node's now, the latest occurrence before it was fired as
+    the misfire, and the rest of the outage by the timer: five occurrences of one outage in all)."""
+    from scheduler_node.node import _Tally
+
+    node, firer, decoder, now, until = _behind(2_200)
+    job = _every_second(decoder, "fire-once", "{}")
+    node._catch_up(job, now - 70_000, now, _Tally())
+    latest = job.timing.next_after(until - 1_000)
+    assert [e.scheduled_ms for e in firer.due if e.misfire is not None] == [latest]
+    assert all(e.scheduled_ms <= now - 60_000 for e in firer.due if e.misfire is None)  # late, before it
+    assert firer.jobs["fire-once"].key >> 32 == job.timing.next_after(until)
+
+
+def test_a_first_occurrence_after_now_in_such_an_outage_gets_the_policy() -> None:
+    """The same for a job created while the cluster was down whose first occurrence is due after
+    this node's now, within the outage: its skip policy decides it, not the timer."""
+    from scheduler_node.node import _Tally
+
+    node, firer, decoder, now, until = _behind(2_900)
+    job = _every_second(decoder, "skip", '{"misfire_policy": "skip"}')
+    first = job.timing.next_after(now)
+    assert first <= until
+    node._catch_up(job, first - 1, now, _Tally())
+    assert [e.misfire is not None for e in firer.due] == [True]
+    assert firer.jobs["skip"].key >> 32 == job.timing.next_after(until)
