@@ -74,7 +74,7 @@ FINAL = frozenset(
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
 _SWEEP_LIMIT = 500  # open claims looked at per slot per sweep
 _PARK_BATCH = 1000  # executions parked per call
-_PARK_CALLS = 4  # park calls out at once
+_PARK_CALLS = 4  # park calls out at once, of those sent within a third of a lease (see _park)
 _UNANSWERED_MAX = 1_000_000  # names of claims asked for without an answer, kept to ask again
 _SUPERSEDED_MAX = 10_000  # final rows kept of executions finished here and found taken over
 WAITING_LEASES = 3  # an execution waiting for a permit or a slot is leased this many leases at a time
@@ -199,11 +199,13 @@ class Firer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
         # Executions waiting to retry whose claims are to be parked, with when they retry: parked by
-        # a few calls at a time (_PARK_CALLS), as many as are waiting then each (a receiver that
+        # a few calls at a time (_PARK_CALLS, see _park), as many as are waiting then each (a receiver that
         # times out a thousand requests at once makes a thousand of them in one pass, and a call
         # each ran the node's Redis connections out).
         self._to_park: list[tuple[Execution, int, bool]] = []  # (execution, due, advance: see Hold)
-        self._parking = 0  # park calls out, at most _PARK_CALLS
+        # park calls out (loop time each was sent), at most _PARK_CALLS sent within a third of a lease
+        self._parking: dict[int, float] = {}
+        self._park_calls = itertools.count()
         self._sweep_wake = asyncio.Event()
         self._done_wake = asyncio.Event()
         self.stopping = False
@@ -1174,9 +1176,16 @@ class Firer:
         else:
             e.stage = Stage.OVER
         self._to_park.append((e, due_ms, advance))
-        if self._parking < _PARK_CALLS:
-            self._parking += 1
-            self._spawn(self._park_queued())
+        # A park waits for a call of its own only behind calls Redis answers promptly: behind calls
+        # out for a third of a lease (a slow Redis), its lease ran out before it was sent and landed
+        # (seed 923251: five parks out in a slow spell; the fifth waited 0.46 s behind the other
+        # four, landed 0.37 s after its attempt's lease had run out, and the slot's other owner
+        # had taken attempt 1 over and delivered it again).
+        now = asyncio.get_running_loop().time()
+        if sum(1 for sent in self._parking.values() if sent > now - self.lease_s / 3) < _PARK_CALLS:
+            call = next(self._park_calls)
+            self._parking[call] = now
+            self._spawn(self._park_queued(call))
 
     def _repark_all(self) -> None:
         if self.parked:
@@ -1221,19 +1230,21 @@ class Firer:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
 
-    async def _park_queued(self) -> None:
+    async def _park_queued(self, call: int) -> None:
         """Park what is queued, a batch a call, until nothing is (what comes meanwhile goes in the
         next call of one of the _PARK_CALLS tasks that do this: a park never waits behind more
         than that many calls out, a slow one included, where one call at a time made a park wait
-        until its lease had run out behind a slow spell of Redis, seed 100376)."""
+        until its lease had run out behind a slow spell of Redis, seed 100376; calls out longer than
+        a third of a lease hold no park back, see _park)."""
         try:
             for _ in range(1_000_000):  # bound: each round takes what is queued
                 if not self._to_park:
                     return
                 batch, self._to_park = self._to_park[:_PARK_BATCH], self._to_park[_PARK_BATCH:]
+                self._parking[call] = asyncio.get_running_loop().time()
                 await self._park_now(batch)
         finally:
-            self._parking -= 1
+            del self._parking[call]
 
     async def _park_now(self, items: list[tuple[Execution, int, bool]]) -> None:
         for attempt in range(5):
