@@ -166,6 +166,13 @@ class Firer:
         # Claims asked for by a call whose answer never came (it may have been applied): asked for
         # again, a claim of ours found there is ours (the claim script reads it only for these).
         self._unanswered: set[str] = set()
+        # The same for takes of other holders' claims (the sweep's takeovers), by claim name: the
+        # take holds the claim a lease in this node's name, where no sweep takes it, this node's
+        # included. Taken again at the next sweep, a claim of ours found there is ours (seed 924420,
+        # every fault: two takes in a row whose answers were lost kept three occurrences from being
+        # sent for two leases, until their next taker died in a power cut that took Redis's data,
+        # and a loss claims again only the recent past, which they were older than).
+        self._untaken: dict[str, Execution] = {}
         # Final rows of executions this node finished whose done mark found another node's claim
         # (it had taken them over meanwhile): should this node take that claim over in turn, what
         # it did itself counts as history even when the database cannot say (see _verify).
@@ -606,13 +613,19 @@ class Firer:
         asked = loop.time()
         names = [e.ticket.name for e in items]
         self._acquire(names)
+        untaken = self._untaken
         try:
-            results = await self.claims.take([e.ticket for e in items], self.cfg.lease_ms)
+            results = await self.claims.take([e.ticket for e in items], self.cfg.lease_ms, frozenset(untaken))
         except BaseException:
             self._acquired(names)
+            if len(untaken) > _UNANSWERED_MAX:  # (any left are taken over once their lease ran out)
+                untaken.clear()
+            untaken.update((e.ticket.name, e) for e in items if e.ticket.member not in parked)
             raise
         finally:
             taking.difference_update(unique)
+        for n in names:
+            untaken.pop(n, None)
         try:
             lost, taken_over = self._taken(items, results, parked, asked)
         finally:
@@ -853,6 +866,13 @@ class Firer:
                     found.append(e)
         if unknown:
             found.extend(await self._orphans(unknown))
+        if self._untaken:  # taken by a call whose answer was lost: taken again (not due: its lease is ours)
+            listed = {e.ticket.member for e in found}
+            for name, e in list(self._untaken.items()):
+                if e.job.slot not in self.slots or name in self.held or name in self.closing:
+                    del self._untaken[name]
+                elif e.ticket.member not in listed:
+                    found.append(e)
         if found:
             await self._take(found)
         if swept.unrecorded:

@@ -116,8 +116,12 @@ class Claims(abc.ABC):
         history row until :meth:`recorded` says it is written."""
 
     @abc.abstractmethod
-    async def take(self, tickets: Sequence[Ticket], lease_ms: int) -> list[Took]:
-        """Take over open executions whose lease ran out (or whose parking time came)."""
+    async def take(
+        self, tickets: Sequence[Ticket], lease_ms: int, unanswered: AbstractSet[str] = frozenset()
+    ) -> list[Took]:
+        """Take over open executions whose lease ran out (or whose parking time came). One whose
+        name is in ``unanswered`` (taken over by a take of this holder's whose answer was lost) is
+        taken again while the lease it holds is this holder's."""
 
     @abc.abstractmethod
     async def sweep(self, slots: Sequence[int], limit: int, unrecorded_age_ms: int) -> Swept:

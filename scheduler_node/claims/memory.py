@@ -198,7 +198,9 @@ class MemoryClaims(Claims):
                 self._forget([kept])
         return out
 
-    async def take(self, tickets: Sequence[Ticket], lease_ms: int) -> list[Took]:
+    async def take(
+        self, tickets: Sequence[Ticket], lease_ms: int, unanswered: AbstractSet[str] = frozenset()
+    ) -> list[Took]:
         sp = self.space
         now = sp.now()
         deadline = now + lease_ms
@@ -226,7 +228,9 @@ class MemoryClaims(Claims):
             else:
                 parts = v.split("|")
                 held_until = int(parts[3]) if len(parts) == 4 and parts[3].isdigit() else 0
-                if held_until > now:
+                # A live lease of ours on a name asked again as ``unanswered`` is a take of ours
+                # whose answer was lost: taken again (take.lua). Any other live lease holds it.
+                if held_until > now and not (t.name in unanswered and v.startswith(self._mine)):
                     index[t.member] = held_until
                     took = Took(TakeState.HELD, held_until)
                 else:

@@ -175,7 +175,9 @@ class RedisClaims(Claims):
                 pass  # the marks are made: these are found by a sweep, written again, forgotten
         return out
 
-    async def take(self, tickets: Sequence[Ticket], lease_ms: int) -> list[Took]:
+    async def take(
+        self, tickets: Sequence[Ticket], lease_ms: int, unanswered: AbstractSet[str] = frozenset()
+    ) -> list[Took]:
         if not tickets:
             return []
         calls = []
@@ -184,9 +186,10 @@ class RedisClaims(Claims):
             keys: list[str] = []
             args: list[Any] = [self.holder, lease_ms, self.keep_ms]
             for i in group:
-                triple, flag = self._triple(tickets[i])
+                t = tickets[i]
+                triple, flag = self._triple(t)
                 keys += triple
-                args += [tickets[i].member, flag]
+                args += [t.member, _BIT2[flag] if t.name in unanswered else flag]
             calls.append((keys, args))
         out: list[Took] = [Took(TakeState.GONE, 0)] * len(tickets)
         for group, flat in zip(groups, await self._run("take", calls), strict=True):

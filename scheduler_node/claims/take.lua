@@ -2,7 +2,8 @@
 -- came (a retry due now, work another node handed over).
 -- KEYS, three per execution: claim key, the slot's index, overlap guard (the claim key if none).
 -- ARGV[1]: holder. ARGV[2]: lease (ms). ARGV[3]: how long a finished mark is kept (ms).
---   Then two per execution: index member, '1' if it has a guard.
+--   Then two per execution: index member, flags: 1 if it has a guard, plus 2 if this holder took
+--   it over before without getting an answer (its lease, if live, is ours: taken again).
 -- Returns two numbers per execution (see scheduler_node.parts.TakeState):
 --   0, 0        gone: no longer in the index
 --   1, until    held by a live claim (or parked) until then
@@ -18,7 +19,8 @@ local deadline = now + lease
 local out = {}
 for i = 1, #KEYS / 3 do
   local key, open, guard = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local member, guarded = ARGV[2 + 2 * i], ARGV[3 + 2 * i] == '1'
+  local member, flags = ARGV[2 + 2 * i], tonumber(ARGV[3 + 2 * i])
+  local guarded, again = flags % 2 == 1, flags >= 2
   local state, value = 0, 0
   if not redis.call('ZSCORE', open, member) then
     local v = redis.call('GET', key)
@@ -40,7 +42,7 @@ for i = 1, #KEYS / 3 do
     else
       local a, held_until = string.match(v, '^c|[^|]*|(%d+)|(%d+)$')
       held_until = tonumber(held_until) or 0
-      if held_until > now then
+      if held_until > now and not (again and string.sub(v, 1, #mine) == mine) then
         redis.call('ZADD', open, held_until, member)
         state, value = 1, held_until
       else

@@ -174,11 +174,13 @@ class SimClaims(Claims):
         await self._after()
         return out
 
-    async def take(self, tickets: Sequence[Ticket], lease_ms: int) -> list[Took]:
+    async def take(
+        self, tickets: Sequence[Ticket], lease_ms: int, unanswered: AbstractSet[str] = frozenset()
+    ) -> list[Took]:
         await self.redis.call(self.node)
         space = self.redis.space
         before = [space.get(_claim_key(t)) for t in tickets]
-        out = await self.inner.take(tickets, lease_ms)
+        out = await self.inner.take(tickets, lease_ms, unanswered)
         for t, value, took in zip(tickets, before, out, strict=True):
             if took.state is TakeState.TAKEN and value is not None and value.startswith("c|"):
                 previous = value.split("|")[1]

@@ -207,6 +207,28 @@ def test_a_restarted_node_does_not_take_its_predecessors_claims_for_its_own(stor
     run(store_of, scenario)
 
 
+def test_a_takeover_whose_answer_was_lost_is_taken_again_by_its_taker(store_of: Callable[[], Store]) -> None:
+    """A take applied whose answer never came holds the claim a lease in the taker's name: asked
+    again as unanswered, it is the taker's (seed 924420); asked again otherwise, or by another
+    holder, it is held (the firer says so only of takeovers, never of its own parked retries)."""
+
+    async def scenario(store: Store) -> None:
+        a, b = store.claims("node-a/1"), store.claims("node-b/1")
+        t, guarded = ticket(7, "e7"), ticket(7, "g7", guard="job-7|0")
+        assert await a.claim([t, guarded], LEASE_MS) == [ClaimResult.WON] * 2
+        await expire()
+        assert await b.take([t, guarded], LEASE_MS) == [Took(TakeState.TAKEN, 1)] * 2  # its answer lost
+        assert [r.state for r in await b.take([t, guarded], LEASE_MS)] == [TakeState.HELD] * 2
+        names = {t.name, guarded.name}
+        assert [r.state for r in await a.take([t, guarded], LEASE_MS, names)] == [TakeState.HELD] * 2
+        assert await b.take([t, guarded], LEASE_MS, names) == [Took(TakeState.TAKEN, 1)] * 2
+        assert await b.claim([ticket(7, "g7-next", guard="job-7|0")], LEASE_MS) == [ClaimResult.SKIPPED]
+        assert await a.renew([Hold(t, 1, LEASE_MS)]) == [RenewResult.LOST]
+        assert await b.done([Finish(t, "succeeded", 1)]) == [True]
+
+    run(store_of, scenario)
+
+
 def test_overlapping_runs_of_a_guarded_job_are_skipped_until_the_first_finishes(
     store_of: Callable[[], Store],
 ) -> None:

@@ -254,6 +254,11 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
 # whose clock was 2.2 s behind that of the first one back cut the recorded outage at its own now,
 # fired the latest occurrence before that as the misfire, and the rest of the outage from its
 # timer. An outage is caught up whole, to the end its recorder wrote.
+# 924420 (every fault) missed three occurrences: a node took them over (handed over
+# when their slot moved) by two takes in a row whose answers were lost, each holding the claims a
+# lease in its name, where no sweep takes them, its own included; their next taker was checking
+# history when a power cut took Redis's data, 7.2 s after they were due, and a loss claims again
+# only the recent past (7 s). A takeover whose answer was lost is now taken again at the next sweep.
 @pytest.mark.parametrize(
     ("seed", "faults"),
     [
@@ -278,6 +283,7 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
         (920153, EVERY_FAULT),
         (923251, EVERY_FAULT),
         (923708, EVERY_FAULT),
+        (924420, EVERY_FAULT),
     ],
 )
 def test_seeds_found_with_every_fault_keep_the_guarantee(seed: int, faults: frozenset[str]) -> None:
