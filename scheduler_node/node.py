@@ -771,7 +771,7 @@ class Node:
                 break
             for job_id, start in pending.items():
                 # installed in its entry of the table: taking millions out and putting them back
-                # grew the table to three times its size on the way
+                # grew the table to twice its size on the way (then copied at its size)
                 job = self.firer.jobs.get(job_id)
                 if job is not None:  # (not deleted meanwhile)
                     self._catch_up(job, start, now, tally)
