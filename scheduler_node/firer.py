@@ -35,6 +35,7 @@ from cronman import signing
 from cronman.errors import TransientError
 from cronman.execution import Status, Trigger, backfill_of, backoff_ms, execution_id
 from cronman.hashing import slot_of
+from cronman.misfire import MisfirePlan
 from cronman.schedule import Timing
 from cronman.timeutil import iso
 from scheduler_node.execution import Descriptor, Execution, Stage
@@ -122,6 +123,7 @@ class Firer:
         throttle: ThrottleGate | None = None,
         secrets: Callable[[str], tuple[str, ...] | None] = lambda namespace: None,
         screen: Callable[[Execution], tuple[Status, str] | None] = lambda e: None,
+        misfire: Callable[[Execution], MisfirePlan | None] = lambda e: None,
         rng: random.Random | None = None,
         tracing: Tracing | None = None,
     ) -> None:
@@ -138,6 +140,10 @@ class Firer:
         # What the cluster's configuration says of a won execution before it is sent: skip it (a
         # calendar excludes its day) or cancel it (its backfill was cancelled); None: send it.
         self.screen = screen
+        # The misfire plan an execution taken over from another holder carries, if it is the one
+        # a catch-up claimed to carry its outage's plan (a taker rebuilds it from its descriptor,
+        # which does not say; see _verify); None: it is delivered late like any taken over.
+        self.misfire_of = misfire
         self.rng = rng or random.Random()
         self.lease_s = cfg.lease_ms / 1000
         # What happens to executions, step by step, for whoever watches (the simulation's --trace).
@@ -804,6 +810,13 @@ class Firer:
             if e.stage is not Stage.WAITING:
                 continue
             seen: Attempts | None = found.get(e.ident)
+            if e.taken and e.misfire is None and (seen is None or seen.only_skipped):
+                # Taken over, nothing of it attempted: if it is the occurrence a catch-up claimed
+                # to carry an outage's misfire plan, it carries it again here (seed 930278, every
+                # fault: a catch-up's claim of a skip policy's occurrence was applied and its answer
+                # lost while Redis went away; the claim's lease ran out, the slot's other owner took
+                # it over, found nothing in history and delivered it).
+                e.misfire = self.misfire_of(e)
             if seen is not None and not e.d.suffix:
                 # A skip recorded for an occurrence the claim store shows was attempted, or that a
                 # node claimed (a misfire plan that counted as missed what a node had claimed just

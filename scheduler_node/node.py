@@ -193,6 +193,7 @@ class Node:
             throttle=parts.throttle,
             secrets=lambda ns: self.config.secrets.get(ns),
             screen=self._screen,
+            misfire=self._misfire_of,
             rng=self.rng,
             tracing=make_tracing(s.otlp_endpoint, self.node_id),
         )
@@ -741,6 +742,22 @@ class Node:
                 tally.misfire(job.id, (a, b))
             cursor = b
         firer.install(job, cursor, timing)
+
+    def _misfire_of(self, e: Execution) -> misfire.MisfirePlan | None:
+        """The misfire plan of an outage, if ``e`` (taken over from another holder) is the
+        execution a catch-up claimed to carry it (see _catch_up): its holder may have died, or
+        lost the claim's answer, before applying it; the taker applies it instead of delivering
+        the occurrence late (seed 930278, every fault: a skip policy's occurrence was fired)."""
+        d = e.d
+        if d.trigger != Trigger.SCHEDULE or d.suffix or d.event_index:
+            return None
+        t = d.scheduled_ms
+        for a, b in _merged(self._outages):
+            if a < t <= b:
+                job = e.job
+                plan = misfire.plan(self.timing_of(job), a, b, job.opts.misfire, job.opts.catchup_ms)
+                return plan if t == (plan.fire[0] if plan.fire else plan.last_missed) else None
+        return None
 
     async def _become_ready(self) -> None:
         """The first ownership is loaded: classify what the loaded slots missed, and if no node
