@@ -649,7 +649,8 @@ class Firer:
             self._repark_all()  # Redis lost keys: it lost the other parked retries too
             results2 = await self.claims.renew([Hold(e.ticket, e.attempt, self.cfg.lease_ms) for e in lost])
             for e, r in zip(lost, results2, strict=True):
-                if r is RenewResult.LOST:
+                # (claimed again meanwhile by this node, a loss's catch-up say: that one goes on)
+                if r is RenewResult.LOST or e.ticket.name in self.held or e.ticket.name in self.closing:
                     e.stage = Stage.OVER
                     continue
                 e.verify = True
@@ -699,8 +700,16 @@ class Firer:
                 e.superseded = False
                 self._hold(e, asked)
                 self._won(e)
-            elif took.state is TakeState.UNKNOWN and ours:
-                lost.append(e)  # Redis lost our parked retry: it is still ours to make
+            elif took.state is TakeState.UNKNOWN:
+                # Redis lost the claim and its index entry since they were found: our parked retry,
+                # still ours to make; or an open claim the sweep found (its holder gone, or work
+                # handed over), which no node holds now and which may be older than what the loss
+                # claims again: made again here like a takeover, checked against history (seed
+                # 933504, every fault: a stopping node handed over a takeover of an occurrence 8 s
+                # old; the other owner's sweep found it, and its take, slowed by a slow spell,
+                # landed after Redis lost its data and answered UNKNOWN; dropped, it was missed).
+                e.taken = e.taken or not ours
+                lost.append(e)
             elif took.state is TakeState.HELD and ours:
                 # Our retry, and the claim store shows a live lease: our clock is ahead of Redis's,
                 # or the park of this attempt did not land (Redis was away) and the lease is the
