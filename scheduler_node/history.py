@@ -150,7 +150,10 @@ class HistoryWriter:
         self._clock = clock
         self._backoff = 0.0
         self._dropped = 0
-        self.last_error: str | None = None
+        self.last_error: str | None = None  # set while rows are held because the database was unavailable
+        # one flush at a time: the writer's own, the node's before it saves progress, the last at a stop
+        # (two at once would each hold a batch, and ``unwritten`` see only one of them)
+        self._flushing = asyncio.Lock()
 
     def __len__(self) -> int:
         return len(self._buffer)
@@ -205,6 +208,10 @@ class HistoryWriter:
     async def flush(self, limit: int = 20_000) -> bool:
         """Write what is buffered (in chunks); keep it while the database is unavailable. True
         when the buffer is empty."""
+        async with self._flushing:
+            return await self._flush(limit)
+
+    async def _flush(self, limit: int) -> bool:
         if self._quarantine and self._clock() >= self._quarantine_retry_at:
             self._quarantine_retry_at = self._clock() + _QUARANTINE_RETRY_SECONDS
             self._buffer.extend(self._quarantine)
