@@ -79,8 +79,18 @@ async def _taker(
     job_id = "taken-over"
     job = Decoder(senders.decode).job(
         JobRow(
-            job_id, slot_of(job_id), 1, '{"type": "interval", "every_seconds": 3600}',
-            '{"type": "http", "url": "http://127.0.0.1:9/"}', "{}", '{"max_attempts": 1}', False, 0, "default", "{}", 1,
+            job_id,
+            slot_of(job_id),
+            1,
+            '{"type": "interval", "every_seconds": 3600}',
+            '{"type": "http", "url": "http://127.0.0.1:9/"}',
+            "{}",
+            '{"max_attempts": 1}',
+            False,
+            0,
+            "default",
+            "{}",
+            1,
         )  # fmt: skip
     )
     e = Execution.of(job, START, 0, Trigger.SCHEDULE)
