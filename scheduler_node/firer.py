@@ -384,8 +384,9 @@ class Firer:
             now = self.clock()
             due, self.due = self.due, []
             jobs, standby = self.jobs, self.standby
-            # what this pass's standing will say: the cursor and the slots led before it began
-            cursor, led = (standby.cursor, standby.led()) if standby is not None else (0, b"")
+            # what this pass's standing will say: the cursor, the slots led and the Redis data's epoch
+            # before it began (a loss noticed since has its occurrences waiting in self.due)
+            cursor, led, epoch = (standby.cursor, standby.led(), standby.epoch) if standby is not None else (0, b"", "")
             self._pop_fires(now, due)
             if standby is not None and standby.held:
                 for h in standby.release(now, loop.time()):
@@ -410,7 +411,7 @@ class Firer:
                     # due work left over (a burst): a full batch popped, or catch-up work waiting
                     # (not a timer merely late: a leader's hiccup is what the grace covers)
                     busy = full or pending < self.clock() - BUSY_MS
-                    self.standing = Standing(claimed, cursor, led, self._passes, busy)
+                    self.standing = Standing(claimed, cursor, led, self._passes, busy, epoch=epoch)
             await self._sleep(started + self.cfg.tick_seconds - loop.time())
 
     def _pop_fires(self, now: int, due: list[Execution]) -> None:

@@ -204,6 +204,7 @@ class Node:
                 self.node_id, int(s.standby_grace_seconds * 1000), max(3.0, 10 * s.standby_publish_seconds)
             )
             firer.standby.on_claim = lambda reason: m.standby_claims.labels(reason).inc()
+            firer.standby.epoch = self._epoch or ""
         self.backfills = BackfillDriver(firer, parts.store, self.holder, max(3 * self.lease_ms, 5000))
         self.decoder = Decoder(parts.senders.decode, self.phased_from_ms)
         await parts.senders.start()
@@ -338,6 +339,9 @@ class Node:
                 if self._epoch is not None and beat.epoch != self._epoch:
                     self._redis_lost(self._epoch, beat.epoch, self._epoch_ok_ms)
                 self._epoch = beat.epoch
+                if self.firer is not None and self.firer.standby is not None:
+                    # after the loss's occurrences are queued: a standing of this epoch covers them
+                    self.firer.standby.epoch = beat.epoch
                 self._epoch_ok_ms = self.now_ms()
                 if self._unnoticed is None:
                     self._unnoticed = asyncio.create_task(self._find_unnoticed_losses(beat.epoch))

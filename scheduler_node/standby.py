@@ -10,7 +10,10 @@ evidence is what every node publishes a few times a second (:class:`Standing`):
   lost: someone holds it, and an owner's sweep finds it if that holder dies);
 - ``cursor``: it has applied every job change below this change-feed cursor, so it knows the jobs
   as the standby knows them (a change the leader has not seen yet could add an occurrence);
-- ``slots``: the slots it leads, loaded and firing.
+- ``slots``: the slots it leads, loaded and firing;
+- ``epoch``: the token of Redis's data its claims were made in. A loss of that data takes the
+  claims with it, so a standing covers an occurrence only for a standby that knows the same data:
+  a leader that has not noticed a loss yet still says it claimed what the loss took (seed 940685).
 
 A held occurrence is claimed by the standby, as before, when the evidence does not come within
 ``grace_ms`` while the leader says it is not busy (a leader working through a burst is behind by
@@ -52,20 +55,25 @@ class Standing:
     passes: int = 0  # timer passes so far
     busy: bool = False  # its timer is behind (a burst): the word comes, later than the grace
     beat: int = 0  # standings published so far: one that stops changing is a leader that stopped
+    epoch: str = ""  # the Redis data's epoch token its claims were made in ("" from a node before epochs)
 
     def encode(self) -> str:
         slots = base64.b64encode(self.slots).decode()
-        return f"{self.claimed_ms}|{self.cursor}|{self.passes}|{int(self.busy)}|{self.beat}|{slots}"
+        return f"{self.claimed_ms}|{self.cursor}|{self.passes}|{int(self.busy)}|{self.beat}|{self.epoch}|{slots}"
 
     @classmethod
     def decode(cls, text: str) -> Standing | None:
-        """None for anything malformed (it counts as no standing: the standby claims)."""
+        """None for anything malformed (it counts as no standing: the standby claims). A standing
+        of a node from before epochs (six fields) has none: it covers nothing where one is known."""
         try:
-            claimed, cursor, passes, busy, beat, slots = text.split("|", 5)
+            fields = text.split("|")
+            if len(fields) == 6:
+                fields.insert(5, "")
+            claimed, cursor, passes, busy, beat, epoch, slots = fields
             if busy not in ("0", "1"):
                 return None
             bitmap = base64.b64decode(slots, validate=True)
-            return cls(int(claimed), int(cursor), bitmap, int(passes), busy == "1", int(beat))
+            return cls(int(claimed), int(cursor), bitmap, int(passes), busy == "1", int(beat), epoch)
         except (ValueError, TypeError):
             return None
 
@@ -113,6 +121,7 @@ class Standby:
         self.held: dict[str, deque[Held]] = {}  # by leader, in the order held (due time)
         self.owned: frozenset[int] = frozenset()
         self.cursor = 0  # this node has applied every job change below this cursor
+        self.epoch = ""  # the Redis data's epoch token as this node last saw it (its heartbeat says)
         self._led: bytes | None = None
         self._ranked_for: tuple[frozenset[int], tuple[tuple[str, bytes], ...]] | None = None
         self._scores: dict[tuple[str, int], int] = {}
@@ -250,12 +259,18 @@ class Standby:
         if self.leader_of.get(item.slot) != leader:
             return "leader moved"
         st = p.standing
-        if st.claimed_ms >= item.when and st.cursor >= self.required.get(item.slot, 0) and st.leads(item.slot):
+        ahead = st.claimed_ms >= item.when and st.leads(item.slot)
+        same_data = st.epoch == self.epoch
+        if ahead and same_data and st.cursor >= self.required.get(item.slot, 0):
             return ""
         if st.busy and self.read_at - p.passed_at <= BUSY_PATIENCE_S:
             return None  # working through a burst: the word comes
         if min(now_ms, self.read_ms) >= item.until:
-            return "behind the changes" if st.claimed_ms >= item.when and st.leads(item.slot) else "grace over"
+            if not ahead:
+                return "grace over"
+            # claimed in data a loss took (or this node has not seen the loss the leader saw), or
+            # before a job change this node has applied
+            return "other data" if not same_data else "behind the changes"
         return None
 
     def release(self, now_ms: int, now: float) -> list[Held]:

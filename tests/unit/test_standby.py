@@ -4,6 +4,7 @@ stale, missing or behind, an occurrence is either covered by evidence or claimed
 
 from __future__ import annotations
 
+import base64
 import string
 
 from hypothesis import given, settings
@@ -43,10 +44,42 @@ def led_by_peer(sb: Standby, peer: str) -> int:
 
 
 def test_a_standing_survives_its_encoding() -> None:
-    s = Standing(1_700_000_000_123, 987654321, bits({0, 5, 63}), passes=12, busy=True)
+    s = Standing(1_700_000_000_123, 987654321, bits({0, 5, 63}), passes=12, busy=True, epoch="9f3a")
     back = Standing.decode(s.encode())
     assert back == s
     assert back is not None and back.leads(5) and not back.leads(6) and not back.leads(10_000)
+
+
+def test_a_standing_of_a_node_from_before_epochs_reads_as_of_no_epoch() -> None:
+    """A rolling deploy: the six fields an older node publishes read as a standing of no epoch,
+    which covers nothing for a node that knows its Redis data's epoch (both claim)."""
+    old = "5000|100|3|0|7|" + base64.b64encode(bits(ALL)).decode()
+    assert Standing.decode(old) == Standing(5_000, 100, bits(ALL), passes=3, beat=7, epoch="")
+    sb = standby("b", "a", Standing(5_000, 100, bits(ALL)))
+    sb.epoch = "e1"
+    sb.standings({"a": old}, frozenset({"a", "b"}), 100.0)
+    slot = led_by_peer(sb, "a")
+    assert sb.verdict("a", held(5_000, slot), 5_100, 100.2) is Verdict.WAIT
+    assert sb.verdict("a", held(5_000, slot), 5_000 + GRACE, 100.2) is Verdict.CLAIM
+
+
+def test_a_standing_made_in_data_redis_lost_covers_nothing() -> None:
+    """The leader claimed past the occurrence in data a loss then took (seed 940685): until its
+    standing says it claims in the data this node knows, the occurrence is waited for through the
+    grace and then claimed here, whichever of the two noticed the loss first."""
+    sb = standby("b", "a", Standing(9_000, 100, bits(ALL), epoch="e0"))
+    sb.epoch = "e0"
+    slot = led_by_peer(sb, "a")
+    assert sb.verdict("a", held(5_000, slot), 5_100, 100.2) is Verdict.COVERED
+    sb.epoch = "e1"  # this node noticed the loss; the leader has not yet
+    item = held(5_000, slot, at=8_000)
+    assert sb.verdict("a", item, 8_100, 100.2) is Verdict.WAIT
+    assert sb.verdict("a", item, 8_000 + GRACE, 100.2) is Verdict.CLAIM
+    assert sb.claimed_because == {"other data": 1}
+    sb.standings({"a": Standing(9_000, 100, bits(ALL), epoch="e1").encode()}, frozenset({"a", "b"}), 100.3)
+    assert sb.verdict("a", item, 8_000 + GRACE, 100.3) is Verdict.COVERED  # it claimed it again in e1
+    sb.standings({"a": Standing(9_000, 100, bits(ALL), epoch="e2").encode()}, frozenset({"a", "b"}), 100.4)
+    assert sb.verdict("a", item, 8_100, 100.4) is Verdict.WAIT  # the leader saw a loss this node has not
 
 
 @given(st.text(max_size=80))
@@ -240,3 +273,4 @@ def test_an_occurrence_is_never_dropped_without_the_leaders_word(
     for h in covered:
         assert st_ is not None and st_.claimed_ms >= h.when and st_.leads(h.slot)
         assert st_.cursor >= sb.required.get(h.slot, 0)
+        assert st_.epoch == sb.epoch
