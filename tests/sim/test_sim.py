@@ -284,6 +284,11 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
 # claimed past it; the leader, cut off from Redis then, never claimed it again. A standing now
 # carries the epoch of the data its claims were made in and covers nothing for a standby that
 # knows other data.
+# 405491 (every fault, with lost database answers; 2,500 from 403001, 1 failed) found a defect of
+# the simulation: a stop of the whole cluster by SIGTERM while PostgreSQL hung held the nodes'
+# last flush until the hang ended, just past the rest, and a node still stopping when the rest
+# revives everyone was never started again: no node ran through the settling time, and two handed
+# over retries were judged lost. A node still stopping then comes back once it has stopped.
 @pytest.mark.parametrize(
     ("seed", "faults"),
     [
@@ -313,6 +318,7 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
         (930278, EVERY_FAULT),
         (933504, EVERY_FAULT),
         (940685, EVERY_FAULT),
+        (405491, EVERY_FAULT),
     ],
 )
 def test_seeds_found_with_every_fault_keep_the_guarantee(seed: int, faults: frozenset[str]) -> None:
