@@ -431,6 +431,9 @@ class Sim:
             part.flaky.append((start, end, p))
             self.faults.append(Fault(kind, start, end, worst=p))
 
+    def _revive_when_stopped(self, node_id: str, _: object) -> None:
+        self.world.at(self.world.now, lambda: self._revive(node_id))
+
     def _revive_all(self, node_ids: list[str]) -> None:
         for n in node_ids:
             self._revive(n)
@@ -477,7 +480,7 @@ class Sim:
                     # still stopping (its last flush waited on a hung PostgreSQL, say): it comes
                     # back once it has stopped, as a restarted pod does (seed 405491: three nodes
                     # stopped 4.4 s behind a hang, past the rest, and none ran again)
-                    p.task.add_done_callback(lambda _, n=n: self.world.at(self.world.now, lambda: self._revive(n)))
+                    p.task.add_done_callback(functools.partial(self._revive_when_stopped, n))
                 else:
                     self._revive(n)
             self.world.run_until(EPOCH + cfg.duration + cfg.settle)
