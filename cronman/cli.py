@@ -308,7 +308,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     print(
         f"{len(results)} seeds in {_time.perf_counter() - started:.1f}s: {len(failed)} failed; "
         f"{sum(r['occurrences'] for r in results)} occurrences judged, {sum(r['deliveries'] for r in results)} "
-        f"deliveries ({sum(r['covered'] for r in results)} occurrences left by a standby to the slot's leader), "
+        f"deliveries ({sum(r['covered'] for r in results)} occurrences left by a standby to the slot's leader, "
+        f"{sum(r['backlogged'] for r in results)} late ones queued through a backlog), "
         f"{dups} duplicate deliveries, all attributed to named faults; the latest first delivery "
         f"{max((r['worst_lag'] for r in results), default=0):.1f}s after its due time"
         if not failed

@@ -97,6 +97,11 @@ class FirerConfig:
     unrecorded_after_ms: int = 30_000  # a delivered row not written by then: an owner writes it
     faults: frozenset[str] = frozenset()
     slots: int = 4096  # how many slots job ids hash to (cronman.hashing.SLOTS)
+    # Late occurrences queued (a catch-up, a loss's claims again) wait in the backlog while this
+    # many executions are claimed and not sent (None: twice max_in_flight); at least backlog_min
+    # of them join each pass all the same.
+    backlog_room: int | None = None
+    backlog_min: int = 50
 
 
 async def wait_event(event: asyncio.Event, timeout: float) -> None:
@@ -163,6 +168,12 @@ class Firer:
         self._free: list[int] = []  # places no job holds
         self.retries: list[tuple[int, int, Execution]] = []
         self.due: list[Execution] = []  # to claim at the next pass (triggers, catch-up)
+        # Late scheduled occurrences queued beyond what delivery keeps up with (see _take_queued):
+        # (due ms, seq, execution), oldest first; and, by job, how many of its are there, and
+        # the seq below which a job's are cancelled (a pause or delete while they waited).
+        self._backlog: list[tuple[int, int, Execution]] = []
+        self._backlogged: dict[str, int] = {}
+        self._backlog_cancelled: dict[str, tuple[int, int | None]] = {}
         # What the pass in progress claims (taken from ``due``; what it could not claim goes back)
         self.claiming: list[Execution] = []
         # Slots taken over whose marks a loss of Redis's data lowered: occurrences up to how far
@@ -231,6 +242,9 @@ class Firer:
         self.standby: Standby | None = None
         self.standing: Standing | None = None
         self.left_to_leader = 0  # occurrences this node held back and the slot's leader claimed
+        self.backlogged = (
+            0  # late occurrences queued through the backlog (it was not empty, or they were more than its room)
+        )
         self._passes = 0
         self._fired_recent: list[int] = []  # fired-at times of the last second (fires per second)
         self._lags: list[int] = []  # recent first-attempt lags (ms)
@@ -354,6 +368,14 @@ class Firer:
         for slot in dropped.intersection(self.verify_through):
             del self.verify_through[slot]
         self.due = [e for e in self.due if e.job.slot not in dropped]
+        if self._backlog:
+            self._backlog = [x for x in self._backlog if x[2].job.slot not in dropped]
+            heapq.heapify(self._backlog)
+            counts: dict[str, int] = {}
+            for x in self._backlog:
+                counts[x[2].d.job_id] = counts.get(x[2].d.job_id, 0) + 1
+            self._backlogged = counts
+            self._backlog_cancelled = {j: c for j, c in self._backlog_cancelled.items() if j in counts}
         for member in [m for m, e in self.parked.items() if e.job.slot in dropped]:
             self.parked.pop(member).stage = Stage.OVER  # stays parked in the claim store
         self._hand_over(lambda e: e.job.slot in dropped)
@@ -382,12 +404,12 @@ class Firer:
         while not self.stopping:
             started = loop.time()
             now = self.clock()
-            due, self.due = self.due, []
+            due: list[Execution] = []
             jobs, standby = self.jobs, self.standby
             # what this pass's standing will say: the cursor, the slots led and the Redis data's epoch
             # before it began (a loss noticed since has its occurrences waiting in self.due)
             cursor, led, epoch = (standby.cursor, standby.led(), standby.epoch) if standby is not None else (0, b"", "")
-            self._pop_fires(now, due)
+            self._pop_fires(now, due)  # what is due on time first
             if standby is not None and standby.held:
                 for h in standby.release(now, loop.time()):
                     job = jobs.get(h.job_id)
@@ -397,6 +419,7 @@ class Firer:
                     self.metrics.claim["covered"].inc(standby.covered)
                     self.left_to_leader += standby.covered
                     standby.covered = 0
+            self._take_queued(due)
             full = len(due) >= MAX_BATCH
             retries = self._pop_retries(now)
             ok = await self._pass(due, retries)
@@ -442,7 +465,62 @@ class Firer:
 
     def _pending(self, now: int) -> int:
         # (a backfill's occurrences lie in the past on purpose: they say nothing of progress)
-        return min((e.scheduled_ms for e in self.due if not backfill_of(e.trigger)), default=now + 1)
+        pending = min((e.scheduled_ms for e in self.due if not backfill_of(e.trigger)), default=now + 1)
+        return min(pending, self._backlog[0][0]) if self._backlog else pending
+
+    def _take_queued(self, due: list[Execution]) -> None:
+        """What the node queued since the last pass joins this one, after what came due on time.
+        Late scheduled occurrences among it (a catch-up after an outage or a load, a loss's claims
+        again: hundreds of thousands at once) join only as far as delivery keeps up, oldest first,
+        and wait in the backlog meanwhile: claimed all at once, they held a lease each while every
+        occurrence due on time since waited behind them to be sent (a node's probes every second,
+        seconds late for as long as the catch-up took). Triggers, redeliveries and backfills
+        (paced by their drivers) join at once."""
+        queued, self.due = self.due, []
+        backlog = self._backlog
+        if not backlog and len(queued) <= self._room(len(due)):
+            due.extend(queued)
+            return
+        counts, seq = self._backlogged, self._seq
+        for e in queued:
+            if e.d.trigger == Trigger.SCHEDULE and not e.d.suffix:
+                heapq.heappush(backlog, (e.d.scheduled_ms, next(seq), e))
+                counts[e.d.job_id] = counts.get(e.d.job_id, 0) + 1
+                self.backlogged += 1
+            else:
+                due.append(e)
+        room = self._room(len(due))
+        cancelled = self._backlog_cancelled
+        while backlog and room > 0:
+            _, n, e = heapq.heappop(backlog)
+            job_id = e.d.job_id
+            left = counts.pop(job_id, 1) - 1
+            if left:
+                counts[job_id] = left
+            if cancelled and job_id in cancelled:
+                gone = self._let_go(n, e)
+                if not left:
+                    del cancelled[job_id]
+                if gone:
+                    continue  # its job was paused or deleted while it waited (see _cancel_job)
+            due.append(e)
+            room -= 1
+
+    def _let_go(self, n: int, e: Execution) -> bool:
+        """Whether the execution queued in the backlog as ``n`` was let go meanwhile (its job
+        paused, deleted, or created again without adopting it: see _cancel_job)."""
+        gone = self._backlog_cancelled.get(e.d.job_id)
+        return gone is not None and n < gone[0] and e.job.incarnation != gone[1]
+
+    def _room(self, taking: int) -> int:
+        """How many queued late occurrences may join a pass that claims ``taking`` already:
+        delivery has room while fewer than twice max_in_flight claimed executions wait to be sent
+        or are out (those waiting for a throttle's permits aside)."""
+        busy = len(self.held) + taking
+        if self.throttle is not None and self.throttle.waiting:
+            busy -= self.throttle.waiting_count()
+        cfg = self.cfg
+        return max(cfg.backlog_min, (2 * cfg.max_in_flight if cfg.backlog_room is None else cfg.backlog_room) - busy)
 
     def _claimed(self, now: int, pending: int) -> int:
         """How far every occurrence of the slots this node claims on time has been claimed: not
@@ -499,7 +577,7 @@ class Firer:
         return out
 
     async def _sleep(self, rest_of_tick: float) -> None:
-        if self.due or self._reverify:
+        if self.due or self._reverify or self._backlog:
             await asyncio.sleep(max(0.0, rest_of_tick))
             return
         heads = [h[0][0] for h in (self.retries,) if h]
@@ -1373,7 +1451,8 @@ class Firer:
         claim, goes on as the new one's when the new one has the same occurrence. Its id and
         claim do not depend on the incarnation, so the new incarnation's owners cannot claim it
         while this node holds it: cancelling it would lose the new incarnation's occurrence."""
-        for e in [*self.held.values(), *self.parked.values(), *self.due]:
+        waiting = [x[2] for x in self._backlog if not self._let_go(x[1], x[2])]
+        for e in [*self.held.values(), *self.parked.values(), *self.due, *waiting]:
             if (
                 e.job.incarnation != job.incarnation
                 and e.job.namespace == job.namespace  # (another tenant's job: its own accounting)
@@ -1397,6 +1476,8 @@ class Firer:
             del self.parked[e.ticket.member]
             self._cancel(e, reason)
         self.due = [e for e in self.due if e.d.job_id != job_id or (keep is not None and e.job.incarnation == keep)]
+        if job_id in self._backlogged:  # those in the backlog are let go as they come out of it
+            self._backlog_cancelled[job_id] = (next(self._seq), keep)
 
     def _close(self, e: Execution, status: str, row: str) -> None:
         """A final outcome: mark the claim done, and delete a job that has nothing left."""
@@ -1639,6 +1720,7 @@ class Firer:
             "fires_per_s": round(len(self._fired_recent) / 10, 1),
             "lag_p99_ms": lags[int(len(lags) * 0.99)] if lags else None,
             "parked": len(self.parked),
+            "backlog": len(self._backlog),  # late occurrences waiting for delivery to keep up
             "held_for_leader": len(self.standby) if self.standby is not None else 0,
             "claimed_after_holding": dict(self.standby.claimed_because) if self.standby is not None else {},
         }

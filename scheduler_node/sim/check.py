@@ -44,6 +44,7 @@ class Report:
     duplicates_attributed: dict[str, int] = field(default_factory=dict)
     takeovers: int = 0
     covered: int = 0  # occurrences a standby left to the slot's leader (it had claimed them)
+    backlogged: int = 0  # late occurrences queued through a node's backlog (see Firer._take_queued)
     faults: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     # The latest first delivery of a judged occurrence, seconds after it was due (a figure, not a
@@ -91,6 +92,7 @@ def check(sim: Sim) -> Report:
     cfg = sim.cfg
     report = Report(cfg.seed)
     report.covered = sum(p.node.firer.left_to_leader for p in sim.started if p.node.firer is not None)
+    report.backlogged = sum(p.node.firer.backlogged for p in sim.started if p.node.firer is not None)
     for f in sim.faults:
         report.faults[f.kind] = report.faults.get(f.kind, 0) + 1
     arrivals: dict[str, list[Arrival]] = defaultdict(list)

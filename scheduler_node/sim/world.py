@@ -25,6 +25,9 @@ FLAKY_FROM = 300_000  # seeds from here on also draw spells of lost answers (Sim
 # not a start, so that the seeds above it (the opt-in faults' mixes, the seeds kept because they
 # found a defect) replay the runs they always had.
 DB_FLAKY_SEEDS = range(400_000, 500_000)
+# Seeds from here on give the nodes a backlog room of a few executions (SimConfig.backlog), so that
+# catch-ups and a loss's claims again wait in the backlog, as millions of jobs make them do.
+BACKLOG_FROM = 950_000
 EPOCH = 1_893_456_000.0  # 2030-01-01T00:00:00Z: a fixed start, so runs do not depend on today
 
 FAULTS = (
@@ -75,6 +78,10 @@ class SimConfig:
     # does for intervals of a minute and more, see cronman.schedule.IdPhasedInterval); the
     # workload's intervals are seconds. None: seeds whose tens digit is odd.
     phased: bool | None = None
+    # Late occurrences queued beyond a room of 3 claimed executions wait in the backlog, at least
+    # one joining each pass (what a catch-up of hundreds of thousands does with the product's
+    # room); None: seeds from BACKLOG_FROM on.
+    backlog: bool | None = None
 
 
 @dataclass
@@ -127,7 +134,7 @@ class Process:
             slots=sim.cfg.slots,
             incarnation=self.incarnation,
             rng=random.Random(sim.rng.random()),
-            tuning={"idle_seconds": 0.5},
+            tuning={"idle_seconds": 0.5, **({"backlog_room": 3, "backlog_min": 1} if sim.backlog else {})},
             phased_from_ms=0 if sim.phased else LAZY_PHASE_MIN_MS,
         )
         self.stop = asyncio.Event()
@@ -185,6 +192,7 @@ class Sim:
         if cfg.tick is not None:
             self.settings = self.settings.model_copy(update={"timer_tick_seconds": cfg.tick})
         self.phased = cfg.phased if cfg.phased is not None else (cfg.seed // 10) % 2 == 1
+        self.backlog = cfg.backlog if cfg.backlog is not None else cfg.seed >= BACKLOG_FROM
         self.processes: dict[str, Process] = {}
         self.starts = 0
         self.faults: list[Fault] = []

@@ -13,7 +13,15 @@ import pytest
 from scheduler_node.firer import Firer
 from scheduler_node.sim.check import check as check_sim
 from scheduler_node.sim.run import digest, run_seed, run_seeds
-from scheduler_node.sim.world import DB_FLAKY_SEEDS, FAULTS, FLAKY_FROM, OPT_IN_FAULTS, SLOW_FROM, SimConfig
+from scheduler_node.sim.world import (
+    BACKLOG_FROM,
+    DB_FLAKY_SEEDS,
+    FAULTS,
+    FLAKY_FROM,
+    OPT_IN_FAULTS,
+    SLOW_FROM,
+    SimConfig,
+)
 from scheduler_node.standby import Standby, Verdict
 
 SEEDS = int(os.environ.get("CRONMAN_SIM_SEEDS", "500"))
@@ -196,6 +204,19 @@ def test_seeds_with_a_node_cut_off_keep_the_guarantee() -> None:
 # crashes, pauses, losses and outages (870001-): 0 failed; 300 of every fault (880001-): 0 failed.
 WITH_POWER_CUTS = frozenset({"kill", "pause", "restart", "redis_loss", "power_cut", "redis_down", "db_down"})
 EVERY_FAULT = frozenset({*FAULTS, *OPT_IN_FAULTS})
+
+
+def test_seeds_whose_late_occurrences_wait_in_a_backlog_keep_the_guarantee() -> None:
+    """Seeds from BACKLOG_FROM on give the nodes a backlog room of three claimed executions, so
+    that every catch-up and every loss's claims again wait in the backlog, drained a few a pass,
+    while the faults go on: jobs paused, deleted and created again, slots moving, nodes dying."""
+    results = run_seeds(range(BACKLOG_FROM + 1, BACKLOG_FROM + 121), SimConfig(0, faults=EVERY_FAULT), processes=2)
+    failed = [r for r in results if r["violations"]]
+    assert not failed, [
+        f"{r['violations'][:2]} - replay: cronman sim --seed {r['seed']} --faults {','.join(sorted(EVERY_FAULT))}"
+        for r in failed
+    ]
+    assert sum(r["backlogged"] for r in results) > 1000, "the backlog was hardly used: the seeds show nothing of it"
 
 
 def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
