@@ -450,7 +450,11 @@ class Node:
         has, whose loss nobody recorded (every node that saw it died first: a power cut of Redis
         and the nodes). Recorded here, and the recent past of that data is claimed again, checked
         against history: the deliveries whose history rows died with the nodes and Redis's copy
-        of them are delivered again and recorded (tests/cluster/test_power_cut.py)."""
+        of them are delivered again and recorded (tests/cluster/test_power_cut.py). The same for
+        such a loss another node recorded lately: nodes back from a power cut together each claim
+        it again for the slots they own, whoever recorded it (seed 951099: the node that recorded
+        it handed the slot of an occurrence on before claiming it, and the slot's owners, whose
+        catch-up began before the loss lowered its mark, did not claim it again)."""
         assert self.parts is not None
         found: list[tuple[str, int]] | None = None  # (once recorded, they are no longer unnoticed)
         for _ in range(600):  # PostgreSQL may be away for a while; a node that has waited that long gives up

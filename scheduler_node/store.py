@@ -192,7 +192,10 @@ class NodeStore(abc.ABC):
         noticing, as in a power cut): progress recorded after ``reach_ms`` in an epoch other than
         ``current`` and not recorded lost. Each is recorded as :meth:`lose_epoch` does, from
         ``margin_ms`` before that epoch's last record, or its least progress if earlier (not
-        before ``reach_ms``); returns (epoch, from when) for each."""
+        before ``reach_ms``); returns (epoch, from when) for each. And the losses of epochs other
+        than ``current`` another node recorded after ``reach_ms``: a node that owns slots when
+        another records a loss must claim their recent past again too, for the recorder claims
+        again only what it owns then, which it may hand on before claiming it (seed 951099)."""
 
     @abc.abstractmethod
     async def slot_marks(self) -> SlotMarks:
@@ -656,6 +659,16 @@ class PgNodeStore(NodeStore):
         for epoch, last, least in rows:
             since = max(reach_ms, min(int(last) - margin_ms, int(least)))
             out.append((str(epoch), self._lose_epoch(str(epoch), current, since, node_id, None, [])))
+        found = {e for e, _ in out}
+        with self.engine.connect() as conn:
+            recorded = conn.execute(
+                text(
+                    f"SELECT epoch, {_MS.format('since')} FROM lost_epochs WHERE epoch <> :c "
+                    "AND noticed_at > timestamptz 'epoch' + :r * interval '1 millisecond' ORDER BY epoch"
+                ),
+                {"c": current, "r": reach_ms},
+            ).all()
+        out += [(str(e), int(t)) for e, t in recorded if str(e) not in found]
         return out
 
     async def slot_marks(self) -> SlotMarks:

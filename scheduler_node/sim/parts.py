@@ -315,6 +315,7 @@ class SimDb:
     duplicates: dict[tuple[str, int, int, int, str], int] = field(default_factory=dict)
     progress: dict[tuple[str, str], Progress] = field(default_factory=dict)
     lost_epochs: dict[str, int] = field(default_factory=dict)  # epoch -> since (ms)
+    lost_at: dict[str, int] = field(default_factory=dict)  # epoch -> when its loss was first recorded (ms)
     outages: list[tuple[int, int]] = field(default_factory=list)
     backs: list[int] = field(default_factory=list)  # when a node was back and found no outage
     backfills: dict[str, SimBackfill] = field(default_factory=dict)
@@ -559,6 +560,7 @@ class SimStore(NodeStore):
     def _lose(self, epoch: str, current: str, since_ms: int) -> int:
         db = self.db
         since_ms = db.lost_epochs[epoch] = min(since_ms, db.lost_epochs.get(epoch, since_ms))
+        db.lost_at.setdefault(epoch, db.now_ms())
         for p in db.progress.values():
             if p.epoch != current and p.fired_through > since_ms:
                 p.firing_through = max(p.firing_through, p.fired_through)
@@ -580,6 +582,10 @@ class SimStore(NodeStore):
         for epoch, (last, least) in sorted(epochs.items()):
             since = max(reach_ms, min(last - margin_ms, least))
             out.append((epoch, self._lose(epoch, current, since)))
+        found = {e for e, _ in out}
+        for epoch, since in sorted(self.db.lost_epochs.items()):
+            if epoch != current and epoch not in found and self.db.lost_at.get(epoch, 0) > reach_ms:
+                out.append((epoch, since))  # recorded lately by another node (see NodeStore)
         return out
 
     @_answered

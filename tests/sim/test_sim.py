@@ -310,6 +310,13 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
 # last flush until the hang ended, just past the rest, and a node still stopping when the rest
 # revives everyone was never started again: no node ran through the settling time, and two handed
 # over retries were judged lost. A node still stopping then comes back once it has stopped.
+# 951099 (every fault, late occurrences waiting in a backlog; 1,500 from 950201, 1 failed) missed
+# an occurrence: a power cut took Redis's data and every node; of the nodes back, the one that
+# found the loss nobody had noticed claimed its recent past again for the slots it owned then,
+# and handed one of them on before claiming (its claims again waited in its backlog); the slot's
+# owners, whose catch-up began before the loss lowered the slot's mark, had found the loss on
+# record already and claimed nothing again. A node that finds such a loss recorded lately by
+# another claims its recent past again too, for its own slots.
 @pytest.mark.parametrize(
     ("seed", "faults"),
     [
@@ -340,6 +347,7 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
         (933504, EVERY_FAULT),
         (940685, EVERY_FAULT),
         (405491, EVERY_FAULT),
+        (951099, EVERY_FAULT),
     ],
 )
 def test_seeds_found_with_every_fault_keep_the_guarantee(seed: int, faults: frozenset[str]) -> None:
