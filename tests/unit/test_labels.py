@@ -95,7 +95,9 @@ def test_matches(requirement: Requirement, labels: dict[str, str], matches: bool
 
 
 names = st.from_regex(r"\A[A-Za-z0-9]([-A-Za-z0-9_.]{0,8}[A-Za-z0-9])?\Z")
-keys = st.one_of(names, st.builds(lambda p, n: f"{p.lower()}.io/{n}", names.filter(lambda n: "_" not in n), names))
+# a prefix is a DNS subdomain: every part between dots starts and ends with a letter or digit
+prefixes = names.map(str.lower).filter(lambda n: key_error(f"{n}.io/x") is None)
+keys = st.one_of(names, st.builds(lambda p, n: f"{p}.io/{n}", prefixes, names))
 values = st.one_of(st.just(""), names)
 requirements = st.one_of(
     st.builds(lambda k, v, op: Requirement(k, op, (v,)), keys, values, st.sampled_from([Op.EQ, Op.NE])),
