@@ -63,6 +63,10 @@ from scheduler_node.tracing import Tracing
 log = logging.getLogger("cronman.node")
 
 MAX_BATCH = 5000  # due executions handled per timer pass
+# An occurrence the timer comes to this late is catch-up work (a load, an outage): it waits in the
+# backlog with the catch-up's other late occurrences (see _take_queued), at most LATE_MOVED a pass.
+LATE_MS = 5000
+LATE_MOVED = 50_000
 # A timer entry is one int: the due time (ms) shifted past the job's place in the firer's table
 # (a due time before 1970 makes a negative int, with the same place in its low bits).
 # (It was a tuple of due time, job id and generation: 132 bytes a job with its due time and
@@ -438,11 +442,14 @@ class Firer:
             await self._sleep(started + self.cfg.tick_seconds - loop.time())
 
     def _pop_fires(self, now: int, due: list[Execution]) -> None:
-        """The occurrences due by ``now`` join ``due`` (up to ``MAX_BATCH``), or are held back for
-        a slot's leader; each job's next occurrence takes its place in the timer."""
+        """The occurrences due by ``now`` join ``due`` (up to ``MAX_BATCH``), or the backlog if
+        they are more than ``LATE_MS`` late, or are held back for a slot's leader; each job's
+        next occurrence takes its place in the timer."""
         fires, jobs, placed, standby = self.fires, self.jobs, self._placed, self.standby
         last = now << _PLACE_BITS | _PLACE  # the last entry due by now
-        while fires and fires[0] <= last and len(due) < MAX_BATCH:
+        late = (now - LATE_MS) << _PLACE_BITS | _PLACE  # the last entry that is late
+        moved = 0
+        while fires and fires[0] <= last and len(due) < MAX_BATCH and moved < LATE_MOVED:
             key = heapq.heappop(fires)
             place = key & _PLACE
             job = placed[place]
@@ -452,10 +459,14 @@ class Firer:
                 self._drop(job)
                 continue
             when = key >> _PLACE_BITS
-            if standby is None or (leader := standby.defers(job.slot)) is None:
-                due.extend(self.occurrence(job, when))
-            else:  # another owner leads the slot: held back until it is known to have claimed
+            if standby is not None and (leader := standby.defers(job.slot)) is not None:
+                # another owner leads the slot: held back until it is known to have claimed
                 standby.hold(leader, Held(when, job.id, self._generation(job), job.slot, standby.until(when, now)))
+            elif key <= late:
+                self._to_backlog(self.occurrence(job, when))
+                moved += 1
+            else:
+                due.extend(self.occurrence(job, when))
             nxt = _next(job, when)
             if nxt is None:
                 job.key = place
@@ -481,14 +492,28 @@ class Firer:
         if not backlog and len(queued) <= self._room(len(due)):
             due.extend(queued)
             return
-        counts, seq = self._backlogged, self._seq
-        for e in queued:
-            if e.d.trigger == Trigger.SCHEDULE and not e.d.suffix:
-                heapq.heappush(backlog, (e.d.scheduled_ms, next(seq), e))
-                counts[e.d.job_id] = counts.get(e.d.job_id, 0) + 1
-                self.backlogged += 1
-            else:
-                due.append(e)
+        try:
+            self._from_backlog(queued, due)
+        finally:
+            self.metrics.backlog.set(len(backlog))
+
+    def _to_backlog(self, executions: list[Execution]) -> None:
+        backlog, counts, seq = self._backlog, self._backlogged, self._seq
+        for e in executions:
+            heapq.heappush(backlog, (e.d.scheduled_ms, next(seq), e))
+            counts[e.d.job_id] = counts.get(e.d.job_id, 0) + 1
+        self.backlogged += len(executions)
+
+    def _from_backlog(self, queued: list[Execution], due: list[Execution]) -> None:
+        backlog = self._backlog
+        late = [e for e in queued if e.d.trigger == Trigger.SCHEDULE and not e.d.suffix]
+        if late:
+            self._to_backlog(late)
+            if len(late) < len(queued):
+                due.extend(e for e in queued if not (e.d.trigger == Trigger.SCHEDULE and not e.d.suffix))
+        else:
+            due.extend(queued)
+        counts = self._backlogged
         room = self._room(len(due))
         cancelled = self._backlog_cancelled
         while backlog and room > 0:

@@ -60,6 +60,9 @@ class NodeMetrics:
         self.history_dropped = Counter("cronman_history_rows_dropped", "History rows dropped (buffer full)", registry=r)
         self.history_buffered = Gauge("cronman_history_rows_buffered", "History rows waiting to be written", registry=r)
         self.in_flight = Gauge("cronman_in_flight", "Executions held by this node", registry=r)
+        self.backlog = Gauge(
+            "cronman_backlog", "Late occurrences queued (a catch-up) waiting for delivery to keep up", registry=r
+        )
         self.changes_applied = Counter("cronman_job_changes_applied", "Job changes applied from the feed", registry=r)
         self.info = Gauge("cronman_node_info", "Node identity", ["node"], registry=r)
         self.info.labels(node=node_id).set(1)

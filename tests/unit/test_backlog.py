@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from cronman.execution import Trigger
 from cronman.schedule import IntervalTiming
 from scheduler_node.execution import Execution
-from scheduler_node.firer import Firer, FirerConfig
+from scheduler_node.firer import LATE_MS, Firer, FirerConfig
 from scheduler_node.jobs import Decoder, OwnedJob
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.senders import Senders
@@ -172,3 +172,29 @@ def test_whatever_leaves_while_it_waits_never_comes_out_and_the_rest_comes_out_o
     assert len({id(e) for e in out + rest}) == len(out + rest), "an occurrence came out twice"
     assert {id(e) for e in rest} == set(owed), "an occurrence owed was lost, or one let go came out"
     assert not firer._backlog and not firer._backlogged and not firer._backlog_cancelled
+
+
+def test_occurrences_the_timer_comes_to_late_wait_in_the_backlog_behind_those_due_on_time() -> None:
+    """Jobs installed from a mark minutes old (a node that loaded its slots and caught them up):
+    their late occurrences are the backlog's, and the pass claims first what is due on time."""
+    clock = Clock()
+    firer = _firer(clock)
+    firer.set_slots(frozenset({0}))
+    behind = [_job(f"late-{i}", every=60_000) for i in range(30)]
+    for job in behind:
+        firer.install(job, START - 300_000)  # next occurrence minutes ago
+    probe = _job("probe")
+    firer.install(probe, START - 500)  # every second: due now
+    due: list[Execution] = []
+    firer._pop_fires(START, due)
+    assert [e.d.job_id for e in due] == ["probe"]  # on time: claimed at once
+    first = (START - 300_000) // 60_000 * 60_000 + 60_000
+    owed = sorted(range(first, START - LATE_MS + 1, 60_000)) * len(behind)
+    owed.sort()
+    assert sorted(x[0] for x in firer._backlog) == owed  # every late occurrence, each once
+    assert firer._pending(START) == owed[0]
+    firer._take_queued(due)
+    assert due[0].d.job_id == "probe" and len(due) == ROOM  # then the oldest late ones, as room allows
+    assert [e.scheduled_ms for e in due[1:]] == owed[: ROOM - 1]
+    # the timer moved on: each late job's next occurrence is in its place
+    assert all(j.key is not None and (j.key >> 32) > START - LATE_MS for j in behind)

@@ -20,6 +20,7 @@ from scheduler_node.jobs import Decoder, JobRow, OwnedJob
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.senders import Senders
 from scheduler_node.senders.http import HttpSender
+from tests.unit.firing import pop_due
 
 
 def _row(job_id: str, payload: str) -> JobRow:
@@ -178,8 +179,7 @@ def test_a_table_grown_by_taking_every_job_out_and_back_is_made_its_size_again()
     assert sys.getsizeof(firer.jobs) == small
     fired: set[str] = set()
     for _ in range(len(jobs)):  # every job's next occurrence still comes due, once
-        due: list = []
-        firer._pop_fires(now + 60_000, due)
+        due = pop_due(firer, now + 60_000)
         if not due:
             break
         assert fired.isdisjoint(e.job.id for e in due)
@@ -245,8 +245,7 @@ def test_a_node_becoming_ready_installs_its_staged_jobs_where_they_are() -> None
     assert not firer.install(newer, now)  # (installed: the same object again changes nothing)
     fired: list[str] = []
     for _ in range(len(jobs)):
-        due: list = []
-        firer._pop_fires(now + 59_000, due)  # (one occurrence of each after now - 1000)
+        due = pop_due(firer, now + 59_000)  # (one occurrence of each after now - 1000)
         if not due:
             break
         fired.extend(e.job.id for e in due)

@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cronman.schedule import IntervalTiming
-from scheduler_node.execution import Execution
 from scheduler_node.firer import Firer, FirerConfig
 from scheduler_node.jobs import Decoder, OwnedJob
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.senders import Senders
 from scheduler_node.senders.http import HttpSender
+from tests.unit.firing import pop_due
 
 START = 1_790_000_000_000
 IDS = [f"job-{i}" for i in range(6)]
@@ -138,8 +138,7 @@ def test_the_timer_owes_what_the_model_owes(ops: list[tuple]) -> None:  # type: 
             firer.set_slots(firer.slots | {o[1]})
         else:
             clock.now += o[1]
-            due: list[Execution] = []
-            firer._pop_fires(clock.now, due)
+            due = pop_due(firer, clock.now)
             owed = []
             for job_id, t in model.pending.items():
                 while t is not None and t <= clock.now:
@@ -182,8 +181,7 @@ def test_a_job_that_comes_back_at_its_old_place_fires_once_per_occurrence() -> N
     firer.install(b, clock.now)
     assert len(firer.fires) == 2 and firer.fires[0] == firer.fires[1]  # the same entry, twice
     clock.now += 3_500
-    due: list[Execution] = []
-    firer._pop_fires(clock.now, due)
+    due = pop_due(firer, clock.now)
     assert [e.scheduled_ms - START for e in due] == [1_000, 2_000, 3_000]
     assert all(e.job is b for e in due)
 
@@ -197,8 +195,7 @@ def test_occurrences_before_1970_keep_their_place() -> None:
     job = OwnedJob("job-0", 0, 1, 1, "default", IntervalTiming(1_000, 0), _target, b"", _retry, _options, False)
     firer.install(job, clock.now)
     clock.now = -7_500
-    due: list[Execution] = []
-    firer._pop_fires(clock.now, due)
+    due = pop_due(firer, clock.now)
     assert [e.scheduled_ms for e in due] == [-9_000, -8_000]
     assert firer._generation(job) != -1
     firer.remove("job-0", "removed")
