@@ -173,14 +173,30 @@ def copy_jobs(
 
 
 def reset_store(database_url: str) -> None:
-    """Empty the tables a scenario fills (jobs, history, triggers, audit, the cluster watermark)."""
+    """Empty the tables a scenario fills: jobs, history, triggers, audit, job health, and what the
+    cluster recorded of its progress and outages. (With the progress of the previous scenario's
+    nodes kept, the next scenario's nodes, of the same names, found the cluster stopped since then
+    and caught that outage up: in a full run, scale10m's nodes delivered 800,000 to 1.1 million
+    occurrences of the load's minutes while becoming ready, and took 330-390 s instead of 210.)"""
     conn = psycopg2.connect(database_url, connect_timeout=10)
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
             cur.execute(
                 "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename = ANY(%s)",
-                (["jobs", "job_triggers", "scheduled_jobs", "scheduler_state", "job_events"],),
+                (
+                    [
+                        "jobs",
+                        "job_triggers",
+                        "scheduled_jobs",
+                        "scheduler_state",
+                        "job_events",
+                        "job_health",
+                        "node_progress",
+                        "cluster_outages",
+                        "lost_epochs",
+                    ],
+                ),
             )
             names = [r[0] for r in cur.fetchall()]
             if names:
