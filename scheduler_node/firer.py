@@ -238,6 +238,9 @@ class Firer:
         self._done_wake = asyncio.Event()
         self.stopping = False
         self.progress_ms: int | None = None  # every occurrence due up to here has been claimed
+        # What came due on time up to here has been claimed (late work this node still owes, a
+        # catch-up or a loss's claims again, aside): it was running through there.
+        self.firing_ms: int | None = None
         # When the last change-feed read that succeeded began (this node's clock; set by the node):
         # what this node knows of its jobs is at least that recent. None: not read yet.
         self.feed_read_ms: int | None = None
@@ -431,6 +434,7 @@ class Firer:
             if ok:
                 pending = self._pending(now)
                 claimed = self._claimed(now, pending)
+                self.firing_ms = self._claimed(now, now + 1)
                 held = standby.oldest() if standby is not None else None
                 self.progress_ms = claimed if held is None else min(claimed, held - 1)
                 if standby is not None:

@@ -880,7 +880,12 @@ class Node:
         owned = self.owned.difference(unsettled) if unsettled else self.owned
         try:
             await self.parts.store.save_progress(
-                self.node_id, self.incarnation, firer.progress_ms, bitmap(owned, self.slot_count), self._epoch
+                self.node_id,
+                self.incarnation,
+                firer.progress_ms,
+                bitmap(owned, self.slot_count),
+                self._epoch,
+                firer.firing_ms,
             )
         except TransientError as exc:
             log.warning("could not record how far this node fired: %s", exc)

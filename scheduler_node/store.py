@@ -160,11 +160,19 @@ class NodeStore(abc.ABC):
 
     @abc.abstractmethod
     async def save_progress(
-        self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes, epoch: str | None
+        self,
+        node_id: str,
+        incarnation: str,
+        fired_through_ms: int,
+        slots: bytes,
+        epoch: str | None,
+        firing_ms: int | None = None,
     ) -> None:
         """This node has claimed every occurrence of ``slots`` through ``fired_through_ms``, in the
         Redis data of ``epoch``. Progress only grows within an epoch; claimed in an epoch recorded
-        lost, it counts up to where the loss left it (see :meth:`lose_epoch`)."""
+        lost, it counts up to where the loss left it (see :meth:`lose_epoch`). ``firing_ms`` (by
+        default the same) is how far its timer claimed what came due on time, whatever late work
+        it still owes: the cluster was running through there (see ``SlotMarks.cluster``)."""
 
     @abc.abstractmethod
     async def lose_epoch(
@@ -566,12 +574,24 @@ class PgNodeStore(NodeStore):
 
     # -- progress and outages
     async def save_progress(
-        self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes, epoch: str | None
+        self,
+        node_id: str,
+        incarnation: str,
+        fired_through_ms: int,
+        slots: bytes,
+        epoch: str | None,
+        firing_ms: int | None = None,
     ) -> None:
-        await self._call(self._save_progress, node_id, incarnation, fired_through_ms, slots, epoch)
+        await self._call(self._save_progress, node_id, incarnation, fired_through_ms, slots, epoch, firing_ms)
 
     def _save_progress(
-        self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes, epoch: str | None
+        self,
+        node_id: str,
+        incarnation: str,
+        fired_through_ms: int,
+        slots: bytes,
+        epoch: str | None,
+        firing_ms: int | None,
     ) -> None:
         # Within an epoch a node's mark only grows; a node that noticed a loss saves in the new
         # epoch the progress it lowered itself. Claimed in an epoch since lost (by a node that has
@@ -581,7 +601,8 @@ class PgNodeStore(NodeStore):
                 text(
                     "INSERT INTO node_progress AS p "
                     "(node_id, incarnation, fired_through, firing_through, slots, epoch, updated_at) "
-                    "SELECT :n, :i, LEAST(t.at, (SELECT since FROM lost_epochs WHERE epoch = :e)), t.at, :s, :e, now() "
+                    "SELECT :n, :i, LEAST(t.at, (SELECT since FROM lost_epochs WHERE epoch = :e)), "
+                    "GREATEST(t.at, timestamptz 'epoch' + :f * interval '1 millisecond'), :s, :e, now() "
                     "FROM (SELECT timestamptz 'epoch' + :ms * interval '1 millisecond' AS at) t "
                     "ON CONFLICT (node_id, incarnation) DO UPDATE SET slots = EXCLUDED.slots, "
                     "updated_at = now(), epoch = EXCLUDED.epoch, "
@@ -589,7 +610,14 @@ class PgNodeStore(NodeStore):
                     "fired_through = CASE WHEN p.epoch IS NOT DISTINCT FROM EXCLUDED.epoch "
                     "THEN GREATEST(p.fired_through, EXCLUDED.fired_through) ELSE EXCLUDED.fired_through END"
                 ),
-                {"n": node_id, "i": incarnation, "ms": fired_through_ms, "s": slots, "e": epoch},
+                {
+                    "n": node_id,
+                    "i": incarnation,
+                    "ms": fired_through_ms,
+                    "f": fired_through_ms if firing_ms is None else firing_ms,
+                    "s": slots,
+                    "e": epoch,
+                },
             )
 
     async def lose_epoch(

@@ -522,7 +522,13 @@ class SimStore(NodeStore):
 
     @_answered
     async def save_progress(
-        self, node_id: str, incarnation: str, fired_through_ms: int, slots: bytes, epoch: str | None
+        self,
+        node_id: str,
+        incarnation: str,
+        fired_through_ms: int,
+        slots: bytes,
+        epoch: str | None,
+        firing_ms: int | None = None,
     ) -> None:
         await self.db.call(self.node)
         db = self.db
@@ -532,7 +538,9 @@ class SimStore(NodeStore):
         old = db.progress.get((node_id, incarnation))
         if old is not None and old.epoch == epoch:
             ms = max(ms, old.fired_through)
-        firing = max(fired_through_ms, old.firing_through) if old is not None else fired_through_ms
+        firing = max(fired_through_ms, firing_ms if firing_ms is not None else fired_through_ms)
+        if old is not None:
+            firing = max(firing, old.firing_through)
         db.progress[(node_id, incarnation)] = Progress(ms, slots, epoch, firing, db.now_ms())
 
     @_answered

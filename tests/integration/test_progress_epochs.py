@@ -36,8 +36,9 @@ def _marks(store: NodeStore, firing: bool = False) -> tuple[dict[int, int], int 
 def _steps(store: NodeStore, legacy_row: Callable[[], None]) -> list[Any]:
     """The steps, and what the store said after each."""
 
-    def save(node: str, ms: int, slots: set[int], epoch: str | None) -> None:
-        asyncio.run(store.save_progress(node, f"{node}-1", T + ms, bitmap(frozenset(slots), SLOTS), epoch))
+    def save(node: str, ms: int, slots: set[int], epoch: str | None, firing: int | None = None) -> None:
+        at = None if firing is None else T + firing
+        asyncio.run(store.save_progress(node, f"{node}-1", T + ms, bitmap(frozenset(slots), SLOTS), epoch, at))
 
     def lose(epoch: str, current: str, since: int, node: str) -> None:
         asyncio.run(store.lose_epoch(epoch, current, T + since, node))
@@ -61,6 +62,14 @@ def _steps(store: NodeStore, legacy_row: Callable[[], None]) -> list[Any]:
     save("b", 7_000, {3}, "e1")  # a save b sent before it noticed, arriving late: capped again
     seen.append(_marks(store))
     seen.append(_marks(store, firing=True))  # how far each slot was fired anyway: the watchdog's
+    # c claims again the lost past (through 4.5 s) while its timer claims on time through 30 s:
+    # the cluster was running through 30 s (seed 960029), its slot fired through there, and
+    # claimed through 4.5 s only
+    save("c", 4_500, {5}, "e2", firing=30_000)
+    seen.append(_marks(store))
+    seen.append(_marks(store, firing=True)[0][5])
+    save("c", 4_600, {5}, "e2", firing=25_000)  # how far it was firing only grows
+    seen.append(_marks(store)[1])
     return seen
 
 
@@ -72,6 +81,9 @@ EXPECTED = [
     ({1: 15_000, 2: 15_000, 3: 4_000, 4: 5_000}, 20_000),
     ({1: 15_000, 2: 15_000, 3: 5_000, 4: 5_000}, 20_000),
     ({1: 15_000, 2: 15_000, 3: 20_000, 4: 11_000}, 20_000),
+    ({1: 15_000, 2: 15_000, 3: 5_000, 4: 5_000, 5: 4_500}, 30_000),
+    30_000,
+    30_000,
 ]
 
 

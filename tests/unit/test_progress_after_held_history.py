@@ -35,7 +35,9 @@ class Store:
         self.calls += [f"row {r.execution_id}" for r in rows]
         return 0
 
-    async def save_progress(self, node_id: str, incarnation: str, ms: int, slots: bytes, epoch: Any) -> None:
+    async def save_progress(
+        self, node_id: str, incarnation: str, ms: int, slots: bytes, epoch: Any, firing_ms: int | None = None
+    ) -> None:
         if self.down:
             raise TransientError("database: connection refused")
         self.calls.append(f"progress {ms}")
@@ -52,7 +54,7 @@ def _node(store: Store) -> Node:
     parts = NodeParts(claims=None, membership=None, store=store, senders=None)  # type: ignore[arg-type]
     node = Node(settings, clock=lambda: NOW / 1000, parts=parts, slots=8)
     node.history = HistoryWriter(store.write_history, InlineExecutor(), flush_seconds=0.3, max_rows=100)
-    node.firer = SimpleNamespace(progress_ms=NOW, verify_through={})  # type: ignore[assignment]
+    node.firer = SimpleNamespace(progress_ms=NOW, firing_ms=NOW, verify_through={})  # type: ignore[assignment]
     node.ready = True
     return node
 
