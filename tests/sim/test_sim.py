@@ -317,6 +317,14 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
 # owners, whose catch-up began before the loss lowered the slot's mark, had found the loss on
 # record already and claimed nothing again. A node that finds such a loss recorded lately by
 # another claims its recent past again too, for its own slots.
+# 960029 (every fault, after a restart that finds its node still stopping waits for it to stop, as
+# a pod's does; 1,500 from 960001, 1 failed) fired three of a fire_once job's outage occurrences
+# and one a skip job's: after a short power cut, the nodes back claimed the lost past again with
+# Redis slow and then away, so their progress stayed seconds behind; a node restarted then became
+# ready as Redis came back, found no progress for over 5 s, and recorded an outage while the
+# others had been firing on time all along. A node's progress now carries, besides how far it
+# claimed everything it owes, how far its timer claimed what came due on time; the cluster's mark
+# (which decides outages) is the latter.
 @pytest.mark.parametrize(
     ("seed", "faults"),
     [
@@ -348,6 +356,7 @@ def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
         (940685, EVERY_FAULT),
         (405491, EVERY_FAULT),
         (951099, EVERY_FAULT),
+        (960029, EVERY_FAULT),
     ],
 )
 def test_seeds_found_with_every_fault_keep_the_guarantee(seed: int, faults: frozenset[str]) -> None:
