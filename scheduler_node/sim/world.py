@@ -28,6 +28,10 @@ DB_FLAKY_SEEDS = range(400_000, 500_000)
 # Seeds from here on give the nodes a backlog room of a few executions (SimConfig.backlog), so that
 # catch-ups and a loss's claims again wait in the backlog, as millions of jobs make them do.
 BACKLOG_FROM = 950_000
+# Seeds from here on draw half their Redis outages 5-12 s long (SimConfig.long_redis_down): past
+# the outage threshold, with the nodes alive and retrying, a node becoming ready as Redis returns
+# judges whether the cluster was firing.
+LONG_REDIS_DOWN_FROM = 980_000
 EPOCH = 1_893_456_000.0  # 2030-01-01T00:00:00Z: a fixed start, so runs do not depend on today
 
 FAULTS = (
@@ -82,6 +86,9 @@ class SimConfig:
     # one joining each pass (what a catch-up of hundreds of thousands does with the product's
     # room); None: seeds from BACKLOG_FROM on.
     backlog: bool | None = None
+    # Half the Redis outages last 5-12 s instead of 1-4 s, drawn from a generator of their own (the
+    # rest of the run is drawn as it would be without them); None: seeds from LONG_REDIS_DOWN_FROM on.
+    long_redis_down: bool | None = None
 
 
 @dataclass
@@ -194,6 +201,8 @@ class Sim:
             self.settings = self.settings.model_copy(update={"timer_tick_seconds": cfg.tick})
         self.phased = cfg.phased if cfg.phased is not None else (cfg.seed // 10) % 2 == 1
         self.backlog = cfg.backlog if cfg.backlog is not None else cfg.seed >= BACKLOG_FROM
+        long_down = cfg.long_redis_down if cfg.long_redis_down is not None else cfg.seed >= LONG_REDIS_DOWN_FROM
+        self.long_down_rng = random.Random(f"long-redis-down/{cfg.seed}") if long_down else None
         self.processes: dict[str, Process] = {}
         self.starts = 0
         self.faults: list[Fault] = []
@@ -373,6 +382,8 @@ class Sim:
             self.redis.lose_everything()
         elif kind == "redis_down":
             d = rng.uniform(1, 4)
+            if self.long_down_rng is not None and self.long_down_rng.random() < 0.5:
+                d = self.long_down_rng.uniform(5, 12)
             self.faults.append(Fault("redis_down", now, now + d))
             self.redis.down_until = now + d
         elif kind in ("partition", "db_partition"):

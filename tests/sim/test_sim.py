@@ -219,6 +219,44 @@ def test_seeds_whose_late_occurrences_wait_in_a_backlog_keep_the_guarantee() -> 
     assert sum(r["backlogged"] for r in results) > 1000, "the backlog was hardly used: the seeds show nothing of it"
 
 
+WITH_LONG_REDIS_DOWN = frozenset({"redis_down", "restart", "join", "kill", "pause", "leave", "power_cut"})
+
+
+# Seeds from LONG_REDIS_DOWN_FROM on draw half their Redis outages 5-12 s long, past the outage
+# threshold (5 s here), the nodes alive and retrying their claims. 981486 and 982324 (1,500 from
+# 981001 with these faults, 5 failed) fired two of a fire_once job's outage occurrences: after a
+# short power cut, Redis went away for 11 s; the nodes' timers ran on, their claims waiting, but
+# their progress, saved only after a pass that reached Redis, stood still; a node ready as Redis
+# came back recorded an outage, and the others then delivered what they held of it, late. How far
+# a node's timer ran is now saved whether its pass reached Redis or not: the cluster was running.
+# Three of those five still fail, and fail on the code before this change too (43e1a40), so they
+# are defects the longer outages found, not fixed yet: 981004 and 981691 (a fire_once job's
+# outage fired nothing: its catch-up's claim waited for Redis through the outage's end, and the
+# job changed before Redis came back) and 981343 (an execution without its final history row).
+@pytest.mark.parametrize("seed", [981486, 982324])
+def test_seeds_found_with_redis_away_past_the_outage_threshold_keep_the_guarantee(seed: int) -> None:
+    report = run_seed(seed, SimConfig(seed, faults=WITH_LONG_REDIS_DOWN))
+    assert not report.violations, (
+        f"{report.violations[:3]} - replay: cronman sim --seed {seed} --faults {','.join(sorted(WITH_LONG_REDIS_DOWN))}"
+    )
+
+
+def test_long_redis_outages_change_their_length_only() -> None:
+    """The long outages come from a generator of their own: the same seed draws the same faults
+    at the same times, only some Redis outages last longer."""
+    from scheduler_node.sim.world import Sim
+
+    def faults(long: bool) -> list[tuple[str, float, float]]:
+        sim = Sim(SimConfig(982324, faults=WITH_LONG_REDIS_DOWN, long_redis_down=long))
+        sim.run()
+        return [(f.kind, round(f.start, 3), f.end - f.start) for f in sim.faults if f.kind == "redis_down"]
+
+    short, long = faults(False), faults(True)
+    assert [k[:2] for k in short[:1]] == [k[:2] for k in long[:1]]  # the first drawn as before
+    assert all(d <= 4 for _, _, d in short), short
+    assert any(5 <= d <= 12 for _, _, d in long), long
+
+
 def test_twenty_seeds_of_every_fault_keep_the_guarantee() -> None:
     failed = [r for r in run_seeds(range(910001, 910021), SimConfig(0, faults=EVERY_FAULT)) if r["violations"]]
     assert not failed, [
