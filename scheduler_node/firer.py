@@ -238,8 +238,9 @@ class Firer:
         self._done_wake = asyncio.Event()
         self.stopping = False
         self.progress_ms: int | None = None  # every occurrence due up to here has been claimed
-        # What came due on time up to here has been claimed (late work this node still owes, a
-        # catch-up or a loss's claims again, aside): it was running through there.
+        # This node's timer ran through here, taking what came due on time to claim (late work it
+        # still owes, a catch-up or a loss's claims again, and claims waiting for Redis aside): it
+        # was running through there.
         self.firing_ms: int | None = None
         # When the last change-feed read that succeeded began (this node's clock; set by the node):
         # what this node knows of its jobs is at least that recent. None: not read yet.

@@ -171,8 +171,8 @@ class NodeStore(abc.ABC):
         """This node has claimed every occurrence of ``slots`` through ``fired_through_ms``, in the
         Redis data of ``epoch``. Progress only grows within an epoch; claimed in an epoch recorded
         lost, it counts up to where the loss left it (see :meth:`lose_epoch`). ``firing_ms`` (by
-        default the same) is how far its timer claimed what came due on time, whatever late work
-        it still owes: the cluster was running through there (see ``SlotMarks.cluster``)."""
+        default the same) is how far its timer ran, whatever late work it still owes and whether
+        its claims reached Redis: the cluster was running through there (``SlotMarks.cluster``)."""
 
     @abc.abstractmethod
     async def lose_epoch(
