@@ -250,9 +250,8 @@ class Firer:
         self.standby: Standby | None = None
         self.standing: Standing | None = None
         self.left_to_leader = 0  # occurrences this node held back and the slot's leader claimed
-        self.backlogged = (
-            0  # late occurrences queued through the backlog (it was not empty, or they were more than its room)
-        )
+        # late occurrences queued through the backlog (it was not empty, or they were more than its room)
+        self.backlogged = 0
         self._passes = 0
         self._fired_recent: list[int] = []  # fired-at times of the last second (fires per second)
         self._lags: list[int] = []  # recent first-attempt lags (ms)
@@ -514,13 +513,11 @@ class Firer:
 
     def _from_backlog(self, queued: list[Execution], due: list[Execution]) -> None:
         backlog = self._backlog
-        late = [e for e in queued if e.d.trigger == Trigger.SCHEDULE and not e.d.suffix]
+        late: list[Execution] = []
+        for e in queued:
+            (late if e.d.trigger == Trigger.SCHEDULE and not e.d.suffix else due).append(e)
         if late:
             self._to_backlog(late)
-            if len(late) < len(queued):
-                due.extend(e for e in queued if not (e.d.trigger == Trigger.SCHEDULE and not e.d.suffix))
-        else:
-            due.extend(queued)
         counts = self._backlogged
         room = self._room(len(due))
         cancelled = self._backlog_cancelled
@@ -1484,7 +1481,11 @@ class Firer:
         claim, goes on as the new one's when the new one has the same occurrence. Its id and
         claim do not depend on the incarnation, so the new incarnation's owners cannot claim it
         while this node holds it: cancelling it would lose the new incarnation's occurrence."""
-        waiting = [x[2] for x in self._backlog if not self._let_go(x[1], x[2])]
+        waiting = (
+            [x[2] for x in self._backlog if x[2].d.job_id == job.id and not self._let_go(x[1], x[2])]
+            if job.id in self._backlogged  # (a catch-up's backlog holds hundreds of thousands)
+            else []
+        )
         for e in [*self.held.values(), *self.parked.values(), *self.due, *waiting]:
             if (
                 e.job.incarnation != job.incarnation
