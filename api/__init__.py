@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
@@ -14,6 +14,7 @@ from werkzeug.exceptions import HTTPException
 
 from api.metrics import init_app as init_metrics
 from api.metrics import note_error
+from cronman.changes import Stop, encode
 from cronman.errors import CronmanError
 from cronman.keys import Keys
 from cronman.redisconn import SyncRedis, sync_client
@@ -26,39 +27,56 @@ MAX_BODY_BYTES = 1024 * 1024
 
 
 class ChangeNotifier:
-    """Wakes the scheduler nodes after a change, from a thread of its own: a request only raises a
-    flag, and however many changes a burst makes, nodes get one notification per interval. They
-    poll anyway, so a failure here only slows them down."""
+    """Tells the scheduler nodes of changes (cronman.changes), from a thread of its own. A change
+    that stops jobs (a pause, a delete) names them, and the request that made it waits until the
+    message is out (at most ``wait`` seconds: Redis away must not hold the API up), so that the
+    nodes hear of it by the time the caller has the answer. Other changes only raise a flag:
+    however many a burst makes, nodes get one wake-up per interval. What is pending goes out in one
+    message. Nodes read the change feed anyway, so a message lost only makes them later."""
 
-    def __init__(self, client: SyncRedis, channel: str, interval: float = 0.02) -> None:
+    def __init__(self, client: SyncRedis, channel: str, interval: float = 0.02, wait: float = 0.5) -> None:
         self._client = client
         self._channel = channel
         self._interval = interval
-        self._pending = threading.Event()
+        self._wait = wait
+        self._cond = threading.Condition()
+        self._stops: list[Stop] = []
+        self._pending = False
+        self._asked = 0  # notifications asked for, and how many of them went out (or were given up)
+        self._done = 0
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
 
-    def notify(self) -> None:
-        self._pending.set()
-        with self._lock:  # started lazily (gunicorn forks workers after the app is built), ends when idle
+    def notify(self, stops: Sequence[Stop] = ()) -> None:
+        with self._cond:
+            self._stops.extend(stops)
+            self._pending = True
+            self._asked += 1
+            ticket = self._asked
+            # started lazily (gunicorn forks workers after the app is built), ends when idle
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="cronman-notify", daemon=True)
                 self._thread.start()
+            self._cond.notify_all()
+            if stops:
+                self._cond.wait_for(lambda: self._done >= ticket, self._wait)
 
     def _run(self, idle_seconds: float = 60.0) -> None:
         while True:
-            if not self._pending.wait(idle_seconds):
-                with self._lock:
-                    if not self._pending.is_set():
-                        self._thread = None
-                        return
-                continue
-            self._pending.clear()
+            with self._cond:
+                if not self._cond.wait_for(lambda: self._pending, idle_seconds):
+                    self._thread = None
+                    return
+                stops, self._stops, self._pending = self._stops, [], False
+                ticket = self._asked
             try:
-                self._client.publish(self._channel, b"")
+                self._client.publish(self._channel, encode(stops))
             except redis.RedisError as exc:
                 log.warning("could not publish a change notification: %s", exc)
-            time.sleep(self._interval)
+            with self._cond:
+                self._done = ticket
+                self._cond.notify_all()
+                if not stops:  # a wake-up: the next one after the interval, unless a stop comes first
+                    self._cond.wait_for(lambda: bool(self._stops), self._interval)
 
 
 @dataclass
@@ -69,9 +87,9 @@ class Services:
     keys: Keys
     notifier: ChangeNotifier
 
-    def notify_change(self) -> None:
-        """Wake the scheduler nodes (soon, from another thread)."""
-        self.notifier.notify()
+    def notify_change(self, stops: Sequence[Stop] = ()) -> None:
+        """Tell the scheduler nodes: of ``stops`` before returning, of anything else soon."""
+        self.notifier.notify(stops)
 
 
 def _error(status: int, code: str, message: str, field: str | None = None):  # type: ignore[no-untyped-def]

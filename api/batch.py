@@ -14,6 +14,7 @@ from flask import Blueprint, Response, jsonify
 from api.common import actor, json_body, now_ms, own_namespace, requested_namespace, services
 from api.metrics import api_metrics
 from cronman.apikeys import DEFAULT_NAMESPACE
+from cronman.changes import Stop
 from cronman.errors import CronmanError, InvalidInput
 from cronman.spec import JOB_ID_RE, JobSpec, new_job_id
 from cronman.store import StoredJob
@@ -89,7 +90,8 @@ def put_jobs() -> Response:
             continue
         valid.append((spec, spec.id or new_job_id()))
         positions.append(i)
-    outcomes = svc.store.put_many(valid, namespace, actor(), {"batch": True}) if valid else []
+    stops: list[Stop] = []
+    outcomes = svc.store.put_many(valid, namespace, actor(), {"batch": True}, stops) if valid else []
     created = replaced = 0
     for i, (_, job_id), outcome in zip(positions, valid, outcomes):
         if isinstance(outcome, CronmanError):
@@ -101,7 +103,7 @@ def put_jobs() -> Response:
             replaced += 1
             results[i] = _result(i, job_id, 200)
     if created or replaced:
-        svc.notify_change()
+        svc.notify_change(stops)
         changes = api_metrics().job_changes
         changes.labels(change="created").inc(created)
         changes.labels(change="updated").inc(replaced)

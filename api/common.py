@@ -14,7 +14,9 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from api.auth import caller
 from cronman.apikeys import DEFAULT_NAMESPACE, check_namespace
 from cronman.audit import Actor
+from cronman.changes import Stop
 from cronman.errors import Forbidden, InvalidInput, PayloadTooLarge, UnsupportedMediaType
+from cronman.store import JobRecord
 
 JSON_TYPES = ("application/json", "application/merge-patch+json")
 
@@ -25,6 +27,11 @@ def services():  # type: ignore[no-untyped-def]
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def stops_of(record: JobRecord) -> list[Stop]:
+    """What a write that left a job paused tells the nodes to stop at once."""
+    return [Stop(record.id, record.version)] if record.paused else []
 
 
 def own_namespace() -> str | None:

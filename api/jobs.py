@@ -11,11 +11,22 @@ from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
 
-from api.common import actor, int_arg, json_body, now_ms, own_namespace, requested_namespace, services, target_namespace
+from api.common import (
+    actor,
+    int_arg,
+    json_body,
+    now_ms,
+    own_namespace,
+    requested_namespace,
+    services,
+    stops_of,
+    target_namespace,
+)
 from cronman.apikeys import DEFAULT_NAMESPACE
 from cronman.audit import JobEvent
 from cronman.calendar_store import CalendarStore, job_timing, names_of
 from cronman.calendars import Calendar
+from cronman.changes import Stop
 from cronman.commands import patch_job as apply_patch
 from cronman.errors import Conflict, InvalidInput, NotFound
 from cronman.execution import Trigger, execution_id
@@ -236,7 +247,7 @@ def put_job(job_id: str) -> Response:
             raise
         # Like every other single-job operation, another namespace's job is "not found" here.
         raise NotFound(f"no job with id {job_id!r} in this namespace, and the id is taken", field="id") from None
-    svc.notify_change()
+    svc.notify_change(stops_of(record))
     return _job_response(record, 201 if created else 200)
 
 
@@ -246,7 +257,7 @@ def patch_job(job_id: str) -> Response:
     _, patch = json_body()
     svc = services()
     record = apply_patch(svc.store, svc.settings, job_id, own_namespace(), patch, actor(), now_ms())
-    svc.notify_change()
+    svc.notify_change(stops_of(record))
     return _job_response(record, 200)
 
 
@@ -254,8 +265,8 @@ def patch_job(job_id: str) -> Response:
 def delete_job(job_id: str) -> Response:
     _check_path_id(job_id)
     svc = services()
-    svc.store.delete(job_id, own_namespace(), actor())
-    svc.notify_change()
+    version = svc.store.delete(job_id, own_namespace(), actor())
+    svc.notify_change([Stop(job_id, version, deleted=True)])
     return Response(status=204)
 
 
@@ -308,7 +319,7 @@ def _set_paused(job_id: str, paused: bool) -> Response:
     _check_path_id(job_id)
     svc = services()
     record = svc.store.set_paused(job_id, own_namespace(), paused, actor())
-    svc.notify_change()
+    svc.notify_change(stops_of(record))
     return _job_response(record, 200)
 
 

@@ -38,6 +38,7 @@ from cronman import audit
 from cronman.apikeys import DEFAULT_NAMESPACE
 from cronman.audit import NOBODY, Actor, audited
 from cronman.calendar_store import missing_calendars, unknown_calendar
+from cronman.changes import Stop
 from cronman.db import job_triggers, jobs, scheduled_jobs
 from cronman.errors import Conflict, CronmanError, InvalidInput, NotFound
 from cronman.execution import Trigger, execution_id
@@ -325,14 +326,15 @@ def _upsert(namespace: str | None, full: bool) -> TextClause:
 def _upsert_statement(admin: bool, full: bool) -> TextClause:
     """``admin`` (no namespace): replacing keeps a live job's namespace; otherwise only a job of the
     given namespace (or a deleted one) is replaced. ``full``: return whole rows, not just outcomes."""
-    names = [c.name for c in _RETURNING] if full else ["id", "namespace", "created_at", "updated_at"]
+    outcomes = ["id", "namespace", "created_at", "updated_at", "version", "paused"]
+    names = [c.name for c in _RETURNING] if full else outcomes
     sql = _UPSERT_SQL.format(
         namespace="CASE WHEN jobs.deleted_at IS NULL THEN jobs.namespace ELSE excluded.namespace END"
         if admin
         else "excluded.namespace",
         where="" if admin else "WHERE jobs.namespace = excluded.namespace OR jobs.deleted_at IS NOT NULL",
         returning=", ".join(f"jobs.{n}" for n in names),
-        select=", ".join(names) if full else "id, created_at = updated_at AS created",
+        select=", ".join(names) if full else "id, created_at = updated_at AS created, version, paused",
     )
     return text(sql)
 
@@ -586,9 +588,11 @@ class JobStore:
         namespace: str | None,
         actor: Actor = NOBODY,
         detail: dict[str, Any] | None = None,
+        stops: list[Stop] | None = None,
     ) -> list[bool | CronmanError]:
         """Create or replace many jobs in one statement, with :meth:`put`'s rules for each. Returns,
-        item by item, whether it was created (True) or replaced (False), or why it was refused."""
+        item by item, whether it was created (True) or replaced (False), or why it was refused.
+        The replaced jobs left paused are added to ``stops`` (for the nodes to stop at once)."""
         outcomes: list[bool | CronmanError] = [False] * len(items)
         refused: dict[int, CronmanError] = {}
         first: dict[str, int] = {}
@@ -609,8 +613,11 @@ class JobStore:
             refused.update({candidates[k]: err for k, err in unknown.items()})
             rows = [items[i] for i in range(len(items)) if i not in refused]
             if rows:
-                result = conn.execute(_upsert(namespace, full=False), _upsert_params(rows, namespace, actor, detail))
+                params = _upsert_params(rows, namespace, actor, detail)
+                result = list(conn.execute(_upsert(namespace, full=False), params))
                 written = {r.id: r.created for r in result}
+                if stops is not None:
+                    stops.extend(Stop(r.id, r.version) for r in result if r.paused and not r.created)
         for i, (_, job_id) in enumerate(items):
             if i in refused:
                 outcomes[i] = refused[i]
@@ -705,16 +712,19 @@ class JobStore:
             raise NotFound(f"no job with id {job_id!r}", field="id")
         return JobRecord.from_row(row)
 
-    def delete(self, job_id: str, namespace: str | None, actor: Actor = NOBODY) -> None:
+    def delete(self, job_id: str, namespace: str | None, actor: Actor = NOBODY) -> int:
+        """Delete a live job; returns the version of the deletion."""
         stmt = (
             update(jobs)
             .where(_live(job_id, namespace))
             .values(deleted_at=_NOW, version=_NEXT_VERSION, change_xid=_CURRENT_XID, updated_at=_NOW)
-            .returning(jobs.c.id, jobs.c.namespace)
+            .returning(jobs.c.id, jobs.c.namespace, jobs.c.version)
         )
         with self._begin() as conn:
-            if conn.execute(audited(stmt, audit.DELETE, actor)).first() is None:
-                raise NotFound(f"no job with id {job_id!r}", field="id")
+            row = conn.execute(audited(stmt, audit.DELETE, actor)).first()
+        if row is None:
+            raise NotFound(f"no job with id {job_id!r}", field="id")
+        return int(row.version)
 
     def add_trigger(self, job_id: str, namespace: str | None, requested_by: str | None, actor: Actor = NOBODY) -> int:
         """Ask the owners of a job to fire it once now; returns the requested time (epoch ms)."""

@@ -503,9 +503,12 @@ def failures(
 # -- bulk pause and resume -----------------------------------------------------------------------
 
 
-def set_paused_many(engine: Engine, ids: Sequence[str], namespace: str | None, paused: bool, actor: Actor) -> list[str]:
+def set_paused_many(
+    engine: Engine, ids: Sequence[str], namespace: str | None, paused: bool, actor: Actor
+) -> list[tuple[str, int]]:
     """Pause (or resume) the live jobs among ``ids`` in ``namespace`` that are not so already, in one
-    statement that also records a job event for each; returns the ids changed."""
+    statement that also records a job event for each; returns the ids changed, each with its new
+    version, in id order."""
     if not ids:
         return []
     cond = and_(
@@ -519,11 +522,11 @@ def set_paused_many(engine: Engine, ids: Sequence[str], namespace: str | None, p
         update(jobs)
         .where(cond)
         .values(paused=paused, version=_NEXT_VERSION, change_xid=_CURRENT_XID, updated_at=_NOW)
-        .returning(jobs.c.id, jobs.c.namespace)
+        .returning(jobs.c.id, jobs.c.namespace, jobs.c.version)
     )
     action = audit.PAUSE if paused else audit.RESUME
     with engine.begin() as conn:
-        return sorted(r.id for r in conn.execute(audited(stmt, action, actor, {"bulk": True})))
+        return sorted((r.id, int(r.version)) for r in conn.execute(audited(stmt, action, actor, {"bulk": True})))
 
 
 __all__ = [

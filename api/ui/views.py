@@ -12,6 +12,7 @@ from typing import Any
 
 from flask import Response, current_app, g, redirect, render_template, request, url_for
 
+from api.common import stops_of
 from api.ui import queries
 from api.ui.blueprint import bp
 from api.ui.nodes import node_rows
@@ -34,6 +35,7 @@ from api.ui.web import (
 from cronman.apikeys import check_namespace
 from cronman.backfill_store import BackfillStore
 from cronman.calendar_store import CalendarStore, job_timing, names_of
+from cronman.changes import Stop
 from cronman.cluster import live_nodes
 from cronman.describe import describe_schedule, zone_of
 from cronman.errors import Forbidden, InvalidInput, NotFound
@@ -228,7 +230,7 @@ def bulk() -> Response:
         return redirect(f"{back}{sep}done=bulk-none")  # type: ignore[return-value]
     changed = queries.set_paused_many(_engine(), ids, namespace(), action == "pause", actor())
     if changed:
-        services().notify_change()
+        services().notify_change([Stop(i, v) for i, v in changed] if action == "pause" else [])
     done = "bulk-paused" if action == "pause" else "bulk-resumed"
     return redirect(f"{back}{sep}done={done}&n={len(changed)}")  # type: ignore[return-value]
 
@@ -312,17 +314,18 @@ def job_history(job_id: str) -> Response:
 def job_action(job_id: str, action: str) -> Response:
     _check_job_id(job_id)
     store, ns, who = services().store, namespace(), actor()
+    stops: list[Stop] = []
     if action == "delete":
-        store.delete(job_id, ns, who)
-        services().notify_change()
+        version = store.delete(job_id, ns, who)
+        services().notify_change([Stop(job_id, version, deleted=True)])
         return redirect(url_for("ui.jobs", done="deleted"))  # type: ignore[return-value]
     if action == "trigger":
         store.add_trigger(job_id, ns, client_address(), who)
         done = "triggered"
     else:
-        store.set_paused(job_id, ns, action == "pause", who)
+        stops = stops_of(store.set_paused(job_id, ns, action == "pause", who))
         done = "paused" if action == "pause" else "resumed"
-    services().notify_change()
+    services().notify_change(stops)
     return redirect(url_for("ui.job", job_id=job_id, done=done))  # type: ignore[return-value]
 
 

@@ -13,6 +13,7 @@ import pytest
 import redis
 from pydantic import ValidationError
 
+from cronman.changes import Stop, decode
 from cronman.embedded import EmbeddedRedis
 from cronman.embedded_redis import RedisClusterProcs, RedisSentinelProcs
 from cronman.redisconn import AsyncRedis, RedisMode, SyncRedis, async_client, sync_client, topology
@@ -300,6 +301,13 @@ def test_the_api_uses_the_configured_topology(mode: str, request: pytest.Fixture
     while message is None and time.monotonic() < deadline:
         message = listener.get_message(timeout=0.5)
     assert message is not None and message["type"] == "message", "the change notification reached subscribers"
+    # a pause names the job in its notification, whatever the topology (cronman.changes)
+    paused = send(client, "POST", f"/v1/jobs/on-{mode}/pause").get_json()
+    told: list[Stop] = []
+    while not told and time.monotonic() < deadline + 5:
+        message = listener.get_message(timeout=0.5)
+        told = decode(message["data"]) if message is not None else []
+    assert told == [Stop(f"on-{mode}", paused["version"])]
     listener.close()
 
 

@@ -63,20 +63,23 @@ def client_for(app: Flask, key_store: ApiKeyStore) -> Callable[[str], FlaskClien
 
 
 class Notifications:
-    """Counts the change notifications published for the scheduler nodes."""
+    """Counts (and keeps) the change notifications published for the scheduler nodes."""
 
     def __init__(self, url: str, channel: str) -> None:
         self._client = redis.Redis.from_url(url)
         self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
         self._pubsub.subscribe(channel)
         self.count = 0
+        self.messages: list[bytes] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._listen, daemon=True)
         self._thread.start()
 
     def _listen(self) -> None:
         while not self._stop.is_set():
-            if self._pubsub.get_message(timeout=0.05) is not None:
+            msg = self._pubsub.get_message(timeout=0.05)
+            if msg is not None:
+                self.messages.append(msg["data"])
                 self.count += 1
 
     def settle(self, seconds: float = 0.3) -> int:
