@@ -363,6 +363,20 @@ class Firer:
             self._drop(job)
         self._cancel_job(job_id, reason)
 
+    def halt(self, job_id: str, reason: str) -> bool:
+        """The job was paused or deleted, heard of before the change feed brings the change (see
+        scheduler_node.stops): from now on it is paused here, its timer entry stale, and nothing
+        of it not already being sent goes out (as when a paused version is installed). The
+        feed's version of it then installs as usual. False if there was nothing to halt."""
+        job = self.jobs.get(job_id)
+        if job is None or job.paused:
+            return False
+        job.paused = True
+        if job.key is not None:  # (a staged job has no place, nor a timer entry)
+            self._take_place(job, job)
+        self._cancel_job(job_id, reason)
+        return True
+
     def set_slots(self, slots: frozenset[int]) -> None:
         """The slots this node owns now; jobs of slots it no longer owns are dropped, and their
         executions not yet sent are handed over (parked for the slot's new owners)."""

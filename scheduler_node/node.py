@@ -38,6 +38,8 @@ from typing import Any, NamedTuple
 
 from cronman import misfire
 from cronman.calendars import timing_with
+from cronman.changes import Stop
+from cronman.changes import decode as decode_changes
 from cronman.errors import TransientError
 from cronman.execution import Status, Trigger, backfill_of
 from cronman.hashing import shared_ownership
@@ -54,6 +56,7 @@ from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import Claims, Membership
 from scheduler_node.senders import Senders
 from scheduler_node.standby import Standby
+from scheduler_node.stops import Stops
 from scheduler_node.store import ClusterConfig, NodeStore, TriggerRow, bitmap
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.tracing import make_tracing
@@ -77,7 +80,8 @@ class NodeParts:
     senders: Senders
     executor: Executor | None = None
     throttle: ThrottleGate | None = None
-    notifications: Callable[[Callable[[], None]], Coroutine[Any, Any, None]] | None = None
+    # Runs until cancelled, calling back with each change notification's message (cronman.changes)
+    notifications: Callable[[Callable[[bytes], None]], Coroutine[Any, Any, None]] | None = None
     extra_loops: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
     close: Callable[[], Awaitable[None]] | None = None
 
@@ -143,6 +147,7 @@ class Node:
         self._cluster_progress_ms: int | None = None  # as Redis last reported it
         self.firer: Firer | None = None
         self.history: HistoryWriter | None = None
+        self.stops = Stops(self.slot_count)  # jobs heard paused or deleted before the feed said so
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -291,12 +296,22 @@ class Node:
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return asyncio.get_running_loop().create_task(coro, name=getattr(coro, "__qualname__", None))
 
-    def _changed(self) -> None:
-        """A change notification: read the feed and the configuration at once."""
+    def _changed(self, message: bytes = b"") -> None:
+        """A change notification: stop at once the jobs it names as paused or deleted, then read
+        the feed and the configuration."""
+        if message:
+            self.stops_heard(decode_changes(message))
         self._sync_wake.set()
         self._config_wake.set()
         if self.firer is not None:
             self.backfills.wake.set()
+
+    def stops_heard(self, stops: list[Stop]) -> None:
+        """Jobs paused or deleted (a notification, or this node's own auto-pause): see scheduler_node.stops."""
+        if self.firer is not None and stops:
+            halted = self.stops.heard(self.firer, stops, self.owned, self.now_ms())
+            if halted:
+                log.info("jobs stopped on notice", extra={"jobs": halted})
 
     # ------------------------------------------------------------------ history bookkeeping
     def _history_written(self, rows: list[HistoryRow], duplicates: int) -> None:
@@ -955,6 +970,7 @@ class Node:
     def _apply_row(self, row: JobRow) -> bool:
         """Install, update or remove one job from a change-feed row."""
         assert self.firer is not None
+        row = self.stops.row(row)  # (paused, if older than a stop heard of the job)
         old = self.firer.jobs.get(row.id)
         if old is not None and row.version <= old.version:
             return False
@@ -988,6 +1004,7 @@ class Node:
             if row.slot in self.owned and self._apply_row(row):
                 self.metrics.changes_applied.inc()
         self._apply_triggers(triggers, verify=False)
+        self.stops.read(started)
         if self.firer.standby is not None:
             self.firer.standby.feed_read(cursor, [(row.slot, row.xid) for row in rows if row.slot in self.owned])
         if len(self._seen_triggers) > 10_000:

@@ -12,6 +12,7 @@ from typing import Any
 
 from psycopg2.extras import Json, execute_values
 
+from cronman.changes import Stop
 from cronman.health import LATE, HealthDelta, fold
 from cronman.notifications import EventKind
 from cronman.pgarray import array_columns
@@ -82,14 +83,14 @@ p AS (
     FROM v
     WHERE j.id = v.job_id AND j.incarnation = v.incarnation AND j.deleted_at IS NULL AND NOT j.paused
         AND v.n >= (j.options -> 'failure_policy' ->> 'pause_after_consecutive_failures')::int
-    RETURNING j.id, j.namespace, v.n, j.paused_reason
+    RETURNING j.id, j.namespace, v.n, j.paused_reason, j.version
 ),
 e AS (
     INSERT INTO job_events (job_id, namespace, action, actor, detail)
     SELECT id, namespace, 'pause', 'scheduler', paused_reason FROM p
 ),
 r AS (UPDATE job_health h SET failures_toward_pause = 0 FROM p WHERE h.job_id = p.id)
-SELECT id, namespace, n, paused_reason FROM p
+SELECT id, namespace, n, paused_reason, version FROM p
 """
 
 # Only events some rule of the namespace asks for are kept (rules are few; the selector is the
@@ -105,12 +106,14 @@ _EVENTS_TEMPLATE = "(%s, %s, %s, %s::bigint, %s::jsonb)"
 Event = tuple[str, str, str, int, Any]  # namespace, job id, event kind, at (ms), detail
 
 
-def record_outcomes(cur: Any, rows: list[HistoryRow]) -> None:
-    """Apply rows written for the first time: health, auto-pause, notification events."""
+def record_outcomes(cur: Any, rows: list[HistoryRow]) -> list[Stop]:
+    """Apply rows written for the first time: health, auto-pause, notification events. Returns the
+    jobs paused (for the nodes to stop once the transaction commits)."""
     # In job id order: two nodes writing outcomes of the same jobs lock their rows in one order.
     deltas = sorted(fold(rows), key=lambda d: d.job_id)
+    paused: list[Stop] = []
     if not deltas:
-        return
+        return paused
     by_job = {d.job_id: d for d in deltas}
     # One array per column (unnest): cheaper to adapt, and for PostgreSQL to parse, than a VALUES list.
     cur.execute(_HEALTH, array_columns(_values(d) for d in deltas))
@@ -126,12 +129,14 @@ def record_outcomes(cur: Any, rows: list[HistoryRow]) -> None:
             pause.append((job_id, incarnation, toward_pause))
     if pause:
         pause.sort()
-        for job_id, namespace, n, reason in execute_values(cur, _PAUSE, pause, fetch=True):
+        for job_id, namespace, n, reason, version in execute_values(cur, _PAUSE, pause, fetch=True):
+            paused.append(Stop(job_id, int(version)))
             at = by_job[job_id].last_failure_ms or 0
             detail = {"consecutive_failures": n, "paused_reason": reason}
             events.append((namespace, job_id, EventKind.JOB_AUTO_PAUSED.value, at, Json(detail)))
     if events:
         execute_values(cur, _EVENTS, events, template=_EVENTS_TEMPLATE)
+    return paused
 
 
 def _values(d: HealthDelta) -> tuple[Any, ...]:

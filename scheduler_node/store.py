@@ -34,6 +34,7 @@ from psycopg2 import errors as pg_errors
 from sqlalchemy import Engine, text
 
 from cronman.calendars import Calendar, calendar_from_dict
+from cronman.changes import Stop
 from cronman.errors import TransientError
 from cronman.partitions import day_of_ms, ensure_partitions
 from cronman.pgarray import array_columns, array_literal
@@ -382,6 +383,9 @@ class PgNodeStore(NodeStore):
         self._days: set[Any] = set()
         self._calendars: dict[str, Calendar] = {}  # parsed, by document text
         self._abandon = threading.Event()  # set when the node stops: a load in a thread ends
+        # Told of the jobs a history write paused (auto-pause), from the writing thread, once
+        # the write has committed.
+        self.on_paused: Callable[[list[Stop]], None] = lambda stops: None
 
     def abandon_loads(self) -> None:
         self._abandon.set()
@@ -868,11 +872,15 @@ class PgNodeStore(NodeStore):
                         if again:
                             cur.execute(_INSERT, array_columns(again))
                             returned = list(cur.fetchall())
-                        if fresh:
-                            record_outcomes(cur, fresh)
+                        paused = record_outcomes(cur, fresh) if fresh else []
                     finally:
                         cur.close()
                     raw.commit()
+                    if paused:
+                        try:
+                            self.on_paused(paused)
+                        except Exception:  # noqa: BLE001 - the write is done; the nodes read the feed anyway
+                            log.exception("could not tell of jobs paused")
                     return sum(1 for row in returned if row[0]), len(fresh)
                 except pg_errors.CheckViolation:
                     # "no partition of relation found for row": a day nobody created yet

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
+from cronman.changes import Stop
+from cronman.changes import encode as encode_changes
 from cronman.errors import ConfigError
 from cronman.keys import LAYOUT_VERSION, Keys
 from cronman.partitions import run_maintenance
@@ -68,19 +70,20 @@ async def production_parts(node: Node) -> NodeParts:
     throttle = ThrottleGate(client, keys, node.lease_ms)
     membership = RedisMembership(client, keys, node.node_id, s.heartbeat_ttl_seconds)
 
-    async def notifications(changed: Callable[[], None]) -> None:
-        """Redis pub/sub wakes the change feed at once; polling alone bounds the delay."""
+    async def notifications(changed: Callable[[bytes], None]) -> None:
+        """Redis pub/sub tells of changes at once (cronman.changes); polling alone bounds the delay."""
         failures = 0
         while True:
             pubsub = None
             try:
                 pubsub = await _subscriber(client, sharded, failures)
                 await pubsub.subscribe(keys.changes_channel)
-                changed()  # whatever was published while unsubscribed
+                changed(b"")  # whatever was published while unsubscribed
                 while True:
                     msg = await pubsub.get_message(timeout=1.0)
                     if msg is not None:
-                        changed()
+                        data = msg.get("data")
+                        changed(data if isinstance(data, bytes) else b"")
             except (RedisError, OSError) as exc:
                 failures += 1
                 log.debug("change notifications unavailable: %s", exc)
@@ -110,6 +113,31 @@ async def production_parts(node: Node) -> NodeParts:
             except Exception as exc:  # noqa: BLE001 - try again next time
                 log.warning("maintenance failed: %s", exc)
             await asyncio.sleep(s.maintain_interval_seconds)
+
+    loop = asyncio.get_running_loop()
+    publishing: set[asyncio.Task[None]] = set()
+
+    async def publish(message: bytes) -> None:
+        try:
+            await client.publish(keys.changes_channel, message)
+        except (RedisError, OSError) as exc:  # the other nodes read the feed anyway
+            log.warning("could not publish a change notification: %s", exc)
+
+    def auto_paused(stops: list[Stop]) -> None:
+        """Jobs this node's history write paused (auto-pause), once it has committed: stopped here
+        at once, and told to the other nodes (the slot's other owner among them)."""
+        node.stops_heard(stops)
+        task = loop.create_task(publish(encode_changes(stops)))
+        publishing.add(task)
+        task.add_done_callback(publishing.discard)
+
+    def paused_by_write(stops: list[Stop]) -> None:  # (in the history writer's thread)
+        try:
+            loop.call_soon_threadsafe(auto_paused, stops)
+        except RuntimeError:  # the loop has closed: the node has stopped
+            pass
+
+    store.on_paused = paused_by_write
 
     loops = [maintenance]
     if s.watch_enabled:  # the watchdog and notifications, led by one process at a time

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cronman.changes import Stop, encode
 from cronman.embedded_redis import RedisClusterProcs, RedisSentinelProcs
 from cronman.errors import ConfigError
 from cronman.keys import LAYOUT_VERSION, Keys
@@ -87,15 +88,23 @@ def test_the_production_parts_work_on_each_topology(mode_settings: Settings) -> 
                 gate.wait(policy, e, 0)  # type: ignore[arg-type]
             assert await gate.grant(0) == [waiting[0], waiting[2]]
             await gate.renew(0)
-            # change notifications: a publish from anywhere wakes the node
+            # change notifications: a publish from anywhere wakes the node, with what it says
             assert parts.notifications is not None
             woken = asyncio.Event()
-            tasks.append(asyncio.create_task(parts.notifications(woken.set)))
+            heard: list[bytes] = []
+
+            def changed(message: bytes) -> None:
+                heard.append(message)
+                woken.set()
+
+            tasks.append(asyncio.create_task(parts.notifications(changed)))
             await asyncio.wait_for(woken.wait(), 10)  # once subscribed (what was missed meanwhile)
             woken.clear()
             await asyncio.sleep(0.3)
-            admin.publish(keys.changes_channel, b"")
+            stop = encode([Stop("paused-job", 7)])
+            admin.publish(keys.changes_channel, stop)
             await asyncio.wait_for(woken.wait(), 10)
+            assert heard == [b"", stop]
             # the maintenance lock: one node at a time runs partition upkeep
             tasks += [asyncio.create_task(loop()) for loop in parts.extra_loops]
             holder = await _until(lambda: admin.get(keys.maintenance_lock))

@@ -1,6 +1,7 @@
 """The firer's timer entries (one int a job: its due time and its place in the firer's table),
 against a model of what each job owes, through any sequence of installs (new versions with the same
-timing, another timing, paused or not), removals, slots dropped and time passing.
+timing, another timing, paused or not), halts (a job heard paused before the feed says so),
+removals, slots dropped and time passing.
 
 The places of jobs that leave are given to jobs that arrive, so a stale entry can point at another
 job's place, or at a job that came back with the same id: none of them may fire an occurrence the
@@ -72,6 +73,7 @@ op = st.one_of(
     ),
     st.tuples(st.just("ready")),
     st.tuples(st.just("remove"), st.sampled_from(IDS)),
+    st.tuples(st.just("halt"), st.sampled_from(IDS)),  # heard paused before the feed says so
     st.tuples(st.just("drop"), st.integers(0, SLOTS - 1)),
     st.tuples(st.just("regain"), st.integers(0, SLOTS - 1)),
     st.tuples(st.just("advance"), st.integers(0, 5_000)),
@@ -128,6 +130,13 @@ def test_the_timer_owes_what_the_model_owes(ops: list[tuple]) -> None:  # type: 
             staged.discard(o[1])
             for m in (model.timing, model.paused, model.pending, model.chain):
                 m.pop(o[1], None)
+        elif kind == "halt":
+            halted = firer.halt(o[1], "the job was paused")
+            assert halted == (o[1] in model.timing and not model.paused[o[1]])
+            if halted:
+                model.paused[o[1]] = True
+                if o[1] not in staged:  # (a staged job owes nothing until the node is ready)
+                    new_chain(o[1], model.timing[o[1]], True)
         elif kind == "drop":
             firer.set_slots(firer.slots - {o[1]})
             for job_id in [j for j in model.timing if IDS.index(j) % SLOTS == o[1]]:
