@@ -56,6 +56,7 @@ PROCESS_GROUPS = {
     "tests/cluster/test_redis_restart.py": "processes-a",
     "tests/cluster/test_rolling_restart.py": "processes-a",
     "tests/cluster/test_standby.py": "processes-a",
+    "tests/cluster/test_stop.py": "processes-a",
     "tests/faults/test_outages.py": "processes-b",
     "tests/fleet/test_fleet_processes.py": "processes-b",
     "tests/cluster/test_backfill.py": "processes-b",

@@ -45,6 +45,7 @@ class LedgerReceiver:
         self.port = 0
         self.arrivals: list[Arrival] = []  # appended on the loop thread; list.append is atomic
         self.delays: dict[str, float] = {}  # job id -> seconds to wait before answering
+        self.statuses: dict[str, int] = {}  # job id -> the status to answer (default 200)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
@@ -78,7 +79,9 @@ class LedgerReceiver:
         delay = self.delays.get(job_id, 0.0)
         if delay:
             await asyncio.sleep(delay)
-        return web.Response(body=b'{"ok":true}', content_type="application/json")
+        status = self.statuses.get(job_id, 200)
+        body = b'{"ok":true}' if status < 300 else b'{"ok":false}'
+        return web.Response(status=status, body=body, content_type="application/json")
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
