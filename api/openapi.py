@@ -337,6 +337,10 @@ _SEARCH = {
     "description": "Only jobs whose id or name contains this text, ignoring case.",
     "schema": {"type": "string", "maxLength": MAX_SEARCH},
 }
+_STOPS = (
+    "Once answered, every scheduler node has been told: nothing more of the job goes out but an attempt already "
+    "being sent, which is not retried; a retry waiting for its time is recorded cancelled."
+)
 _JOB_ID = {
     "name": "job_id",
     "in": "path",
@@ -428,6 +432,7 @@ def _paths() -> dict[str, Any]:
             },
             "delete": {
                 "summary": "Delete a job",
+                "description": _STOPS,
                 "operationId": "deleteJob",
                 "responses": {"204": {"description": "Deleted"}, **_ERRORS},
             },
@@ -457,7 +462,9 @@ def _paths() -> dict[str, Any]:
                 "responses": {"200": _json(_ref("ExecutionList"), "A page of executions"), **_ERRORS},
             },
         },
-        "/v1/jobs/{job_id}/pause": {"post": {"summary": "Pause", "operationId": "pauseJob", **action}},
+        "/v1/jobs/{job_id}/pause": {
+            "post": {"summary": "Pause", "description": _STOPS, "operationId": "pauseJob", **action}
+        },
         "/v1/jobs/{job_id}/resume": {"post": {"summary": "Resume", "operationId": "resumeJob", **action}},
         "/v1/jobs/{job_id}/trigger": {
             "post": {
