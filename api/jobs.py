@@ -169,6 +169,7 @@ def _job_response(record: JobRecord, status: int) -> Response:
     health = NO_HEALTH if status == 201 else _health([record]).get(record.id, NO_HEALTH)
     resp = jsonify(job_json(record, now_ms(), health))
     resp.status_code = status
+    resp.headers["ETag"] = f'"{record.version}"'
     if status == 201:
         resp.headers["Location"] = f"/v1/jobs/{record.id}"
     return resp
@@ -261,11 +262,28 @@ def patch_job(job_id: str) -> Response:
     return _job_response(record, 200)
 
 
+def _if_match() -> set[int] | None:
+    """The versions ``If-Match`` allows (entity tags are job versions: ``If-Match: "42"``); None
+    when the header is absent or ``*`` (any version of a job that exists)."""
+    if "If-Match" not in request.headers or request.if_match.star_tag:
+        return None
+    tags = request.if_match.as_set()  # strong comparison: weak tags never match
+    if not tags or not all(t and t.isdigit() and len(t) <= 18 for t in tags):
+        raise InvalidInput(
+            'If-Match must hold job versions as entity tags, e.g. If-Match: "42" (the job\'s version), or *',
+            field="If-Match",
+            code="invalid_if_match",
+        )
+    return {int(t) for t in tags}
+
+
 @bp.delete("/<job_id>")
 def delete_job(job_id: str) -> Response:
+    """Delete; with ``If-Match``, only while the job is at one of the versions it names (else 412)."""
     _check_path_id(job_id)
+    versions = _if_match()
     svc = services()
-    version = svc.store.delete(job_id, own_namespace(), actor())
+    version = svc.store.delete(job_id, own_namespace(), actor(), versions=versions)
     svc.notify_change([Stop(job_id, version, deleted=True)])
     return Response(status=204)
 

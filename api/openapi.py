@@ -384,8 +384,24 @@ _EXAMPLE_JOB = {
 }
 
 
+_ETAG = {
+    "ETag": {
+        "schema": {"type": "string"},
+        "description": 'The job\'s version as an entity tag ("42"), for If-Match on DELETE',
+    }
+}
+_IF_MATCH = {
+    "name": "If-Match",
+    "in": "header",
+    "description": 'Delete only while the job is at this version (its ETag, e.g. "42"; several may be given, '
+    "comma-separated; * for any). A job changed since is a 412 version_mismatch, and is not deleted.",
+    "schema": {"type": "string", "maxLength": 200},
+}
+
+
 def _paths() -> dict[str, Any]:
-    job_ok = _json(_ref("Job"), "The job")
+    job_ok = {**_json(_ref("Job"), "The job"), "headers": _ETAG}
+    created = {**_json(_ref("Job"), "Created"), "headers": _ETAG}
     write_errors = {
         **_ERRORS,
         "409": _json(_ref("Error"), "Conflict"),
@@ -400,7 +416,7 @@ def _paths() -> dict[str, Any]:
                 "operationId": "createJob",
                 "parameters": [_NAMESPACE],
                 "requestBody": _body(_ref("JobSpec"), example=_EXAMPLE_JOB),
-                "responses": {"201": _json(_ref("Job"), "Created"), **write_errors},
+                "responses": {"201": created, **write_errors},
             },
             "get": {
                 "summary": "List jobs",
@@ -417,7 +433,7 @@ def _paths() -> dict[str, Any]:
                 "operationId": "putJob",
                 "parameters": [_NAMESPACE],
                 "requestBody": _body(_ref("JobSpec"), example=_EXAMPLE_JOB),
-                "responses": {"200": job_ok, "201": _json(_ref("Job"), "Created"), **write_errors},
+                "responses": {"200": job_ok, "201": created, **write_errors},
             },
             "patch": {
                 "summary": "Update some fields (JSON merge patch; payload and a schedule or target whose type "
@@ -434,7 +450,12 @@ def _paths() -> dict[str, Any]:
                 "summary": "Delete a job",
                 "description": _STOPS,
                 "operationId": "deleteJob",
-                "responses": {"204": {"description": "Deleted"}, **_ERRORS},
+                "parameters": [_IF_MATCH],
+                "responses": {
+                    "204": {"description": "Deleted"},
+                    **_ERRORS,
+                    "412": _json(_ref("Error"), "If-Match names a version the job is no longer at; not deleted"),
+                },
             },
         },
         "/v1/jobs/{job_id}/next": {

@@ -18,7 +18,7 @@ import enum
 import json
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ import yaml
 
 from cronman.cli_config import add_connection_arguments, client_of, load_client_settings
 from cronman.cli_output import dump_yaml, error
-from cronman.client import ApiError, Client, Job, NotFoundError
+from cronman.client import ApiError, Client, Job, NotFoundError, PreconditionFailedError
 from cronman.errors import InvalidInput
 from cronman.labels import parse_selector
 from cronman.spec import parse_job
@@ -43,7 +43,21 @@ _TOP_LEVEL = frozenset({"jobs", "namespace"})
 
 class _Loader(yaml.SafeLoader):
     """YAML without the surprises of 1.1 for job documents: timestamps stay strings (the API reads
-    them), and only true/false are booleans (``on``, ``yes``, ``no`` stay strings)."""
+    them), and only true/false are booleans (``on``, ``yes``, ``no`` stay strings). Aliases are
+    refused: each one repeats what its anchor holds, so a few hundred bytes of nested aliases
+    expand to gigabytes (a job file has no need of them)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.get_event()
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"found the alias *{event.anchor}: aliases are not accepted in job files "
+                "(quote a cron expression that starts with *)",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -76,6 +90,7 @@ class Item:
 @dataclass(frozen=True, slots=True)
 class Sources:
     items: tuple[Item, ...]
+    namespaces: tuple[str | None, ...] = ()  # each document's namespace (None: it names none), once each
 
 
 def _files(paths: Iterable[str]) -> Iterator[tuple[str, str]]:
@@ -110,7 +125,8 @@ def documents(name: str, text: str) -> list[Any]:
         raise InvalidInput(f"{name}: not valid {'JSON' if name.endswith('.json') else 'YAML'}: {exc}") from None
 
 
-def _items_of(name: str, doc: Any, namespace: str | None) -> Iterator[Item]:
+def _items_of(name: str, doc: Any, namespace: str | None) -> tuple[str | None, list[Item]]:
+    """The document's namespace (its own, or ``namespace``) and its jobs."""
     if isinstance(doc, dict) and "jobs" in doc:
         unknown = sorted(set(doc) - _TOP_LEVEL)
         if unknown:
@@ -132,18 +148,20 @@ def _items_of(name: str, doc: Any, namespace: str | None) -> Iterator[Item]:
     for n, job in enumerate(jobs):
         if not isinstance(job, dict):
             raise InvalidInput(f"{name}: item {n} is not a job (a mapping)")
-        yield Item(job, namespace, name if len(jobs) == 1 else f"{name}, item {n}")
+    origins = [name] if len(jobs) == 1 else [f"{name}, item {n}" for n in range(len(jobs))]
+    return namespace, [Item(job, namespace, origin) for job, origin in zip(jobs, origins, strict=True)]
 
 
 def load_sources(paths: Iterable[str], namespace: str | None) -> Sources:
     """The jobs of the files, in order; InvalidInput for a file that cannot be read as jobs."""
-    items = [
-        item
-        for name, text in _files(paths)
-        for doc in documents(name, text)
-        for item in _items_of(name, doc, namespace)
-    ]
-    return Sources(tuple(items))
+    items: list[Item] = []
+    namespaces: dict[str | None, None] = {}
+    for name, text in _files(paths):
+        for doc in documents(name, text):
+            ns, found = _items_of(name, doc, namespace)
+            namespaces[ns] = None
+            items += found
+    return Sources(tuple(items), tuple(namespaces))
 
 
 # -- planning (pure) ---------------------------------------------------------------------------
@@ -165,6 +183,7 @@ class Step:
     fields: tuple[str, ...] = ()
     doc: dict[str, Any] | None = None
     reason: str | None = None
+    version: int | None = None  # a delete: the job's version when the plan was made
 
     def __str__(self) -> str:
         text = f"{self.action:<11}  job/{self.job_id}"
@@ -243,9 +262,13 @@ class Plan:
         return text + (f", {c[Action.INVALID]} invalid" if c[Action.INVALID] else "")
 
 
-def make_plan(items: Iterable[Item], current: dict[str, Job], pruned: Iterable[Job]) -> Plan:
+def make_plan(
+    items: Iterable[Item], current: dict[str, Job], pruned: Iterable[Job] = (), prune_in: Collection[str] = ()
+) -> Plan:
     """The steps that make the stored jobs what the files say: ``current`` holds the stored jobs
-    the files name, ``pruned`` the stored jobs that are deleted unless the files name them."""
+    the files name, ``pruned`` the stored jobs that are deleted unless the files name them; only
+    those of the namespaces in ``prune_in`` (the ones the files declare), whatever ``pruned`` holds.
+    A delete carries the version the job had, so that a job changed since is not deleted."""
     steps: list[Step] = []
     seen: dict[str, str] = {}
     for item in items:
@@ -257,7 +280,11 @@ def make_plan(items: Iterable[Item], current: dict[str, Job], pruned: Iterable[J
         if item.id is not None:
             seen[item.id] = item.origin
         steps.append(plan_item(item, current.get(item.id or "")))
-    steps += [Step(Action.DELETE, j.id, j.namespace) for j in pruned if j.id not in seen]
+    steps += [
+        Step(Action.DELETE, j.id, j.namespace, version=j.version)
+        for j in pruned
+        if j.namespace in prune_in and j.id not in seen
+    ]
     return Plan.of(steps)
 
 
@@ -275,10 +302,11 @@ def _current(cron: Client, items: Iterable[Item], known: dict[str, Job]) -> dict
     return found
 
 
-def _carry_out(cron: Client, plan: Plan) -> tuple[dict[str, int], int]:
-    """Write the plan's creates and updates with the batch API (per namespace), then delete;
-    returns what was done and how many steps were refused."""
-    done = {"created": 0, "updated": 0, "deleted": 0}
+def _carry_out(cron: Client, plan: Plan, force: bool = False) -> tuple[dict[str, int], int]:
+    """Write the plan's creates and updates with the batch API (per namespace), then delete:
+    unless ``force``, only when no write was invalid or refused (the job a file renames must not
+    be deleted when its new name was refused). Returns what was done and how many steps were refused."""
+    done = {"created": 0, "updated": 0, "deleted": 0, "held": 0}
     refused = 0
     writes = [s for s in plan.steps if s.action in (Action.CREATE, Action.UPDATE)]
     for namespace in dict.fromkeys(s.namespace for s in writes):
@@ -292,16 +320,40 @@ def _carry_out(cron: Client, plan: Plan) -> tuple[dict[str, int], int]:
                 err = item.error
                 detail = f"{err.message} ({item.status} {err.code})" if err else f"status {item.status}"
                 error(f"job/{step.job_id} refused: {detail}")
-    for step in (s for s in plan.steps if s.action is Action.DELETE):
+    deletes = [s for s in plan.steps if s.action is Action.DELETE]
+    failed = refused + plan.counts[Action.INVALID]
+    if deletes and failed and not force:
+        done["held"] = len(deletes)
+        error(
+            f"not deleting {len(deletes)} job{'' if len(deletes) == 1 else 's'}: {failed} of the files' "
+            f"jobs {'was' if failed == 1 else 'were'} invalid or refused (--force deletes anyway)"
+        )
+        return done, refused
+    for step in deletes:
         try:
-            cron.delete_job(step.job_id)
+            cron.delete_job(step.job_id, version=step.version)
             done["deleted"] += 1
         except NotFoundError:
             pass
+        except PreconditionFailedError:
+            refused += 1
+            error(f"job/{step.job_id} not deleted: it changed after the plan was made (apply again to see it)")
         except ApiError as exc:
             refused += 1
             error(f"job/{step.job_id} not deleted: {exc}")
     return done, refused
+
+
+def _prune_namespaces(sources: Sources, default: str | None) -> list[str]:
+    """The namespaces the files declare (a document naming none: the context's); --prune deletes in
+    these only, and needs each one named (the admin key sees every namespace)."""
+    declared = [ns if ns is not None else default for ns in sources.namespaces]
+    if None in declared or not declared:
+        raise InvalidInput(
+            "--prune deletes only in the namespaces the files declare: give each file a namespace "
+            "(namespace: in the file, or --namespace)"
+        )
+    return list(dict.fromkeys(ns for ns in declared if ns is not None))
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -309,12 +361,15 @@ def cmd_apply(args: argparse.Namespace) -> int:
         raise InvalidInput("--prune needs --selector: it deletes the selected jobs the files do not name")
     if args.selector and not args.prune:
         raise InvalidInput("--selector goes with --prune (it chooses the jobs that may be deleted)")
+    if args.force and not args.prune:
+        raise InvalidInput("--force goes with --prune (it deletes even when some writes were refused)")
     selector = parse_selector(args.selector) if args.selector else None
     sources = load_sources(args.filename, args.namespace)
     with client_of(args, load_client_settings()) as cron:
-        pruned = list(cron.list_jobs(selector=selector)) if selector else []
+        prune_in = _prune_namespaces(sources, cron.namespace) if selector else []
+        pruned = [j for ns in prune_in for j in cron.list_jobs(selector=selector, namespace=ns)]
         current = _current(cron, sources.items, {j.id: j for j in pruned})
-        plan = make_plan(sources.items, current, pruned)
+        plan = make_plan(sources.items, current, pruned, prune_in)
         for step in plan.steps:
             print(step)
         print(f"plan: {plan.summary()}")
@@ -322,10 +377,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
         if args.dry_run:
             print("dry run: nothing was changed")
             return 1 if invalid else 0
-        done, refused = _carry_out(cron, plan)
+        done, refused = _carry_out(cron, plan, args.force)
     print(
         f"applied: {done['created']} created, {done['updated']} updated, {done['deleted']} deleted"
         + (f", {refused + invalid} refused" if refused + invalid else "")
+        + (f", {done['held']} not deleted" if done["held"] else "")
     )
     return 1 if refused or invalid else 0
 
@@ -372,6 +428,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     s.add_argument("--prune", action="store_true", help="delete the jobs --selector selects that the files do not name")
     s.add_argument("-l", "--selector", default=None, help="with --prune: the jobs the files manage")
+    s.add_argument(
+        "--force", action="store_true", help="with --prune: delete even when some of the files' jobs were refused"
+    )
     s.set_defaults(fn=cmd_apply)
     s = sub.add_parser("export", help="write jobs as YAML that apply takes back unchanged")
     add_connection_arguments(s)

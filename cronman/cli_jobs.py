@@ -336,9 +336,13 @@ def cmd_notifications_delete(args: argparse.Namespace) -> int:
 
 
 def _yaml(text: str) -> Any:
-    import yaml
+    """One YAML document, read as ``apply`` reads job files (no aliases)."""
+    from cronman.cli_apply import documents
 
-    return yaml.safe_load(text)
+    docs = documents("<rule>.yaml", text)
+    if len(docs) != 1:
+        raise InvalidInput(f"a notification rule is one YAML document, not {len(docs)}")
+    return docs[0]
 
 
 def _notification_parsers(sub: Any) -> None:

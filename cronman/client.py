@@ -40,6 +40,7 @@ from cronman.errors import (
     Forbidden,
     InvalidInput,
     NotFound,
+    PreconditionFailed,
     TransientError,
     Unauthorized,
 )
@@ -87,6 +88,10 @@ class ConflictError(ApiError, Conflict):
     """409: the id is taken, or the job changed meanwhile."""
 
 
+class PreconditionFailedError(ApiError, PreconditionFailed):
+    """412: the job is no longer at the version the request named."""
+
+
 class RateLimitedError(ApiError, TransientError):
     """429, still after the retries."""
 
@@ -113,6 +118,7 @@ _ERRORS: dict[int, type[ApiError]] = {
     403: ForbiddenError,
     404: NotFoundError,
     409: ConflictError,
+    412: PreconditionFailedError,
     429: RateLimitedError,
     502: UnavailableError,
     503: UnavailableError,
@@ -410,12 +416,26 @@ class Client:
         self.close()
 
     # -- plumbing --------------------------------------------------------------------------
-    def _request(self, method: str, path: str, *, params: Mapping[str, Any] | None = None, body: Any = None) -> Any:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
         """The answer's JSON (None for a 204); raises ApiError, ApiUnreachable."""
         query = {k: v for k, v in (params or {}).items() if v is not None}
         try:
             r = self.session.request(
-                method, self.url + path, params=query, json=body, timeout=self.timeout, allow_redirects=False
+                method,
+                self.url + path,
+                params=query,
+                json=body,
+                headers=headers,
+                timeout=self.timeout,
+                allow_redirects=False,
             )
         except requests.RequestException as exc:
             reason = _reason(exc)
@@ -470,8 +490,11 @@ class Client:
         """PATCH /v1/jobs/{id}: a JSON merge patch (None removes a field)."""
         return self._get_model(Job, "PATCH", _job_path(job_id), body=dict(patch))
 
-    def delete_job(self, job_id: str) -> None:
-        self._request("DELETE", _job_path(job_id))
+    def delete_job(self, job_id: str, *, version: int | None = None) -> None:
+        """DELETE /v1/jobs/{id}; with ``version``, only while the job is still at it
+        (PreconditionFailedError when it changed)."""
+        headers = {"If-Match": f'"{version}"'} if version is not None else None
+        self._request("DELETE", _job_path(job_id), headers=headers)
 
     def pause_job(self, job_id: str) -> Job:
         return self._get_model(Job, "POST", _job_path(job_id, "pause"))

@@ -45,6 +45,13 @@ class Conflict(CronmanError):
     status = 409
 
 
+class PreconditionFailed(CronmanError):
+    """412: a conditional request (``If-Match``) whose condition no longer holds."""
+
+    code = "precondition_failed"
+    status = 412
+
+
 class UnsupportedMediaType(CronmanError):
     code = "unsupported_media_type"
     status = 415

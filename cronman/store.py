@@ -6,7 +6,7 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,7 +40,7 @@ from cronman.audit import NOBODY, Actor, audited
 from cronman.calendar_store import missing_calendars, unknown_calendar
 from cronman.changes import Stop
 from cronman.db import job_triggers, jobs, scheduled_jobs
-from cronman.errors import Conflict, CronmanError, InvalidInput, NotFound
+from cronman.errors import Conflict, CronmanError, InvalidInput, NotFound, PreconditionFailed
 from cronman.execution import Trigger, execution_id
 from cronman.hashing import slot_of
 from cronman.health import paused_by
@@ -228,6 +228,10 @@ def _values(spec: JobSpec, job_id: str, namespace: str) -> dict[str, Any]:
 def _live(job_id: str, namespace: str | None) -> ColumnElement[bool]:
     cond = and_(jobs.c.id == job_id, jobs.c.deleted_at.is_(None))
     return cond if namespace is None else and_(cond, jobs.c.namespace == namespace)
+
+
+def _versions_text(versions: Collection[int]) -> str:
+    return " or ".join(str(v) for v in sorted(versions)) or "any version given"
 
 
 def _get(conn: Connection, job_id: str, namespace: str | None) -> JobRecord:
@@ -712,19 +716,31 @@ class JobStore:
             raise NotFound(f"no job with id {job_id!r}", field="id")
         return JobRecord.from_row(row)
 
-    def delete(self, job_id: str, namespace: str | None, actor: Actor = NOBODY) -> int:
-        """Delete a live job; returns the version of the deletion."""
+    def delete(
+        self, job_id: str, namespace: str | None, actor: Actor = NOBODY, *, versions: Collection[int] | None = None
+    ) -> int:
+        """Delete a live job; returns the version of the deletion. With ``versions``, only while its
+        version is one of them (PreconditionFailed when it has changed since)."""
+        cond = _live(job_id, namespace)
+        if versions is not None:
+            cond = and_(cond, jobs.c.version.in_(list(versions)))
         stmt = (
             update(jobs)
-            .where(_live(job_id, namespace))
+            .where(cond)
             .values(deleted_at=_NOW, version=_NEXT_VERSION, change_xid=_CURRENT_XID, updated_at=_NOW)
             .returning(jobs.c.id, jobs.c.namespace, jobs.c.version)
         )
         with self._begin() as conn:
             row = conn.execute(audited(stmt, audit.DELETE, actor)).first()
-        if row is None:
-            raise NotFound(f"no job with id {job_id!r}", field="id")
-        return int(row.version)
+            if row is not None:
+                return int(row.version)
+            current = _get(conn, job_id, namespace)  # NotFound when there is no such job
+        raise PreconditionFailed(
+            f"job {job_id!r} is at version {current.version}, not {_versions_text(versions or ())}: "
+            "it changed since it was read",
+            field="version",
+            code="version_mismatch",
+        )
 
     def add_trigger(self, job_id: str, namespace: str | None, requested_by: str | None, actor: Actor = NOBODY) -> int:
         """Ask the owners of a job to fire it once now; returns the requested time (epoch ms)."""

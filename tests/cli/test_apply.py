@@ -11,7 +11,7 @@ import yaml
 from sqlalchemy import Engine, text
 
 from cronman.apikeys import ApiKeyStore
-from cronman.cli_apply import changes
+from cronman.cli_apply import Action, _carry_out, changes, load_sources, make_plan
 from cronman.client import Client
 from tests.cli.conftest import job
 
@@ -241,3 +241,89 @@ def test_namespaces_in_files_and_exports(cli: Any, tmp_path: Path, cron: Client,
 )
 def test_changes(before: dict[str, Any], after: dict[str, Any], expected: list[str]) -> None:
     assert changes(before, after) == expected
+
+
+def test_prune_deletes_only_in_the_namespaces_the_files_declare(cli: Any, tmp_path: Path, cron: Client) -> None:
+    for namespace, job_id in [("billing", "b-old"), ("payroll", "p-1"), ("risk", "r-1")]:
+        cron.put_jobs([job(job_id, labels={"team": "ops"})], namespace=namespace)
+    path = tmp_path / "billing.yaml"
+    path.write_text(yaml.safe_dump({"namespace": "billing", "jobs": [job("b-1", labels={"team": "ops"})]}))
+
+    r = cli("apply", "-f", str(path), "--prune", "-l", "team=ops")  # the admin key sees every namespace
+    assert r.rc == 0, r.err
+    assert r.out.splitlines() == [
+        "+ create     job/b-1",
+        "- delete     job/b-old",
+        "plan: 1 to create, 0 to update, 1 to delete, 0 unchanged",
+        "applied: 1 created, 0 updated, 1 deleted",
+    ]
+    assert sorted((j.namespace, j.id) for j in cron.list_jobs()) == [
+        ("billing", "b-1"),
+        ("payroll", "p-1"),
+        ("risk", "r-1"),
+    ]
+
+    # whatever the listing holds, the plan deletes only in the namespaces the files declare
+    listed = list(cron.list_jobs(selector="team=ops"))
+    plan = make_plan(load_sources([str(path)], None).items, {}, listed, ["billing"])
+    assert [(s.action, s.namespace, s.job_id) for s in plan.steps] == [(Action.CREATE, "billing", "b-1")]
+
+    # a file that names no namespace cannot be pruned with the admin key's view of every namespace
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(yaml.safe_dump([job("x-1", labels={"team": "ops"})]))
+    r = cli("apply", "-f", str(bare), "--prune", "-l", "team=ops")
+    assert r.rc == 1 and "--prune deletes only in the namespaces the files declare" in r.err
+    r = cli("apply", "-f", str(bare), "--prune", "-l", "team=ops", "-n", "risk", "--dry-run")
+    assert r.out.splitlines()[:2] == ["+ create     job/x-1", "- delete     job/r-1"]
+
+
+@pytest.mark.parametrize(
+    "renamed",
+    [
+        {"throttle": "missing"},  # refused by the API
+        {"schedule": {"type": "cron", "expression": "99 * * * *"}},  # invalid before anything is sent
+    ],
+)
+def test_a_refused_write_holds_back_every_delete_unless_forced(
+    cli: Any, tmp_path: Path, cron: Client, renamed: dict[str, Any]
+) -> None:
+    cron.create_job(job("nightly-v1", labels={"team": "data"}))
+    path = tmp_path / "data.yaml"
+    renaming = job("nightly-v2", labels={"team": "data"}, **renamed)
+    path.write_text(yaml.safe_dump({"namespace": "default", "jobs": [renaming]}))
+
+    r = cli("apply", "-f", str(path), "--prune", "-l", "team=data")
+    assert r.rc == 1
+    assert r.out.splitlines()[-1] == "applied: 0 created, 0 updated, 0 deleted, 1 refused, 1 not deleted"
+    assert "cronman: not deleting 1 job: 1 of the files' jobs was invalid or refused (--force deletes anyway)" in r.err
+    assert [j.id for j in cron.list_jobs()] == ["nightly-v1"]  # the rename did not lose the job
+
+    assert "--force goes with --prune" in cli("apply", "-f", str(path), "--force").err
+    r = cli("apply", "-f", str(path), "--prune", "-l", "team=data", "--force")
+    assert r.rc == 1 and r.out.splitlines()[-1] == "applied: 0 created, 0 updated, 1 deleted, 1 refused"
+    assert list(cron.list_jobs()) == []
+
+
+def test_a_delete_spares_a_job_changed_after_the_plan(tmp_path: Path, cron: Client, capsys: Any) -> None:
+    cron.create_job(job("old", labels={"team": "data"}))
+    cron.create_job(job("also-old", labels={"team": "data"}))
+    listed = list(cron.list_jobs(selector="team=data"))
+    plan = make_plan([], {}, listed, ["default"])
+    assert [(s.action, s.job_id, s.version) for s in plan.steps] == [(Action.DELETE, j.id, j.version) for j in listed]
+    cron.patch_job("old", {"paused": True})  # someone changes it between the plan and the delete
+
+    done, refused = _carry_out(cron, plan)
+    assert (done["deleted"], refused) == (1, 1)
+    assert "job/old not deleted: it changed after the plan was made" in capsys.readouterr().err
+    assert [(j.id, j.paused) for j in cron.list_jobs()] == [("old", True)]
+
+
+def test_yaml_aliases_are_refused(cli: Any, tmp_path: Path, cron: Client) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]" for p, c in zip("abcd", "bcde", strict=True)]
+    bomb.write_text("\n".join(lines) + "\nid: bomb\n")  # 9^5 = 59,049 strings from ~250 bytes
+    r = cli("apply", "-f", str(bomb), "--dry-run")
+    assert r.rc == 1 and r.out == ""
+    assert r.err.startswith(f"cronman: {bomb}: not valid YAML: found the alias *a: aliases are not accepted")
+    assert list(cron.list_jobs()) == []

@@ -51,6 +51,30 @@ def test_create_get_list_delete(client: FlaskClient) -> None:
     assert post(client, JOB).status_code == 201
 
 
+def test_a_delete_with_if_match_deletes_only_the_version_it_names(client: FlaskClient) -> None:
+    created = post(client, JOB)
+    version = created.json["version"]
+    assert created.headers["ETag"] == f'"{version}"'
+    assert client.get(f"/v1/jobs/{JOB['id']}").headers["ETag"] == f'"{version}"'
+    patched = post(client, {"name": "renamed"}, f"/v1/jobs/{JOB['id']}", method="patch")
+    assert patched.json["version"] > version and patched.headers["ETag"] == f'"{patched.json["version"]}"'
+
+    stale = client.delete(f"/v1/jobs/{JOB['id']}", headers={"If-Match": f'"{version}"'})
+    assert stale.status_code == 412 and stale.json["error"]["code"] == "version_mismatch"
+    assert f"at version {patched.json['version']}, not {version}" in stale.json["error"]["message"]
+    assert client.get(f"/v1/jobs/{JOB['id']}").json["name"] == "renamed"  # still there
+    for bad in ('W/"1"', '"v1"', '""', ",", '"99999999999999999999"'):
+        r = client.delete(f"/v1/jobs/{JOB['id']}", headers={"If-Match": bad})
+        assert (r.status_code, r.json["error"]["code"]) == (400, "invalid_if_match"), bad
+    assert client.delete("/v1/jobs/no-such-job", headers={"If-Match": '"1"'}).status_code == 404
+
+    current = f'"{version}", "{patched.json["version"]}"'
+    assert client.delete(f"/v1/jobs/{JOB['id']}", headers={"If-Match": current}).status_code == 204
+    assert client.get(f"/v1/jobs/{JOB['id']}").status_code == 404
+    assert post(client, JOB).status_code == 201
+    assert client.delete(f"/v1/jobs/{JOB['id']}", headers={"If-Match": "*"}).status_code == 204
+
+
 def test_generated_id(client: FlaskClient) -> None:
     doc = {k: v for k, v in JOB.items() if k != "id"}
     r = post(client, doc)
