@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import redis
 import sqlalchemy.exc
-from flask import Flask, jsonify
+from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from api.metrics import init_app as init_metrics
@@ -139,6 +139,18 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     install_auth(app, settings)
     init_metrics(app)
+    if settings.trusted_networks:
+        from api.proxies import TrustedProxies
+
+        app.wsgi_app = TrustedProxies(app.wsgi_app, settings.trusted_networks)  # type: ignore[method-assign]
+
+    @app.after_request
+    def _hsts(resp: Response) -> Response:
+        """HSTS on answers that went out over HTTPS (directly, as a trusted proxy reports it, or
+        as CRONMAN_UI_SECURE_COOKIE says of the proxy in front); never over plain HTTP."""
+        if settings.hsts_seconds and (request.is_secure or settings.ui_secure_cookie):
+            resp.headers.setdefault("Strict-Transport-Security", f"max-age={settings.hsts_seconds}")
+        return resp
 
     @app.errorhandler(CronmanError)
     def _cronman_error(exc: CronmanError):  # type: ignore[no-untyped-def]

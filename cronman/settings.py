@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cronman.errors import ConfigError
 from cronman.netguard import Allowlist, parse_allowlist
+from cronman.proxies import Network, parse_networks
 from cronman.queues import parse_queue_allowlist
 from cronman.redisconn import RedisMode, topology
 
@@ -62,13 +63,19 @@ class Settings(BaseSettings):
     auth_disabled: bool = False
     callback_allowlist: str = ""
 
-    # Dashboard (/ui/): how long a login lasts, failed logins allowed per client address and
-    # window, and whether the session cookie is marked Secure on plain HTTP too (behind a TLS proxy
-    # that does not say so; over HTTPS it always is).
+    # Dashboard (/ui/): how long a login lasts; failed logins allowed per key tried and client, and
+    # per client whatever the key, in a window; whether the session cookie is marked Secure on plain
+    # HTTP too (behind a TLS proxy that does not say so; over HTTPS it always is, and the answers
+    # carry HSTS for hsts_seconds, 0: none).
     ui_session_seconds: int = Field(12 * 3600, ge=60, le=7 * 86400)
     ui_login_attempts: int = Field(10, ge=1, le=10_000)
+    ui_login_client_attempts: int = Field(100, ge=1, le=100_000)
     ui_login_window_seconds: int = Field(300, ge=1, le=86400)
     ui_secure_cookie: bool = False
+    hsts_seconds: int = Field(365 * 86400, ge=0, le=2 * 365 * 86400)
+    # The proxies (comma-separated CIDRs) whose X-Forwarded-For and X-Forwarded-Proto are believed:
+    # the client and the scheme of a request from one of them are what they report. Empty: none.
+    trusted_proxies: str = ""
 
     # Scheduler node
     node_id: str = Field(default_factory=_default_node_id, min_length=1, max_length=200, pattern=r"^[^|/\s]+$")
@@ -175,6 +182,12 @@ class Settings(BaseSettings):
         parse_allowlist(v)  # raises ValueError naming the bad entry
         return v
 
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _trusted_proxies_parse(cls, v: str) -> str:
+        parse_networks(v)  # raises ValueError naming the bad entry
+        return v
+
     @field_validator("sqs_allowlist")
     @classmethod
     def _sqs_allowlist_parses(cls, v: str) -> str:
@@ -193,6 +206,10 @@ class Settings(BaseSettings):
     @cached_property
     def allowlist(self) -> Allowlist:
         return parse_allowlist(self.callback_allowlist)
+
+    @cached_property
+    def trusted_networks(self) -> tuple[Network, ...]:
+        return parse_networks(self.trusted_proxies)
 
     @cached_property
     def faults(self) -> frozenset[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -20,13 +21,14 @@ from sqlalchemy import Engine, and_, select
 
 from cronman.apikeys import KEY_PREFIX, hash_key
 from cronman.db import api_keys
-from cronman.keys import Keys
+from cronman.keys import Keys, lua
 
 COOKIE = "cronman_ui"
 LOGIN_COOKIE = "cronman_ui_login"
 COOKIE_PATH = "/ui"
 _TOKEN_BYTES = 32
 _MAX_KEY_LENGTH = 512
+_NAMESPACE_KEY = re.compile(rf"^({KEY_PREFIX}[0-9a-f]{{12}})_")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,13 @@ class Identity:
     key_hash: str
 
 
+def key_id(key: str) -> str:
+    """Which key a login tried, to count failures by: a namespace key's public prefix, or ``admin``
+    for anything else (the admin key, or text that is no namespace key)."""
+    found = _NAMESPACE_KEY.match(key.strip())
+    return found.group(1) if found else "admin"
+
+
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -65,6 +74,8 @@ class SessionStore:
         self._engine = engine
         self._admin_hash = hash_key(admin_key) if admin_key else None
         self.ttl = ttl
+        self._attempt = client.register_script(lua("login_attempt"))
+        self._forgive = client.register_script(lua("login_forgive"))
 
     # -- who is this key ---------------------------------------------------------------------
     def identify(self, key: str, auth_disabled: bool) -> Identity | None:
@@ -128,20 +139,15 @@ class SessionStore:
             self._redis.delete(self._prefix + "s:" + _digest(token))
 
     # -- failed logins -----------------------------------------------------------------------
-    def failures(self, client: str) -> tuple[int, int]:
-        """Failed logins from ``client`` in the current window, and the seconds left in it."""
-        key = self._prefix + "fail:" + client
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.get(key)
-        pipe.ttl(key)
-        count, ttl = pipe.execute()
-        return int(count or 0), max(int(ttl or 0), 0)
+    def _counters(self, client: str, key: str) -> list[str]:
+        tag = f"{{login:{client}}}"
+        return [f"{self._prefix}{tag}fail:{key_id(key)}", f"{self._prefix}{tag}fail"]
 
-    def note_failure(self, client: str, window: int) -> None:
-        key = self._prefix + "fail:" + client
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.incr(key)
-        pipe.ttl(key)
-        _, ttl = pipe.execute()
-        if ttl < 0:  # the window starts with its first failure (EXPIRE NX needs Redis 7)
-            self._redis.expire(key, window)
+    def attempt(self, client: str, key: str, limits: tuple[int, int], window: int) -> int:
+        """Count a login attempt with ``key`` from ``client`` as failed, unless it is over a limit
+        (per key and client, per client): 0 when it may go on, else the seconds to wait."""
+        return int(self._attempt(keys=self._counters(client, key), args=[*limits, window]))
+
+    def forgive(self, client: str, key: str) -> None:
+        """The attempt succeeded: it no longer counts."""
+        self._forgive(keys=self._counters(client, key))

@@ -130,13 +130,15 @@ def login() -> Response:
     if not login_nonce_ok():
         return _login_page(400, "The login form expired; try again.")
     store, cfg, client = sessions(), settings(), client_address()
-    failed, wait = store.failures(client)
-    if failed >= cfg.ui_login_attempts:
+    key = request.form.get("key", "")
+    limits = (cfg.ui_login_attempts, cfg.ui_login_client_attempts)
+    wait = store.attempt(client, key, limits, cfg.ui_login_window_seconds)
+    if wait:
         return _login_page(429, f"Too many failed logins from your address; try again in {wait} s.", wait)
-    who = store.identify(request.form.get("key", ""), cfg.auth_disabled)
+    who = store.identify(key, cfg.auth_disabled)
     if who is None:
-        store.note_failure(client, cfg.ui_login_window_seconds)
         return _login_page(401, "That key is unknown or revoked.")
+    store.forgive(client, key)
     token, _ = store.create(who, time.time())
     resp = redirect(local_path(request.form.get("next")))
     set_session_cookie(resp, token, store.ttl)  # type: ignore[arg-type]

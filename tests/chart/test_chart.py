@@ -353,6 +353,26 @@ def test_ingress(helm: Path) -> None:
     assert backend == {"name": f"{FULLNAME}-api", "port": {"name": "http"}}
 
 
+def test_tls_at_the_ingress_makes_the_cookie_secure_and_sends_hsts(helm: Path) -> None:
+    def config(*sets: str) -> dict[str, str]:
+        return cast(dict[str, str], one(render(helm, *sets), "ConfigMap", FULLNAME)["data"])
+
+    assert "CRONMAN_UI_SECURE_COOKIE" not in config()
+    assert "CRONMAN_UI_SECURE_COOKIE" not in config("ingress.enabled=true")  # plain HTTP
+    tls = ("ingress.enabled=true", "ingress.tls[0].secretName=cron-tls", "ingress.tls[0].hosts[0]=cron.example.com")
+    assert config(*tls)["CRONMAN_UI_SECURE_COOKIE"] == "true"
+    assert config(*tls, "config.CRONMAN_UI_SECURE_COOKIE=false")["CRONMAN_UI_SECURE_COOKIE"] == "false"
+    assert "CRONMAN_TRUSTED_PROXIES" not in config()
+    proxies = config("api.trustedProxies={10.0.0.0/8,fd00::/8}")
+    assert proxies["CRONMAN_TRUSTED_PROXIES"] == "10.0.0.0/8,fd00::/8"
+
+    from cronman.settings import Settings
+
+    env = {"ui_secure_cookie": config(*tls)["CRONMAN_UI_SECURE_COOKIE"], **config("api.trustedProxies={10.0.0.0/8}")}
+    settings = Settings.model_validate({k.removeprefix("CRONMAN_").lower(): v for k, v in env.items()})
+    assert settings.ui_secure_cookie and len(settings.trusted_networks) == 1 and settings.hsts_seconds > 0
+
+
 def test_service_monitors(helm: Path) -> None:
     docs = render(helm, "serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom")
     monitors = find(docs, "ServiceMonitor")

@@ -133,6 +133,27 @@ Non-secret settings derived from redis.*; a key also set in config.* is left to 
 {{- end }}
 
 {{/*
+Non-secret settings derived from ingress.* and api.trustedProxies; a key also set in config.* is left
+to config. TLS at the ingress: the dashboard's cookie is Secure and answers carry HSTS (the pods see
+plain HTTP from the ingress).
+*/}}
+{{- define "cronman.ingressConfig" -}}
+{{- $config := .Values.config }}
+{{- $derived := dict }}
+{{- if and .Values.ingress.enabled .Values.ingress.tls }}
+{{- $_ := set $derived "CRONMAN_UI_SECURE_COOKIE" "true" }}
+{{- end }}
+{{- with .Values.api.trustedProxies }}
+{{- $_ := set $derived "CRONMAN_TRUSTED_PROXIES" (join "," .) }}
+{{- end }}
+{{- range $key, $value := $derived }}
+{{- if not (hasKey $config $key) }}
+{{ $key }}: {{ $value | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
 Passwords read from existing Secrets: PGPASSWORD (libpq reads it when the URL has none),
 CRONMAN_REDIS_PASSWORD and CRONMAN_REDIS_SENTINEL_PASSWORD.
 */}}
@@ -165,6 +186,7 @@ ConfigMap data: the non-secret CRONMAN_* settings. Whole numbers are printed wit
 */}}
 {{- define "cronman.configData" -}}
 {{- include "cronman.redisConfig" . }}
+{{- include "cronman.ingressConfig" . }}
 {{- range $key, $value := .Values.config }}
 {{- if kindIs "float64" $value }}
 {{- if eq $value (floor $value) }}
