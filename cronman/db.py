@@ -141,6 +141,13 @@ scheduled_jobs = Table(
         "scheduled_for",
         postgresql_where=text("status IN ('failed', 'permanently_failed')"),
     ),
+    # The same, one namespace at a time (a namespace's failures are not pushed out by another's).
+    Index(
+        "ix_scheduled_jobs_failed_ns",
+        "namespace",
+        "scheduled_for",
+        postgresql_where=text("status IN ('failed', 'permanently_failed')"),
+    ),
     postgresql_partition_by="RANGE (scheduled_for)",
 )
 

@@ -61,7 +61,9 @@ from cronman.timeutil import from_ms, to_ms
 
 FAILED = ("failed", "permanently_failed")
 FAILING_LOOKBACK = timedelta(days=7)  # "failing" looks for failed attempts this recent ...
-MAX_FAILED_READ = 50_000  # ... reading at most this many, newest first
+MAX_FAILED_READ = 50_000  # ... reading at most this many of a namespace's, newest first ...
+MIN_FAILED_SHARE = 500  # ... or, across namespaces (the admin), an equal share each, at least this many
+MAX_FAILED_NAMESPACES = MAX_FAILED_READ // MIN_FAILED_SHARE  # ... of at most this many namespaces
 MAX_SCAN = 5000  # jobs examined for one page when a state is decided in Python
 SORT_LIMIT = 1000  # matching jobs sorted by next fire or last result in one request
 MAX_JITTER_MS = 3600 * 1000  # the largest jitter a schedule may have (cronman.spec)
@@ -139,7 +141,7 @@ class JobPage:
     partial: bool  # the scan budget ran out before the page was full: more may match further on
     sorted_among: int | None  # sorted modes: how many jobs were sorted (SORT_LIMIT when capped)
     capped: bool  # sorted modes: more jobs matched than were sorted
-    failures_capped: bool = False  # state=failing: the latest MAX_FAILED_READ failed attempts were read, not all
+    failures_capped: bool = False  # state=failing: a namespace's newest failed attempts were read, not all
 
 
 EMPTY_PAGE = JobPage([], None, 0, False, None, False)
@@ -168,18 +170,59 @@ def _ended_before(at: datetime) -> ColumnElement[bool]:
     return or_(once, ended)
 
 
-def recently_failed(conn: Connection, now: datetime) -> tuple[list[str], bool]:
-    """The jobs with a failed attempt in the last FAILING_LOOKBACK, from the newest MAX_FAILED_READ
-    failed attempts (by the partial index on failed rows), and whether that limit was reached."""
-    s = scheduled_jobs.c
-    stmt = (
-        select(s.job_id)
-        .where(s.status.in_(FAILED), s.scheduled_for >= now - FAILING_LOOKBACK)
-        .order_by(s.scheduled_for.desc())
-        .limit(MAX_FAILED_READ)
+# The namespaces with failed attempts, in order, one index probe each (a loose index scan).
+_FAILED_NAMESPACES = text(
+    """
+WITH RECURSIVE ns(n) AS (
+    SELECT min(namespace) FROM scheduled_jobs WHERE status IN ('failed', 'permanently_failed')
+  UNION ALL
+    SELECT (
+        SELECT min(namespace) FROM scheduled_jobs
+        WHERE status IN ('failed', 'permanently_failed') AND namespace > ns.n
     )
-    ids = conn.execute(stmt).scalars().all()
-    return sorted(set(ids)), len(ids) >= MAX_FAILED_READ
+    FROM ns WHERE ns.n IS NOT NULL
+)
+SELECT n FROM ns WHERE n IS NOT NULL LIMIT :limit
+"""
+)
+
+# The jobs of the newest failed attempts of each namespace, at most :share attempts each.
+_FAILED_JOBS = text(
+    """
+SELECT n.ns, f.job_id
+FROM unnest(CAST(:namespaces AS text[])) AS n(ns)
+CROSS JOIN LATERAL (
+    SELECT s.job_id FROM scheduled_jobs s
+    WHERE s.namespace = n.ns AND s.status IN ('failed', 'permanently_failed') AND s.scheduled_for >= :since
+    ORDER BY s.scheduled_for DESC
+    LIMIT :share
+) AS f
+"""
+)
+
+
+def recently_failed(conn: Connection, now: datetime, namespace: str | None = None) -> tuple[list[str], bool]:
+    """The jobs of ``namespace`` (None: every namespace) with a failed attempt in the last
+    FAILING_LOOKBACK, and whether a limit was reached. A namespace's newest MAX_FAILED_READ failed
+    attempts are read (by the partial index on failed rows per namespace); across namespaces each
+    gets an equal share of that (at least MIN_FAILED_SHARE, of at most MAX_FAILED_NAMESPACES), so
+    one namespace's flood of failures hides no other namespace's."""
+    if namespace is not None:
+        namespaces = [namespace]
+    else:
+        namespaces = list(conn.execute(_FAILED_NAMESPACES, {"limit": MAX_FAILED_NAMESPACES + 1}).scalars())
+    capped = len(namespaces) > MAX_FAILED_NAMESPACES
+    namespaces = namespaces[:MAX_FAILED_NAMESPACES]
+    if not namespaces:
+        return [], False
+    share = max(MIN_FAILED_SHARE, MAX_FAILED_READ // len(namespaces))
+    args = {"namespaces": namespaces, "since": now - FAILING_LOOKBACK, "share": share}
+    read: dict[str, int] = {}
+    ids: set[str] = set()
+    for ns, job_id in conn.execute(_FAILED_JOBS, args):
+        read[ns] = read.get(ns, 0) + 1
+        ids.add(job_id)
+    return sorted(ids), capped or any(n >= share for n in read.values())
 
 
 def _state_condition(state: State | None, now: datetime, failed: list[str]) -> ColumnElement[bool] | None:
@@ -244,7 +287,9 @@ def _complete(conn: Connection, raw: Sequence[Any], now_ms: int) -> list[JobRow]
 
 def list_jobs(engine: Engine, query: JobQuery, now_ms: int) -> JobPage:
     with engine.connect() as conn:
-        failed, capped = recently_failed(conn, from_ms(now_ms)) if query.state is State.FAILING else ([], False)
+        failed, capped = (
+            recently_failed(conn, from_ms(now_ms), query.namespace) if query.state is State.FAILING else ([], False)
+        )
         base = _filtered(query, from_ms(now_ms), failed)
         page = _by_id(conn, base, query, now_ms) if query.sort is Sort.ID else _sorted(conn, base, query, now_ms)
     return replace(page, failures_capped=capped)
@@ -464,8 +509,8 @@ def failures(
         or_(s.c.incarnation.is_(None), s.c.incarnation == jobs.c.incarnation),
     )
     cond = and_(s.c.status.in_(FAILED), s.c.scheduled_for >= since, not_(newer_attempt))
-    if namespace is not None:
-        cond = and_(cond, jobs.c.namespace == namespace)
+    if namespace is not None:  # the history row's own namespace too: its index reads only these
+        cond = and_(cond, jobs.c.namespace == namespace, s.c.namespace == namespace)
     if kind is FailureKind.DEAD_LETTERED:
         cond = and_(cond, s.c.dead_lettered.is_(True))
     elif kind is not FailureKind.ANY:

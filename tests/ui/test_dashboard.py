@@ -14,6 +14,7 @@ from sqlalchemy import Engine, text
 
 from api.ui import queries
 from cronman.apikeys import ApiKeyStore
+from cronman.partitions import ensure_partitions
 from cronman.settings import Settings
 from tests.conftest import ADMIN_KEY
 from tests.ui.conftest import Browser, add_history, job, keyed, send
@@ -420,6 +421,45 @@ def test_failures_across_jobs_with_their_kinds(
     with engine.connect() as conn:
         assert conn.execute(text("SELECT execution_id::text FROM job_triggers")).scalar_one() == failing
     assert b.get("/ui/failures?window=1y").status_code == 400
+
+
+def _fail_every_second(engine: Engine, job_id: str, count: int) -> None:
+    """``count`` failed attempts of ``job_id``, one a second back from now (one statement)."""
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        days = {(now - timedelta(seconds=s)).date() for s in (0, count // 2, count)}
+        ensure_partitions(conn, sorted(days))
+        conn.execute(
+            text(
+                "INSERT INTO scheduled_jobs (job_id, scheduled_for, attempt, execution_id, status, node, error, "
+                "incarnation, namespace) "
+                "SELECT :j, :now - g * interval '1 second', 1, gen_random_uuid(), 'failed', 'node-a', 'HTTP 503', "
+                "j.incarnation, j.namespace FROM generate_series(1, :n) AS g, jobs j WHERE j.id = :j"
+            ),
+            {"j": job_id, "now": now, "n": count},
+        )
+
+
+def test_failing_jobs_of_one_namespace_are_not_hidden_by_anothers_failures(
+    app: Flask, engine: Engine, new_key: Callable[[str], str], browser: Callable[[], Browser]
+) -> None:
+    ka, kb = new_key("team-a"), new_key("team-b")
+    send(keyed(app, ka), "post", "/v1/jobs", job("noisy"))
+    send(keyed(app, kb), "post", "/v1/jobs", job("quiet"))
+    add_history(engine, "quiet", "permanently_failed", datetime.now(UTC) - timedelta(days=1))
+    _fail_every_second(engine, "noisy", queries.MAX_FAILED_READ + 1)  # all newer than quiet's failure
+
+    b = browser()
+    b.login(kb)
+    assert _job_ids(b.get("/ui/jobs?state=failing").text) == ["quiet"]
+    admin = browser()
+    admin.login(ADMIN_KEY)
+    page = admin.get("/ui/jobs?state=failing").text
+    assert _job_ids(page) == ["noisy", "quiet"]
+    assert "Many failures lately" in page  # team-a's share was read, not all of it
+    with engine.connect() as conn:
+        failed, capped = queries.recently_failed(conn, datetime.now(UTC), "team-b")
+    assert (failed, capped) == (["quiet"], False)
 
 
 def test_the_cluster_page_shows_what_each_node_reports(
