@@ -592,7 +592,8 @@ def _paths() -> dict[str, Any]:
                 "summary": "Create or replace a notification rule",
                 "description": "Delivered body: {event_id, event, namespace, notification, job_id, at, first_at, "
                 "count, ...}; at least once, the same event_id on every attempt; HTTP targets get a POST signed "
-                "with Cronman-Signature like deliveries. At most one notification per job and event kind per "
+                "in Cronman-Notification-Signature (the namespace's secrets over notification.<t>.<body>; never "
+                "valid as a delivery's Cronman-Signature). At most one notification per job and event kind per "
                 "min_interval_seconds; the events in between are summarised (count).",
                 "operationId": "putNotification",
                 "parameters": [_NAMESPACE],

@@ -1,7 +1,7 @@
 """Notifications: named rules per namespace that say which events of which jobs go where.
 
 A rule (``PUT /v1/notifications/{name}``) names event kinds, a label selector and a target (an
-HTTP URL, signed like deliveries, or an SQS queue) and ``min_interval_seconds``. Events are recorded
+HTTP URL, signed in a context of its own, or an SQS queue) and ``min_interval_seconds``. Events are recorded
 by whoever sees them happen, in the transaction that records what happened (the nodes' history
 writers: failures, recoveries, auto-pauses; the watchdog: late occurrences); the dispatcher
 (:mod:`scheduler_node.watch`) matches them against the rules, summarises bursts and sends from a
@@ -61,8 +61,9 @@ class NotificationSpec(_Model):
         examples=["team=payments"],
     )
     target: Target = Field(
-        description="Where notifications go: an HTTP endpoint (POST, signed with the namespace's secret like "
-        "deliveries) or an SQS queue, with the same rules as job targets."
+        description="Where notifications go: an HTTP endpoint (POST, signed with the namespace's secret in "
+        "Cronman-Notification-Signature, never valid as a delivery's signature) or an SQS queue, with the same "
+        "rules as job targets."
     )
     min_interval_seconds: int = Field(
         60,

@@ -22,6 +22,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from cronman import signing
+
 
 # --------------------------------------------------------------------------- claims
 class ClaimResult(enum.IntEnum):
@@ -155,7 +157,7 @@ class Delivery(NamedTuple):
     attempt: int
     body: bytes
     event_index: int = 0
-    signature: str | None = None  # Cronman-Signature, when the namespace has a signing secret
+    signature: str | None = None  # when the namespace has a signing secret (a notification: its own header)
     extra: tuple[tuple[str, str], ...] = ()  # e.g. the failure, for a dead-letter message
     namespace: str = "default"
     traceparent: str | None = None  # W3C trace context (scheduler_node.tracing)
@@ -165,8 +167,8 @@ class Delivery(NamedTuple):
     def metadata(self) -> dict[str, str]:
         if self.meta is not None:
             meta = dict(self.meta)
-            if self.signature:
-                meta["Cronman-Signature"] = self.signature
+            if self.signature:  # signed in the notifications' context (cronman.signing)
+                meta[signing.NOTIFICATION_HEADER] = self.signature
             return meta
         meta = {
             "Cronman-Job-Id": self.job_id,

@@ -470,7 +470,7 @@ class Watch:
                 ("Cronman-Attempt", str(attempts + 1)),
             )
             keys = secrets.get(ns)
-            signature = signing.sign(keys, data, now // 1000) if keys else None
+            signature = signing.sign(keys, data, now // 1000, signing.Context.NOTIFICATION) if keys else None
             delivery = Delivery(
                 job, event_id, iso(now), attempts + 1, data, signature=signature, namespace=ns, meta=meta
             )

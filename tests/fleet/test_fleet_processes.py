@@ -85,8 +85,11 @@ def _notes(receiver: Receiver, kind: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
-def _signed(r: Received, secret: str) -> bool:
-    return signing.verify(secret, r.headers.get("Cronman-Signature", ""), r.body, int(time.time()))
+def _signed(r: Received, secret: str, context: signing.Context) -> bool:
+    """Whether ``r`` carries a valid signature for ``context``, under either header."""
+    now = int(time.time())
+    headers = (r.headers.get(signing.HEADER, ""), r.headers.get(signing.NOTIFICATION_HEADER, ""))
+    return any(signing.verify(secret, h, r.body, now, context=context) for h in headers)
 
 
 def test_a_failing_job_pauses_itself_notifies_and_recovers(stack: Stack) -> None:
@@ -153,12 +156,17 @@ def test_a_failing_job_pauses_itself_notifies_and_recovers(stack: Stack) -> None
         time.sleep(3)
         job = stack.job("flaky")
         got = alerts.snapshot()
+        deliveries = hook.snapshot()
 
     assert len(_notes(alerts, "job.recovered")) == 1
     assert job["health"]["state"] == "ok" and job["health"]["consecutive_failures"] == 0, job["health"]
     assert job["health"]["last_success_at"] and job["health"]["last_failure_at"]
+    for r in got:  # signed as notifications: not a signature any job endpoint would take
+        assert signing.HEADER not in r.headers and _signed(r, secret, signing.Context.NOTIFICATION), r.headers
+        assert not _signed(r, secret, signing.Context.DELIVERY)
+    assert deliveries and all(_signed(d, secret, signing.Context.DELIVERY) for d in deliveries)
+    assert not any(_signed(d, secret, signing.Context.NOTIFICATION) for d in deliveries)
     for r in got:
-        assert _signed(r, secret), r.headers
         doc = json.loads(r.body)
         assert {"event_id", "event", "namespace", "job_id", "at", "count"} <= doc.keys()
         assert r.headers["Cronman-Event-Id"] == doc["event_id"] and doc["job_id"] == "flaky"
