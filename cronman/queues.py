@@ -65,8 +65,10 @@ class QueueRef:
 
 def parse_queue(text: str, default_region: str = "us-east-1") -> QueueRef:
     """A queue URL (``https://sqs.<region>.amazonaws.com/<account>/<name>``, any SQS-compatible
-    host) or ARN; ValueError says what is wrong. The URL's path is the account and the name, with
-    nothing to decode: no query, fragment, credentials, escapes or empty segment."""
+    host) or ARN; ValueError says what is wrong. The URL's path is exactly the account and the
+    name (a longer path would be judged by two of its segments while the queue it reaches is
+    another matter), with nothing to decode: no query, fragment, credentials, escapes or empty
+    segment."""
     text = text.strip()
     if text.startswith("arn:"):
         m = _ARN_RE.match(text)
@@ -88,9 +90,11 @@ def parse_queue(text: str, default_region: str = "us-east-1") -> QueueRef:
     segments = parts.path.split("/")[1:]
     if segments and segments[-1] == "":
         segments.pop()  # one trailing slash
-    if len(segments) < 2 or not all(_SEGMENT_RE.match(s) and s not in (".", "..") for s in segments):
-        raise ValueError("a queue URL's path is /<account>/<queue name>: letters, digits, '-', '_' and '.'")
-    account, name = segments[-2], segments[-1]
+    if len(segments) != 2 or not all(_SEGMENT_RE.match(s) and s not in (".", "..") for s in segments):
+        raise ValueError(
+            "a queue URL's path is exactly /<account>/<queue name>: letters, digits, '-', '_' and '.'"
+        )
+    account, name = segments
     if not _NAME_RE.match(name):
         raise ValueError("a queue name is 1-80 letters, digits, '-' or '_', with .fifo at the end of a FIFO queue")
     netloc = f"[{host}]" if ":" in host else host

@@ -85,6 +85,9 @@ def test_the_allow_list_by_namespace(url: str, namespace: str, allowed: bool) ->
         f"https://sqs.us-east-1.amazonaws.com/{ACCOUNT}/../{ACCOUNT}/q",
         f"https://user:pw@sqs.us-east-1.amazonaws.com/{ACCOUNT}/q",
         "https://sqs.us-east-1.amazonaws.com/q",
+        f"https://sqs.us-east-1.amazonaws.com/{ACCOUNT}/shared-jobs/{ACCOUNT}/cronman-commands",
+        f"https://sqs.us-east-1.amazonaws.com/{ACCOUNT}/shared-x/other",  # judged by its last two: shared-x/other
+        f"https://sqs.us-east-1.amazonaws.com/prefix/{ACCOUNT}/q",
         f"ftp://sqs.us-east-1.amazonaws.com/{ACCOUNT}/q",
         f"https://sqs.us-east-1.amazonaws.com/{ACCOUNT}/q!",
     ],
@@ -93,6 +96,7 @@ def test_a_queue_url_with_anything_to_decode_is_refused(url: str) -> None:
     with pytest.raises(ValueError):
         parse_queue(url)
     assert queue_refusal(url, "anyone", OWN) is not None
+    assert queue_refusal(url, "anyone", LISTED) is not None  # an allowed prefix does not let it through
 
 
 def test_queue_identity_and_arn() -> None:
