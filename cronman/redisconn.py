@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from urllib.parse import urlsplit
 
 import hiredis
 import redis
@@ -103,6 +104,16 @@ class RedisTopology:
         return f"redis {self.mode.value}{tls} {where}{master}"
 
 
+def shown(url: str) -> str:
+    """A Redis URL as errors may show it: no credentials, no query (it may hold a password)."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return "<unreadable URL>"
+    netloc = ("***@" if "@" in parts.netloc else "") + parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{netloc}{parts.path}" + ("?***" if parts.query else "")
+
+
 def _url_options(url: str) -> tuple[dict[str, Any], tuple[str, int] | None]:
     try:
         parsed = parse_url(url.strip())
@@ -149,12 +160,12 @@ def topology(settings: Settings) -> RedisTopology:
         return RedisTopology(mode, (first,), options)
     if mode is RedisMode.CLUSTER:
         seeds: list[tuple[str, int]] = []
-        for url in urls:
+        for n, url in enumerate(urls, 1):
             more, address = _url_options(url)
             if more["ssl"] != options["ssl"]:
                 raise ConfigError("CRONMAN_REDIS_URL: the seeds mix redis:// and rediss://", field="redis_url")
             if address is None:
-                raise ConfigError(f"CRONMAN_REDIS_URL: seed {url!r} names no host", field="redis_url")
+                raise ConfigError(f"CRONMAN_REDIS_URL: seed {n} ({shown(url)}) names no host", field="redis_url")
             seeds.append(address)
         if options.pop("db", 0):
             raise ConfigError("CRONMAN_REDIS_URL: a Redis Cluster has only database 0", field="redis_url")

@@ -79,6 +79,8 @@ def test_topology_reads_each_mode(given: dict[str, Any], described: str, options
         ({"redis_mode": "sentinel", "redis_sentinels": "s:x", "redis_sentinel_master": "m"}, "host:port"),
         ({"redis_mode": "sentinel", "redis_sentinels": "s:1"}, "CRONMAN_REDIS_SENTINEL_MASTER"),
         ({"redis_mode": "ring"}, "redis_mode"),
+        ({"redis_mode": "cluster", "redis_url": "redis://a:1, redis://u:k@/0"}, "seed 2 (redis://***@/0) names no"),
+        ({"redis_mode": "cluster", "redis_url": "redis://a:1, redis:///0?password=k"}, "seed 2 (redis:///0?***)"),
     ],
 )
 def test_bad_redis_settings_fail_at_start_with_the_setting_named(given: dict[str, Any], message: str) -> None:
@@ -86,6 +88,7 @@ def test_bad_redis_settings_fail_at_start_with_the_setting_named(given: dict[str
         Settings(**given, api_key="k" * 20)
     assert message in str(info.value)
     assert "k" * 20 not in str(info.value)  # settings errors never print what they were given
+    assert ":k@" not in str(info.value) and "password=k" not in str(info.value)  # nor a URL's password
 
 
 def test_the_mode_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
