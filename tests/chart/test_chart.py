@@ -373,6 +373,33 @@ def test_tls_at_the_ingress_makes_the_cookie_secure_and_sends_hsts(helm: Path) -
     assert settings.ui_secure_cookie and len(settings.trusted_networks) == 1 and settings.hsts_seconds > 0
 
 
+def test_a_ca_for_verify_full_reaches_every_container(helm: Path) -> None:
+    docs = render(
+        helm,
+        "database.hosts[0]=pg:5432",
+        "database.params.sslmode=verify-full",
+        "database.params.sslrootcert=/etc/cronman/pg-ca/ca.crt",
+        "extraVolumes[0].name=pg-ca",
+        "extraVolumes[0].secret.secretName=pg-ca",
+        "extraVolumeMounts[0].name=pg-ca",
+        "extraVolumeMounts[0].mountPath=/etc/cronman/pg-ca",
+        "extraVolumeMounts[0].readOnly=true",
+    )
+    from urllib.parse import parse_qs, urlsplit
+
+    url = decoded(one(docs, "Secret", FULLNAME))["CRONMAN_DATABASE_URL"]
+    params = parse_qs(urlsplit(url).query)  # libpq decodes the escapes too
+    assert params["sslmode"] == ["verify-full"] and params["sslrootcert"] == ["/etc/cronman/pg-ca/ca.crt"]
+    for w in workloads(docs):
+        spec = pod_spec(w)
+        assert {"name": "pg-ca", "secret": {"secretName": "pg-ca"}} in spec["volumes"], w["metadata"]["name"]
+        mounts = spec["containers"][0]["volumeMounts"]
+        assert {"name": "pg-ca", "mountPath": "/etc/cronman/pg-ca", "readOnly": True} in mounts
+        assert {"name": "tmp", "mountPath": "/tmp"} in mounts
+    values = (CHART / "values.yaml").read_text() + (CHART / "README.md").read_text()
+    assert not re.search(r"[?&]sslmode=require|sslmode: require", values)  # no example recommends it
+
+
 def test_service_monitors(helm: Path) -> None:
     docs = render(helm, "serviceMonitor.enabled=true", "serviceMonitor.labels.release=prom")
     monitors = find(docs, "ServiceMonitor")

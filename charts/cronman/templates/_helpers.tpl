@@ -237,16 +237,23 @@ envFrom for the long-running pods and the CronJob: the ConfigMap, then the Secre
 {{- end }}
 
 {{/*
-Writable scratch space; the root filesystem is read-only.
+Writable scratch space (the root filesystem is read-only), and the extra volumes every cronman
+container gets (e.g. the CA that signed PostgreSQL's certificate, for sslmode=verify-full).
 */}}
-{{- define "cronman.tmpVolumeMount" -}}
+{{- define "cronman.volumeMounts" -}}
 - name: tmp
   mountPath: /tmp
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
-{{- define "cronman.tmpVolume" -}}
+{{- define "cronman.volumes" -}}
 - name: tmp
   emptyDir: {}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/*
