@@ -85,7 +85,7 @@ class BackfillRow:
     to_ms: int
     rate: float  # executions per second
     events: int
-    timing: str  # JSON: {"schedule": ..., "calendars": [[name, document], ...]} (cronman.backfills)
+    timing: str  # JSON: {"schedule": ..., "calendars": [[name, document], ...]} (cronman.backfills); "" unless running
     state: str  # running or cancelled
     cursor_ms: int | None  # every occurrence up to here is claimed
     dispatched: int
@@ -232,7 +232,8 @@ class NodeStore(abc.ABC):
     # -- backfills: a lease (database time) says which owner of the job's slot drives one
     @abc.abstractmethod
     async def backfills(self) -> list[BackfillRow]:
-        """Running backfills, and those cancelled in the last day."""
+        """Running backfills, and the cancelled ones whose executions may still retry (those of
+        the last day, and longer while their job's retries can still come)."""
 
     @abc.abstractmethod
     async def lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
@@ -903,11 +904,20 @@ class PgNodeStore(NodeStore):
         self._days |= days
 
 
+# A cancelled backfill is read for as long as its executions can still retry: a day, plus its
+# job's retries (each wait at most max_backoff_seconds, each attempt at most 300 s). Only a running
+# one's timing is needed.
+_RETRY_SPAN = (
+    "(GREATEST(COALESCE((j.retry->>'max_attempts')::int, 3) - 1, 0) "
+    "* (COALESCE((j.retry->>'max_backoff_seconds')::float, 60) + 300)) * interval '1 second'"
+)
 _BACKFILLS = text(
     f"SELECT b.id, b.job_id, b.incarnation, {_MS.format('b.from_at')}, {_MS.format('b.to_at')}, b.max_per_second, "
-    f"b.events, b.timing::text, b.state, {_MS.format('b.cursor_at')}, b.dispatched, j.incarnation "
+    "b.events, CASE WHEN b.state = 'running' THEN b.timing::text ELSE '' END, b.state, "
+    f"{_MS.format('b.cursor_at')}, b.dispatched, j.incarnation "
     "FROM backfills b LEFT JOIN jobs j ON j.id = b.job_id AND j.deleted_at IS NULL "
-    "WHERE b.state = 'running' OR (b.state = 'cancelled' AND b.updated_at > now() - interval '1 day') "
+    "WHERE b.state = 'running' OR "
+    f"(b.state = 'cancelled' AND b.updated_at > now() - interval '1 day' - {_RETRY_SPAN}) "
     "ORDER BY b.created_at LIMIT 10000"
 )
 _LEASE_BACKFILL = text(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from cronman.execution import execution_id
 from cronman.receiver import Receiver
@@ -159,3 +159,38 @@ def test_a_node_delivers_a_backfill_marked_as_such(admin: FlaskClient, node: Nod
         assert sorted((e["scheduled_for"], e["attempt"], e["status"]) for e in mine) == sorted(
             (iso(t), a, s) for t in expected for a, s in ((1, "failed"), (2, "succeeded"))
         )
+
+
+def test_a_cancellation_holds_for_retries_due_more_than_a_day_later(
+    admin: FlaskClient, engine: Engine, node: NodeThread
+) -> None:
+    """A retry due long after the cancellation (a day and more, with a long max_backoff) is
+    cancelled when its time comes, not delivered. A day passing is the cancellation's
+    updated_at moved two days back, once nothing touches the row any more."""
+    retry = {"max_attempts": 3, "backoff_seconds": 8, "max_backoff_seconds": 86400, "jitter": False}
+    with Receiver(fail_first=1) as receiver:
+        assert send(admin, "post", "/v1/jobs", every_minute("m", url=receiver.url, retry=retry)).status_code == 201
+        r = send(admin, "post", "/v1/jobs/m/backfill", {"from": _minute(-2), "to": _minute(-2)})
+        assert r.status_code == 202, r.json
+        b = r.json
+        wait_for(lambda: receiver.snapshot(), 20, "the first attempt (it fails)")
+        assert admin.delete(f"/v1/backfills/{b['id']}").json["state"] == "cancelled"
+        wait_for(
+            lambda: rows(engine, "SELECT driver IS NULL FROM backfills WHERE id = :i", i=b["id"])[0][0],
+            10,
+            "the driver to let the backfill go",
+        )
+        with engine.begin() as conn:
+            conn.execute(
+                text("UPDATE backfills SET updated_at = now() - interval '2 days' WHERE id = :i"), {"i": b["id"]}
+            )
+        trigger = f"backfill:{b['id']}"
+
+        def attempt_2() -> list[Any]:
+            return rows(
+                engine, "SELECT status, error FROM scheduled_jobs WHERE trigger = :t AND attempt = 2", t=trigger
+            )
+
+        second = wait_for(attempt_2, 20, "the retry's outcome")
+        assert len(receiver.snapshot()) == 1  # the retry was not sent
+    assert second[0][0] == "cancelled" and "was cancelled" in second[0][1], second
