@@ -1,6 +1,12 @@
 """SQS deliveries: grouped per queue into SendMessageBatch calls of up to ten; boto3 runs in the
 node's small thread pool. A queue the deployment does not allow (cronman's own queues above all)
-is a failed attempt, whatever the job says."""
+is a failed attempt, whatever the job says.
+
+A FIFO queue's deduplication id is the execution id, the same for every attempt: when an attempt
+counted as failed (a timeout, a lost answer) had in fact reached the queue, SQS drops the retry
+that follows within its five-minute deduplication window. When the attempt truly failed, the queue
+has nothing under that id and takes the retry. A retry later than five minutes after a message
+that did arrive is a second message, which the receiver deduplicates on Cronman-Execution-Id."""
 
 from __future__ import annotations
 
@@ -103,7 +109,7 @@ class SqsSender(Sender):
             }
             if target.group_id:
                 entry["MessageGroupId"] = target.group_id
-                entry["MessageDeduplicationId"] = f"{d.execution_id}-{d.attempt}"
+                entry["MessageDeduplicationId"] = d.execution_id
             entries.append(entry)
         loop = asyncio.get_running_loop()
         try:

@@ -529,3 +529,46 @@ def test_completed_jobs_are_deleted_in_one_batch_unless_they_changed(client: Fla
         ).scalar_one()
     assert events == 29
     assert asyncio.run(store.delete_completed(batch)) == []  # deleted once, whoever asks again
+
+
+def test_a_fifo_retry_of_a_message_that_arrived_is_dropped_by_sqs(sqs_endpoint: str, redis_prefix: str) -> None:
+    """An attempt counted as failed (its answer timed out) may have reached the queue: the retry
+    carries the same deduplication id (the execution id), so SQS drops it within its window. An
+    execution whose attempt never arrived is taken on its retry."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from scheduler_node.parts import Delivery
+    from scheduler_node.senders.sqs import SqsSend, SqsSender
+
+    sqs = boto3.client("sqs", endpoint_url=sqs_endpoint, region_name="us-east-1")
+    queue = sqs.create_queue(QueueName=f"fifo-{redis_prefix.strip(':')}.fifo", Attributes={"FifoQueue": "true"})
+    target = SqsSend(queue["QueueUrl"], "group-1")
+    arrived = "1b4e28ba-2fa1-51d2-883f-0016d3cca427"  # its first attempt reached the queue
+    lost = "6fa459ea-ee8a-5ca4-894e-db77e160355e"  # its first attempt never did
+
+    def delivery(execution: str, attempt: int) -> Delivery:
+        return Delivery("j", execution, "2026-12-01T07:00:00.000Z", attempt, b'{"n": 1}')
+
+    async def send_all() -> list[bool]:
+        with ThreadPoolExecutor(2) as pool:
+            sender = SqsSender(sqs_endpoint, "us-east-1", pool)
+            outcomes = [await sender.submit(target, delivery(arrived, 1))]
+            for d in (delivery(arrived, 2), delivery(lost, 2)):  # the retries
+                outcomes.append(await sender.submit(target, d))
+            return [o.ok for o in outcomes]
+
+    assert asyncio.run(send_all()) == [True, True, True]  # SQS accepts a duplicate and drops it
+    got: list[dict[str, Any]] = []
+    for _ in range(3):
+        got += sqs.receive_message(
+            QueueUrl=queue["QueueUrl"], MaxNumberOfMessages=10, MessageAttributeNames=["All"], WaitTimeSeconds=1
+        ).get("Messages", [])
+    seen = sorted(
+        (
+            m["MessageAttributes"]["Cronman-Execution-Id"]["StringValue"],
+            m["MessageAttributes"]["Cronman-Attempt"]["StringValue"],
+        )
+        for m in got
+    )
+    assert seen == sorted([(arrived, "1"), (lost, "2")])
