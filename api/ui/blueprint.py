@@ -13,7 +13,16 @@ from flask.sansio.blueprints import BlueprintSetupState
 from werkzeug.exceptions import HTTPException
 
 from api.ui.session import SessionStore
-from api.ui.web import CSRF_FIELD, fmt_in_zone, fmt_utc, load_session, pretty_json, relative, secure_headers
+from api.ui.web import (
+    CSRF_FIELD,
+    fmt_in_zone,
+    fmt_utc,
+    load_session,
+    pretty_json,
+    query_url,
+    relative,
+    secure_headers,
+)
 from cronman import __version__
 from cronman.errors import CronmanError, Unauthorized
 
@@ -48,6 +57,7 @@ def _helpers() -> dict[str, object]:
         "fmt_in_zone": fmt_in_zone,
         "relative": relative,
         "pretty_json": pretty_json,
+        "query_url": query_url,
         "asset": lambda name: url_for("ui.static", filename=name, v=__version__),
     }
 

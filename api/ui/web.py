@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 from zoneinfo import ZoneInfo
 
 from flask import Response, current_app, g, redirect, request, url_for
@@ -100,6 +101,14 @@ def _to_login() -> Response:
         resp.headers["HX-Redirect"] = target
         return resp
     return redirect(target)  # type: ignore[return-value]
+
+
+def query_url(endpoint: str, params: Mapping[str, str], **more: str) -> str:
+    """The URL of ``endpoint`` with ``params`` and ``more`` as its query string, whatever their
+    names: a parameter a user named ``endpoint`` or ``_external`` is a query parameter like any
+    other, never an argument of ``url_for``."""
+    query = urlencode({**params, **more})
+    return url_for(endpoint) + (f"?{query}" if query else "")
 
 
 def local_path(path: str | None, default: str = "/ui/jobs") -> str:

@@ -93,6 +93,14 @@ def test_pagination(client: FlaskClient) -> None:
         if not cursor:
             break
     assert seen == [f"job-{i:02d}" for i in range(7)]
+    # a parameter named like a Flask or url_for argument is a query parameter like any other
+    odd = {"limit": 3, "endpoint": "x", "_external": "1", "_anchor": "y"}
+    page = client.get("/v1/jobs", query_string=odd)
+    assert page.status_code == 200 and [j["id"] for j in page.json["jobs"]] == seen[:3]
+    following = client.get("/v1/jobs", query_string={**odd, "cursor": page.json["next_cursor"]})
+    assert following.status_code == 200 and [j["id"] for j in following.json["jobs"]] == seen[3:6]
+    assert client.get("/v1/jobs/job-00/executions", query_string=odd).status_code == 200
+    assert client.get("/v1/jobs/job-00/events", query_string=odd).status_code == 200
     assert client.get("/v1/jobs", query_string={"cursor": "garbage!"}).status_code == 400
     assert client.get("/v1/jobs", query_string={"limit": 0}).status_code == 400
     assert client.get("/v1/jobs", query_string={"limit": "x"}).status_code == 400

@@ -462,6 +462,31 @@ def test_failing_jobs_of_one_namespace_are_not_hidden_by_anothers_failures(
     assert (failed, capped) == (["quiet"], False)
 
 
+def test_query_parameters_named_like_url_for_arguments_are_only_query_parameters(
+    app: Flask, engine: Engine, browser: Callable[[], Browser]
+) -> None:
+    import html
+
+    api = keyed(app, ADMIN_KEY)
+    for i in range(27):
+        send(api, "post", "/v1/jobs", job(f"p-{i:02d}"))
+    for k in range(52):
+        add_history(engine, "p-00", "failed", datetime.now(UTC) - timedelta(minutes=k + 1))
+    b = browser()
+    b.login(ADMIN_KEY)
+    odd = "endpoint=x&_external=1&_scheme=javascript&_anchor=%0Aalert(1)&_method=POST"
+    for path in (f"/ui/jobs?limit=25&{odd}", f"/ui/failures?{odd}"):
+        r = b.get(path)
+        assert r.status_code == 200, (path, r.status_code)
+        links = [html.unescape(h) for h in re.findall(r'href="([^"]*cursor=[^"]*)"', r.text)]
+        assert links, path
+        for link in links:  # a path of this site, the names carried as query parameters
+            assert link.startswith(path.split("?")[0] + "?") and "endpoint=x" in link and "_external=1" in link
+            assert "#" not in link and "javascript" in link  # (as a parameter's value, nothing else)
+            follow = b.get(link)
+            assert follow.status_code == 200 and ("Newest" in follow.text or "First page" in follow.text)
+
+
 def test_the_cluster_page_shows_what_each_node_reports(
     app: Flask, settings: Settings, browser: Callable[[], Browser]
 ) -> None:
