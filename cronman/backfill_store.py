@@ -131,7 +131,7 @@ class BackfillStore:
         names = list(options_with_defaults(record.options)["calendars"])
         events = int(record.options.get("events_per_trigger") or 1)
         document = timing_document(record.schedule, names, found)
-        total = count(timing_of(document, record.id), *range_ms, events)
+        total = count(timing_of(document, record.id, record.namespace), *range_ms, events)
         backfill_id = new_backfill_id()
         with self.engine.begin() as conn:
             # one writer per job at a time: the running count below stays true until commit

@@ -81,10 +81,10 @@ def timing_document(schedule: dict[str, Any], names: Sequence[str], found: Mappi
     return {"schedule": schedule, "calendars": [[n, calendar_to_dict(found[n])] for n in names if n in found]}
 
 
-def timing_of(document: dict[str, Any] | str, job_id: str) -> Timing:
+def timing_of(document: dict[str, Any] | str, job_id: str, namespace: str) -> Timing:
     doc = json.loads(document) if isinstance(document, str) else document
     found = {name: calendar_from_dict(cal) for name, cal in doc.get("calendars", [])}
-    return timing_with(timing_from_dict(doc["schedule"], job_id), list(found), found)
+    return timing_with(timing_from_dict(doc["schedule"], job_id, namespace), list(found), found)
 
 
 def occurrences(timing: Timing, from_ms: int, to_ms: int, limit: int) -> list[int]:

@@ -87,7 +87,7 @@ def job_timing(
 ) -> Timing:
     """A stored job's timing with the calendars it names (of ``found``, by namespace and name)."""
     names = names_of(options)
-    base = timing_from_dict(schedule, job_id)
+    base = timing_from_dict(schedule, job_id, namespace)
     if not names:
         return base
     return timing_with(base, names, {n: found[(namespace, n)] for n in names if (namespace, n) in found})

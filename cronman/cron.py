@@ -4,19 +4,34 @@ Wall times are whole seconds counted from 1970-01-01T00:00 on a local calendar w
 ("local seconds"); `cronman.schedule` maps them to instants with the daylight-saving policies.
 
 Syntax: 5 fields (minute hour day-of-month month day-of-week) or 6 with a leading seconds field,
-or one alias: @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly. croniter parses
-the standard part of every field (numbers, names, ``*``, ranges, steps, lists, ``?``), so a plain
-expression means exactly what it meant before; cronman evaluates the day rules itself:
+or one alias: @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly. Each field is a
+list of elements; an element is ``*``, a value (a number, or a name for months and weekdays), a
+range ``a-b``, each with an optional step ``/n``:
 
-* day-of-month: ``L`` (last day), ``LW`` (last weekday, Monday-Friday), ``15W`` or ``W15`` (the
-  weekday nearest the 15th within its month; a day past the month's end counts as its last day);
+* ``a-b`` with ``a <= b`` is a to b (``20-20`` is 20 alone); with ``a > b`` it wraps around the
+  field (``22-2``: 22, 23, 0, 1, 2; ``FRI-MON``), and a step counts on across the wrap;
+* ``*/n`` and ``a/n`` run from the field's start (or ``a``) to its end; in day-of-week that end is
+  Saturday, 6 (``1/2`` is Monday, Wednesday, Friday: Sunday is in it only when written, 0 or 7);
+* a step may be longer than its range: ``11-58/55`` and ``6-6/8`` are 11 and 6.
+
+Day fields take more:
+
+* day-of-month: ``L`` (last day), ``L-2`` (two days before it), ``LW`` (last weekday,
+  Monday-Friday), ``L-2W`` (the weekday nearest L-2), ``15W`` or ``W15`` (the weekday nearest the
+  15th within its month; a day past the month's end counts as its last day);
 * day-of-week: ``6#3`` (third Saturday; ``n`` is 1-5), ``5L`` or ``L5`` (last Friday); names work
   too (``FRI#2``, ``FRIL``); 0 and 7 are Sunday;
-* these mix freely with plain values in a list (``1,15,L``; ``MON,5L``);
-* when both day fields are restricted (neither ``*`` nor ``?``), a day matches when either does
-  (the classic cron OR); when one is restricted, it alone decides.
+* these mix freely with plain values in a list (``1,15,L``; ``MON,5L``); ``?`` is ``*``;
+* a day field is restricted when it leaves a day out (``*``, ``?``, ``*/1``, ``1-31`` and ``0-7``
+  do not). When both are, a day matches when either does (the classic cron OR); when one is,
+  it alone decides.
 
-Random (``R``) and hashed (``H``) values are refused: every node must compute the same times.
+``H`` (hashed) values, as Jenkins has them: ``H`` (one value of the field), ``H/15`` (every 15th
+from an offset below 15), ``H(0-29)`` and ``H(0-29)/10``, chosen by a hash of the job's namespace
+and id (:func:`resolve_hashed`), so every node computes the same times and many jobs written
+``H * * * *`` spread over the hour. A hashed day of the month is 1-28. Random (``R``) values are
+refused. Where cron dialects differ, docs/api.md says which way cronman reads an expression.
+
 Evaluation is O(months searched) with per-month day sets cached by (month length, weekday of the
 1st), so one call costs microseconds even for expressions that match once in decades.
 """
@@ -29,8 +44,9 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from datetime import date
 from functools import lru_cache
-
-from croniter import CroniterError, croniter
+from hashlib import blake2b
+from itertools import product
+from math import prod
 
 ALIASES = {
     "@yearly": "0 0 1 1 *",
@@ -41,22 +57,6 @@ ALIASES = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-_FIELDS_5 = ("minute", "hour", "day-of-month", "month", "day-of-week")
-_FIELDS_6 = ("second", *_FIELDS_5)
-_RANGES = {
-    "second": "0-59",
-    "minute": "0-59",
-    "hour": "0-23",
-    "day-of-month": "1-31, L, LW, 15W",
-    "month": "1-12 or JAN-DEC",
-    "day-of-week": "0-7 or SUN-SAT (0 and 7 are Sunday), 6#3, 5L",
-}
-_WEEKDAYS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
-_HASHED = re.compile(r"^[hr](\([0-9]+-[0-9]+\))?(/[0-9]+)?$", re.ASCII | re.IGNORECASE)
-_NEAREST = re.compile(r"^(?:([0-9]{1,2})w|w([0-9]{1,2}))$", re.ASCII)
-_NTH = re.compile(r"^([a-z0-9]+)#([0-9]+)$", re.ASCII)
-_LAST_DOW = re.compile(r"^(?:([a-z0-9]+)l|l([a-z0-9]+))$", re.ASCII)
-
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 MAX_YEAR = 9998  # walls past this are never produced (datetime stops at 9999)
 _DAY = 86_400
@@ -71,8 +71,8 @@ class DayRule:
     """Which days of a month match; depends only on the month's length and its first weekday."""
 
     dom: frozenset[int] = frozenset()  # plain days of the month
-    last_day: bool = False  # L
-    last_weekday: bool = False  # LW
+    from_last: frozenset[int] = frozenset()  # L (0), L-2 (2): days before the last
+    nearest_from_last: frozenset[int] = frozenset()  # LW (0), L-2W (2): the weekday nearest such a day
     nearest: frozenset[int] = frozenset()  # 15W
     dom_restricted: bool = False
     dow: frozenset[int] = frozenset()  # plain weekdays, 0 = Sunday
@@ -96,8 +96,8 @@ class DayRule:
     def _dom(self, d: int, ndays: int, first_weekday: int) -> bool:
         return (
             d in self.dom
-            or (self.last_day and d == ndays)
-            or (self.last_weekday and d == nearest_weekday(ndays, ndays, first_weekday))
+            or (ndays - d) in self.from_last
+            or any(d == nearest_weekday(ndays - n, ndays, first_weekday) for n in self.nearest_from_last if n < ndays)
             or any(d == nearest_weekday(n, ndays, first_weekday) for n in self.nearest)
         )
 
@@ -222,12 +222,154 @@ _MONTH_DAYS = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
 # ---------------------------------------------------------------------------------------- parsing
-@lru_cache(maxsize=4096)
-def parse_cron(expression: str, *, stored: bool = False) -> CronExpr:
-    """Parse an expression; raise CronSyntaxError with a message naming the field at fault.
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+    low: int
+    high: int
+    names: tuple[str, ...] = ()  # names[i] is the value low + i (or 0 + i for weekdays)
+    step_end: int = -1  # where `*/n` and `a/n` stop (the field's end unless said)
+    allowed: str = ""
 
-    ``stored=True`` is for documents stored before H and R were refused: they get one value
-    derived from the expression's text (the same on every node) instead of an error."""
+    @property
+    def end(self) -> int:
+        return self.high if self.step_end < 0 else self.step_end
+
+
+_MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+SECOND = _Field("second", 0, 59, allowed="0-59")
+MINUTE = _Field("minute", 0, 59, allowed="0-59")
+HOUR = _Field("hour", 0, 23, allowed="0-23")
+DAY_OF_MONTH = _Field("day-of-month", 1, 31, allowed="1-31, L, L-2, LW, L-2W, 15W")
+MONTH = _Field("month", 1, 12, _MONTH_NAMES, allowed="1-12 or JAN-DEC")
+DAY_OF_WEEK = _Field(
+    "day-of-week", 0, 7, _DAY_NAMES, step_end=6, allowed="0-7 or SUN-SAT (0 and 7 are Sunday), 6#3, 5L"
+)
+FIELDS_5 = (MINUTE, HOUR, DAY_OF_MONTH, MONTH, DAY_OF_WEEK)
+FIELDS_6 = (SECOND, *FIELDS_5)
+
+_NUMBER = re.compile(r"[0-9]{1,4}", re.ASCII)
+_NEAREST = re.compile(r"^(?:([0-9]{1,2})w|w([0-9]{1,2}))$", re.ASCII)
+_FROM_LAST = re.compile(r"^l(?:-([0-9]{1,2}))?(w?)$", re.ASCII)
+_NTH = re.compile(r"^([a-z0-9]+)#([0-9]+)$", re.ASCII)
+_LAST_DOW = re.compile(r"^(?:([a-z0-9]+)l|l([a-z0-9]+))$", re.ASCII)
+_RANDOM = re.compile(r"^r(\([0-9]+-[0-9]+\))?(/[0-9]+)?$", re.ASCII | re.IGNORECASE)
+
+
+def _bad(field: _Field, text: str, why: str) -> CronSyntaxError:
+    return CronSyntaxError(
+        f"{field.name} field {text[:40]!r} is not valid: {why} (allowed: {field.allowed}, lists, ranges, steps, *)"
+    )
+
+
+def _value(field: _Field, token: str, text: str) -> int:
+    """A number or a name of the field, within its bounds."""
+    if _NUMBER.fullmatch(token):
+        v = int(token)
+        if not field.low <= v <= field.high:
+            raise _bad(field, text, f"{token} is outside {field.low}-{field.high}")
+        return v
+    low = token.lower()
+    if low in field.names:
+        return field.names.index(low) + (0 if field is DAY_OF_WEEK else field.low)
+    raise _bad(field, text, f"{token!r} is not a value")
+
+
+def _step(field: _Field, token: str, text: str) -> int:
+    if not _NUMBER.fullmatch(token) or int(token) < 1:
+        raise _bad(field, text, f"the step {token!r} must be a whole number from 1")
+    return int(token)
+
+
+def _cycle(field: _Field) -> tuple[int, int]:
+    """The values a wrapping range runs through: weekdays as 0-6 (7 is Sunday, 0)."""
+    return (0, 6) if field is DAY_OF_WEEK else (field.low, field.high)
+
+
+def _element(field: _Field, token: str, text: str) -> set[int]:
+    """The values of one list element: ``*``, ``v``, ``a-b`` (wrapping when a > b), each with an
+    optional ``/step``; ``*/n`` and ``v/n`` run to the field's end (Saturday for weekdays)."""
+    base, slash, step_text = token.partition("/")
+    step = _step(field, step_text, text) if slash else 1
+    if base == "*":
+        return set(range(field.low, field.end + 1, step))
+    first, dash, last = base.partition("-")
+    a = _value(field, first, text)
+    if not dash:
+        return set(range(a, max(a, field.end) + 1, step)) if slash else {a}
+    b = _value(field, last, text)
+    if a <= b:
+        return set(range(a, b + 1, step))
+    low, high = _cycle(field)
+    a, b = a if a <= high else a - 7, b  # weekdays: 7 is Sunday (0)
+    if a <= b:
+        return set(range(a, b + 1, step))
+    size = high - low + 1
+    return {low + (v - low) % size for v in range(a, b + size + 1, step)}
+
+
+def _plain(field: _Field, text: str) -> frozenset[int]:
+    """A field without day specials: its values (weekdays 0-6, Sunday 0)."""
+    values: set[int] = set()
+    for token in text.split(","):
+        values |= _element(field, token, text)
+    if field is DAY_OF_WEEK:
+        values = {v % 7 for v in values}
+    return frozenset(values)
+
+
+# ---------------------------------------------------------------------------------------- hashed values
+@dataclass(frozen=True, slots=True)
+class Hashed:
+    """An ``H`` token: one value of ``low-high`` (``H``, ``H(a-b)``), or every ``step``-th from an
+    offset below ``step`` (``H/15``, ``H(a-b)/10``), chosen by a hash of the job's identity."""
+
+    field: _Field
+    field_index: int
+    token_index: int
+    low: int
+    high: int
+    step: int = 0  # 0: one value
+
+    @property
+    def size(self) -> int:
+        """How many different outcomes there are."""
+        return self.step or self.high - self.low + 1
+
+    def outcome(self, k: int) -> str:
+        if not self.step:
+            return str((self.low + k) % 7 if self.field is DAY_OF_WEEK else self.low + k)
+        values = range(self.low + k, self.high + 1, self.step)
+        return ",".join(str(v % 7 if self.field is DAY_OF_WEEK else v) for v in values)
+
+    def pick(self, identity: str) -> str:
+        key = f"{identity}\x00{self.field.name}\x00{self.token_index}".encode()
+        return self.outcome(int.from_bytes(blake2b(key, digest_size=8).digest(), "big") % self.size)
+
+
+_HASHED = re.compile(r"^h(?:\(([0-9]{1,2})-([0-9]{1,2})\))?(?:/([0-9]{1,4}))?$", re.ASCII | re.IGNORECASE)
+# Jenkins: a hashed day of the month is one every month has
+_HASH_RANGE = {"day-of-month": (1, 28), "day-of-week": (0, 6)}
+
+
+def _hashed(field: _Field, field_index: int, token_index: int, token: str, text: str) -> Hashed | None:
+    m = _HASHED.match(token)
+    if m is None:
+        return None
+    low, high = _HASH_RANGE.get(field.name, (field.low, field.high))
+    if m.group(1) is not None:
+        low, high = int(m.group(1)), int(m.group(2))
+        if not field.low <= low <= high <= field.high:
+            raise _bad(field, text, f"in {token.upper()} the range must lie in {field.low}-{field.high}, low to high")
+    step = int(m.group(3)) if m.group(3) is not None else 0
+    if m.group(3) is not None and not 1 <= step <= high - low + 1:
+        raise _bad(field, text, f"in {token.upper()} the step must be from 1 to {high - low + 1}, the range's size")
+    return Hashed(field, field_index, token_index, low, high, step)
+
+
+def split_fields(expression: str) -> tuple[tuple[_Field, ...], list[str]]:
+    """The fields of an expression (an alias stands for its expression) and what each is."""
     text = expression.strip()
     if text.startswith("@"):
         alias = ALIASES.get(text.lower())
@@ -243,150 +385,197 @@ def parse_cron(expression: str, *, stored: bool = False) -> CronExpr:
             "a cron expression has 5 fields (minute hour day-of-month month day-of-week) or 6 with a "
             f"leading seconds field; got {len(fields)}"
         )
-    names = _FIELDS_6 if len(fields) == 6 else _FIELDS_5
-    hash_id = None
-    if stored:
-        fields, hash_id = [_rehash(value) for value in fields], " ".join(fields).encode()
-    else:
-        for name, value in zip(names, fields, strict=True):
-            _refuse_hashed(name, value)
-    six = len(fields) == 6
-    dom_plain, last_day, last_weekday, nearest = _split_dom(fields[-3])
-    dow_plain, nth, last_dow = _split_dow(fields[-1])
-    plain = [*fields[:-3], dom_plain or "*", fields[-2], dow_plain or "*"]
-    expanded = _expand(plain, names, six, hash_id)
-    values = dict(zip(names, expanded, strict=True))
+    return (FIELDS_6 if len(fields) == 6 else FIELDS_5), fields
+
+
+@lru_cache(maxsize=4096)
+def hashed_tokens(expression: str, *, stored: bool = False) -> tuple[tuple[str, ...], tuple[Hashed, ...]]:
+    """The expression's fields and its ``H`` tokens (``stored``: ``R`` ones too, read as ``H``,
+    for documents stored before ``R`` was refused). Raises CronSyntaxError for a malformed one."""
+    specs, fields = split_fields(expression)
+    found: list[Hashed] = []
+    for i, (spec, text) in enumerate(zip(specs, fields, strict=True)):
+        for j, token in enumerate(text.split(",")):
+            if _RANDOM.match(token):
+                if not stored:
+                    raise _bad(
+                        spec,
+                        text,
+                        "random (R) values are not supported: every node must compute the "
+                        "same times; H (hashed from the job) spreads jobs the same way on every node",
+                    )
+                token = "h" + token[1:]
+            hashed = _hashed(spec, i, j, token, text)
+            if hashed is not None:
+                found.append(hashed)
+    return tuple(fields), tuple(found)
+
+
+def with_outcomes(fields: tuple[str, ...], outcomes: dict[tuple[int, int], str]) -> str:
+    """The expression with the tokens at (field index, token index) replaced."""
+    out = []
+    for i, text in enumerate(fields):
+        tokens = text.split(",")
+        out.append(",".join(outcomes.get((i, j), token) for j, token in enumerate(tokens)))
+    return " ".join(out)
+
+
+def resolve_hashed(expression: str, identity: str = "", *, stored: bool = False) -> str:
+    """The expression with each ``H`` replaced by the values the job ``identity`` hashes to (the
+    same on every node and every run): the expression itself when it has none. ``identity`` is
+    :func:`job_identity` of the job; outside any job (an expression checked alone) it is ""."""
+    fields, hashed = hashed_tokens(expression, stored=stored)
+    if not hashed:
+        return expression
+    return with_outcomes(fields, {(h.field_index, h.token_index): h.pick(identity) for h in hashed})
+
+
+def hashed_as_any(expression: str) -> str:
+    """The expression with each ``H`` as every value it can be, for any job."""
+    fields, hashed = hashed_tokens(expression, stored=True)
+    return with_outcomes(fields, {(h.field_index, h.token_index): f"{h.low}-{h.high}" for h in hashed})
+
+
+def time_outcomes(expression: str, field: str) -> set[tuple[int, ...]]:
+    """The sorted values the second, minute or hour field can have, each set some job's hashed
+    values give (the field's whole range of them when there are too many combinations)."""
+    fields, hashed = hashed_tokens(expression, stored=True)
+    specs = FIELDS_6 if len(fields) == 6 else FIELDS_5
+    index = next((i for i, spec in enumerate(specs) if spec.name == field), None)
+    if index is None:
+        return {(0,)}  # no seconds field: second 0
+    mine = [h for h in hashed if h.field_index == index]
+    text = fields[index]
+    if prod(h.size for h in mine) > MAX_HASHED_OUTCOMES:
+        return {tuple(sorted(_plain(specs[index], hashed_as_any(expression).split()[index])))}
+    out = set()
+    for combination in product(*(range(h.size) for h in mine)):
+        chosen = {h.token_index: h.outcome(k) for h, k in zip(mine, combination, strict=True)}
+        tokens = [chosen.get(j, token) for j, token in enumerate(text.split(","))]
+        out.add(tuple(sorted(_plain(specs[index], ",".join(tokens)))))
+    return out
+
+
+def job_identity(namespace: str, job_id: str) -> str:
+    """What hashed values are hashed from: the job's namespace and id."""
+    return f"{namespace}\x00{job_id}"
+
+
+def has_hashed(expression: str) -> bool:
+    """Whether an expression has ``H`` (or, stored, ``R``) values."""
+    low = expression.lower()
+    return ("h" in low or "r" in low) and bool(hashed_tokens(expression, stored=True)[1])
+
+
+# ---------------------------------------------------------------------------------------- expressions
+@lru_cache(maxsize=4096)
+def parse_cron(expression: str, *, stored: bool = False, identity: str = "") -> CronExpr:
+    """Parse an expression; raise CronSyntaxError with a message naming the field at fault.
+
+    ``H`` values are those of the job ``identity`` (see :func:`resolve_hashed`); ``stored=True``
+    reads ``R`` as ``H`` (documents stored before ``R`` was refused) instead of refusing it."""
+    return _parse(expression, stored, identity)
+
+
+def _parse(expression: str, stored: bool = False, identity: str = "") -> CronExpr:
+    specs, fields = split_fields(resolve_hashed(expression, identity, stored=stored))
+    plain = {spec.name: _field_values(spec, text) for spec, text in zip(specs, fields, strict=True)}
+    day = _day_rule(fields[-3], fields[-1])
+    return CronExpr(
+        text=" ".join(fields),
+        seconds=tuple(sorted(plain.get("second", (0,)))),
+        minutes=tuple(sorted(plain["minute"])),
+        hours=tuple(sorted(plain["hour"])),
+        months=tuple(m for m in sorted(plain["month"]) if _month_can_match(day, m)),
+        day=day,
+    )
+
+
+def _field_values(spec: _Field, text: str) -> frozenset[int]:
+    """A field's plain values (checking the fields in order, so an error names the first at fault)."""
+    if spec is DAY_OF_MONTH:
+        return _plain(spec, _split_dom(text)[0] or "*")
+    if spec is DAY_OF_WEEK:
+        return _plain(spec, _split_dow(text)[0] or "*")
+    if text == "?":
+        raise _bad(spec, text, "? is for the day fields")
+    return _plain(spec, text)
+
+
+def _day_rule(dom_text: str, dow_text: str) -> DayRule:
+    dom_plain, from_last, nearest_from_last, nearest = _split_dom(dom_text)
+    dow_plain, nth, last_dow = _split_dow(dow_text)
     # A day field is restricted when it leaves some day out: "*", "?", "1-31", "*/1" and "0-7" are not.
-    dom = frozenset(_ints(values["day-of-month"], 1, 31) if dom_plain else ())
-    dow = frozenset(_ints(values["day-of-week"], 0, 6) if dow_plain else ())
-    if not dom_plain and not (last_day or last_weekday or nearest):
-        dom = frozenset(range(1, 32))
-    if not dow_plain and not (nth or last_dow):
-        dow = frozenset(range(7))
-    day = DayRule(
+    dom_special = bool(from_last or nearest_from_last or nearest)
+    dom = _plain(DAY_OF_MONTH, dom_plain) if dom_plain else frozenset(() if dom_special else range(1, 32))
+    dow = _plain(DAY_OF_WEEK, dow_plain) if dow_plain else frozenset(() if nth or last_dow else range(7))
+    return DayRule(
         dom=dom,
-        last_day=last_day,
-        last_weekday=last_weekday,
+        from_last=frozenset(from_last),
+        nearest_from_last=frozenset(nearest_from_last),
         nearest=frozenset(nearest),
-        dom_restricted=bool(last_day or last_weekday or nearest or len(dom) < 31),
+        dom_restricted=dom_special or len(dom) < 31,
         dow=dow,
         nth=frozenset(nth),
         last_dow=frozenset(last_dow),
         dow_restricted=bool(nth or last_dow or len(dow) < 7),
     )
-    months = tuple(m for m in _ints(values["month"], 1, 12) if _month_can_match(day, m))
-    return CronExpr(
-        text=" ".join(fields),
-        seconds=tuple(_ints(values["second"], 0, 59)) if six else (0,),
-        minutes=tuple(_ints(values["minute"], 0, 59)),
-        hours=tuple(_ints(values["hour"], 0, 23)),
-        months=months,
-        day=day,
-    )
 
 
-def cron_error(expression: str) -> str | None:
-    """The reason an expression is unusable, or None when it is valid."""
-    try:
-        expr = parse_cron(expression)
-    except CronSyntaxError as exc:
-        return str(exc)
-    if expr.never_fires:
-        return "this cron expression never fires: no month it names has a day it names"
-    return None
-
-
-def _refuse_hashed(name: str, value: str) -> None:
-    for token in value.split(","):
-        if _HASHED.match(token):
-            raise CronSyntaxError(
-                f"{name} field {value[:40]!r}: random (R) and hashed (H) values are not supported; "
-                "every node must compute the same times"
-            )
-
-
-def _rehash(value: str) -> str:
-    return ",".join("h" + token[1:] if _HASHED.match(token) else token for token in value.split(","))
-
-
-def _split_dom(text: str) -> tuple[str, bool, bool, list[int]]:
-    if text == "?":
-        return "", False, False, []
+def _split_dom(text: str) -> tuple[str, set[int], set[int], set[int]]:
+    """Day-of-month: the plain part, and L / L-n, LW / L-nW, nW days."""
     plain: list[str] = []
-    last_day = last_weekday = False
-    nearest: list[int] = []
+    from_last: set[int] = set()
+    nearest_from_last: set[int] = set()
+    nearest: set[int] = set()
+    if text == "?":
+        return "", from_last, nearest_from_last, nearest
     for original in text.split(","):
         token = original.lower()
-        if token == "l":
-            last_day = True
-        elif token == "lw":
-            last_weekday = True
+        if m := _FROM_LAST.match(token):
+            n = int(m.group(1) or 0)
+            if n > 30:
+                raise _bad(DAY_OF_MONTH, text, f"in {token.upper()} the days before the last must be 0 to 30")
+            (nearest_from_last if m.group(2) else from_last).add(n)
         elif m := _NEAREST.match(token):
             n = int(m.group(1) or m.group(2))
             if not 1 <= n <= 31:
                 raise CronSyntaxError(f"day-of-month field {text!r}: {token.upper()} needs a day from 1 to 31")
-            nearest.append(n)
+            nearest.add(n)
         else:
             plain.append(original)
-    return ",".join(plain), last_day, last_weekday, nearest
+    return ",".join(plain), from_last, nearest_from_last, nearest
 
 
-def _split_dow(text: str) -> tuple[str, list[tuple[int, int]], list[int]]:
-    if text == "?":
-        return "", [], []
+def _split_dow(text: str) -> tuple[str, set[tuple[int, int]], set[int]]:
+    """Day-of-week: the plain part, and n#k and nL days."""
     plain: list[str] = []
-    nth: list[tuple[int, int]] = []
-    last: list[int] = []
+    nth: set[tuple[int, int]] = set()
+    last: set[int] = set()
+    if text == "?":
+        return "", nth, last
     for original in text.split(","):
         token = original.lower()
         if m := _NTH.match(token):
             n = int(m.group(2))
             if not 1 <= n <= 5:
                 raise CronSyntaxError(f"day-of-week field {text!r}: in {token.upper()} the week must be 1 to 5")
-            nth.append((_weekday(m.group(1), text), n))
+            nth.add((_weekday(m.group(1), text), n))
         elif token == "l":
             raise CronSyntaxError(f"day-of-week field {text!r}: L needs a weekday, for example 5L (last Friday)")
         elif m := _LAST_DOW.match(token):
-            last.append(_weekday(m.group(1) or m.group(2), text))
+            last.add(_weekday(m.group(1) or m.group(2), text))
         else:
             plain.append(original)
     return ",".join(plain), nth, last
 
 
 def _weekday(token: str, text: str) -> int:
-    if token in _WEEKDAYS:
-        return _WEEKDAYS[token]
+    if token in _DAY_NAMES:
+        return _DAY_NAMES.index(token)
     if token.isascii() and token.isdigit() and int(token) <= 7:
         return int(token) % 7
     raise CronSyntaxError(f"day-of-week field {text!r}: {token.upper()!r} is not a weekday (0-7 or SUN-SAT)")
-
-
-def _expand(plain: list[str], names: tuple[str, ...], six: bool, hash_id: bytes | None) -> list[list[int | str]]:
-    try:
-        expanded, _ = croniter.expand(" ".join(plain), hash_id=hash_id, second_at_beginning=six)
-    except (CroniterError, ValueError, KeyError, TypeError, IndexError):
-        raise CronSyntaxError(_field_error(plain, names, six)) from None
-    if six:  # croniter puts the seconds last
-        expanded = [expanded[5], *expanded[:5]]
-    return expanded
-
-
-def _field_error(plain: list[str], names: tuple[str, ...], six: bool) -> str:
-    """Find the field croniter refuses, so the message can name it."""
-    for i, name in enumerate(names):
-        alone = ["*"] * len(plain)
-        alone[i] = plain[i]
-        try:
-            croniter.expand(" ".join(alone), second_at_beginning=six)
-        except (CroniterError, ValueError, KeyError, TypeError, IndexError):
-            return f"{name} field {plain[i][:40]!r} is not valid (allowed: {_RANGES[name]}, lists, ranges, steps, *)"
-    return "invalid cron expression"
-
-
-def _ints(values: list[int | str], low: int, high: int) -> list[int]:
-    if values == ["*"]:
-        return list(range(low, high + 1))
-    return sorted({int(v) for v in values if isinstance(v, int) and low <= v <= high})
 
 
 _MONTH_LENGTHS = {2: (28, 29), 4: (30,), 6: (30,), 9: (30,), 11: (30,)}
@@ -396,4 +585,78 @@ def _month_can_match(day: DayRule, month: int) -> bool:
     return any(day.days(n, w) for n in _MONTH_LENGTHS.get(month, (31,)) for w in range(7))
 
 
-__all__ = ["ALIASES", "CronExpr", "CronSyntaxError", "DayRule", "cron_error", "nearest_weekday", "parse_cron"]
+# ---------------------------------------------------------------------------------------- validation
+MAX_HASHED_OUTCOMES = 4096  # combinations of hashed day values checked for an expression that never fires
+
+
+def cron_error(expression: str) -> str | None:
+    """The reason an expression is unusable, or None when it is valid. An expression with ``H``
+    must fire whatever the job it belongs to: every combination of its hashed days is checked."""
+    try:
+        fields, hashed = hashed_tokens(expression)
+        parse_cron(expression)
+        day_hashed = [h for h in hashed if h.field in (DAY_OF_MONTH, MONTH, DAY_OF_WEEK)]
+        if not day_hashed:
+            return _never_fires(parse_cron(expression))
+        return _never_fires_hashed(fields, hashed, day_hashed)
+    except CronSyntaxError as exc:
+        return str(exc)
+
+
+def _never_fires(expr: CronExpr) -> str | None:
+    if expr.never_fires:
+        return "this cron expression never fires: no month it names has a day it names"
+    return None
+
+
+def _never_fires_hashed(fields: tuple[str, ...], hashed: tuple[Hashed, ...], day_hashed: list[Hashed]) -> str | None:
+    """Whether some job's outcome of the hashed days never fires: each combination of hashed
+    day-of-month and day-of-week values gives the months its days can fall in, each combination of
+    hashed months the months named; every pair must meet."""
+    days = [h for h in day_hashed if h.field is not MONTH]
+    months = [h for h in day_hashed if h.field is MONTH]
+    for group in (days, months):
+        total = prod(h.size for h in group)
+        if total > MAX_HASHED_OUTCOMES:
+            raise CronSyntaxError(
+                f"hashed (H) values in the day fields have {total} combinations, more than {MAX_HASHED_OUTCOMES} "
+                "can be checked; use fewer or narrower ones"
+            )
+    fixed = {(h.field_index, h.token_index): h.outcome(0) for h in hashed if h not in day_hashed}
+    month_index = len(fields) - 2
+    named: set[frozenset[int]] = set()
+    for combination in product(*(range(h.size) for h in months)):
+        outcomes = {(h.field_index, h.token_index): h.outcome(k) for h, k in zip(months, combination, strict=True)}
+        named.add(_plain(MONTH, with_outcomes(fields, outcomes).split()[month_index]))
+    for combination in product(*(range(h.size) for h in days)):
+        outcomes = dict(fixed)
+        outcomes.update({(h.field_index, h.token_index): h.outcome(k) for h, k in zip(days, combination, strict=True)})
+        resolved = with_outcomes(fields, outcomes).split()
+        resolved[month_index] = "*"
+        can = set(_parse(" ".join(resolved)).months)
+        for wanted in named:
+            if not can & wanted:
+                resolved[month_index] = ",".join(map(str, sorted(wanted)))
+                return (
+                    "this cron expression never fires for some jobs: with its hashed (H) values as in "
+                    f"{' '.join(resolved)!r}, no month it names has a day it names"
+                )
+    return None
+
+
+__all__ = [
+    "ALIASES",
+    "CronExpr",
+    "CronSyntaxError",
+    "DayRule",
+    "Hashed",
+    "cron_error",
+    "has_hashed",
+    "hashed_as_any",
+    "hashed_tokens",
+    "job_identity",
+    "nearest_weekday",
+    "parse_cron",
+    "resolve_hashed",
+    "time_outcomes",
+]

@@ -37,14 +37,25 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from itertools import product
 from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from cronman.cron import CronExpr, CronSyntaxError, cron_error, parse_cron
+from cronman.cron import (
+    CronExpr,
+    CronSyntaxError,
+    cron_error,
+    has_hashed,
+    hashed_as_any,
+    job_identity,
+    parse_cron,
+    resolve_hashed,
+    time_outcomes,
+)
 from cronman.timeutil import to_ms
 
 _FIRST_S = (datetime(2, 1, 1, tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(seconds=1)
@@ -145,16 +156,41 @@ def validate_cron(expression: str) -> str | None:
 def cron_spacing_seconds(expressions: tuple[str, ...]) -> int:
     """The shortest time between two wall times the expressions name together (86400 when they name
     one time of day): the most a jitter may be, so that jittered occurrences keep their order and a
-    search for the next one looks at a bounded number of them (`JitteredTiming`)."""
+    search for the next one looks at a bounded number of them (`JitteredTiming`). With hashed (H)
+    values, the shortest over every job's values."""
+    if len(expressions) == 1:
+        return _spacing_of_one(expressions[0])
     times: set[int] = set()
-    for expression in expressions:
-        e = parse_cron(expression, stored=True)
+    for expression in expressions:  # H as every value it can be: no closer than any job's
+        e = parse_cron(hashed_as_any(expression), stored=True)
         times.update(h * 3600 + m * 60 + s for h in e.hours for m in e.minutes for s in e.seconds)
     ordered = sorted(times)
     if len(ordered) < 2:
         return 86_400
     gaps = (b - a for a, b in zip(ordered, ordered[1:], strict=False))
     return min(min(gaps), 86_400 - ordered[-1] + ordered[0])
+
+
+def _spacing_of_one(expression: str) -> int:
+    """One expression names every (hour, minute, second) of three sets: the spacing follows from
+    each set's least gap and span. Every set a job's H values can give is tried."""
+    hours = {_least_gap(v, 24) for v in time_outcomes(expression, "hour")}
+    minutes = {(_least_gap(v), v[-1] - v[0]) for v in time_outcomes(expression, "minute")}
+    seconds = {(_least_gap(v), v[-1] - v[0]) for v in time_outcomes(expression, "second")}
+    best = 86_400
+    for hour_gap, (minute_gap, minute_span), (second_gap, second_span) in product(hours, minutes, seconds):
+        hour_minutes = min(minute_gap, 60 * hour_gap - minute_span)  # minutes between two named ones
+        best = min(best, second_gap, 60 * hour_minutes - second_span)
+    return best
+
+
+def _least_gap(values: tuple[int, ...], cycle: int = 0) -> int:
+    """The least gap between two of the sorted values (around the cycle, when given: a day's 24
+    hours); 86400, more than any, for a single value off a cycle."""
+    gaps = [b - a for a, b in zip(values, values[1:], strict=False)]
+    if cycle:
+        gaps.append(cycle - values[-1] + values[0])
+    return min(gaps, default=86_400)
 
 
 def validate_timezone(name: str) -> str | None:
@@ -361,32 +397,38 @@ def _ms_or_none(value: object) -> int | None:
     return parse_iso(str(value))
 
 
-def timing_from_dict(schedule: dict, job_id: str) -> Timing:
-    """Build the timing of a stored (already validated) schedule document."""
-    return timing_maker(schedule)(job_id)
+def timing_from_dict(schedule: dict, job_id: str, namespace: str) -> Timing:
+    """Build the timing of a stored (already validated) schedule document for a job."""
+    return timing_maker(schedule)(job_id, namespace)
 
 
-def timing_maker(schedule: dict) -> Callable[[str], Timing]:
-    """How to build a schedule's timing for a job id, with the work done once per schedule (a node
-    loading a million jobs calls it once per distinct schedule): only the phase of an interval
-    without ``start_at`` and a jitter offset depend on the job id; every other timing is shared."""
+TimingMaker = Callable[[str, str], Timing]  # (job id, namespace) -> the job's timing
+
+
+def timing_maker(schedule: dict) -> TimingMaker:
+    """How to build a schedule's timing for a job (id, namespace), with the work done once per
+    schedule (a node loading a million jobs calls it once per distinct schedule): only the phase of
+    an interval without ``start_at``, a jitter offset and hashed (H) cron values depend on the job;
+    every other timing is shared, and jobs whose H values come out the same share theirs."""
     start = _ms_or_none(schedule.get("start_at"))
     end = _ms_or_none(schedule.get("end_at"))
-    base: Callable[[str], Timing]
+    base: TimingMaker
     if schedule["type"] == "interval" and start is None:
         every = int(schedule["every_seconds"]) * 1000
 
-        def base(job_id: str) -> Timing:
+        def base(job_id: str, namespace: str) -> Timing:
             return IntervalTiming(every, phase_for(job_id, every), None, end)
+    elif schedule["type"] == "cron" and any(has_hashed(e) for e in cron_expressions(schedule)):
+        base = _hashed_cron(schedule, start, end)
     else:
         shared = _shared_timing(schedule, start, end)
 
-        def base(job_id: str) -> Timing:
+        def base(job_id: str, namespace: str) -> Timing:
             return shared
 
     jitter_ms = int(float(schedule.get("jitter_seconds") or 0) * 1000)
     if jitter_ms > 0:  # under a millisecond (5e-324 passes gt=0) is no jitter, not a division by zero
-        return lambda job_id: JitteredTiming(base(job_id), jitter_ms, job_id)
+        return lambda job_id, namespace: JitteredTiming(base(job_id, namespace), jitter_ms, job_id)
     return base
 
 
@@ -400,17 +442,56 @@ def cron_expressions(schedule: dict) -> list[str]:
     return list(expressions)
 
 
+def resolved_expressions(schedule: dict, job_id: str, namespace: str) -> list[str]:
+    """A cron schedule's expressions with the job's hashed (H) values in place: what it fires by."""
+    identity = job_identity(namespace, job_id)
+    return [resolve_hashed(e, identity, stored=True) for e in cron_expressions(schedule)]
+
+
+_SHARED_HASHED = 10_000  # timings of distinct H outcomes kept per schedule (a job's is remade past that)
+
+
+def _hashed_cron(schedule: dict, start: int | None, end: int | None) -> TimingMaker:
+    """Each job's expressions with its H values in place; jobs with the same outcome share a timing."""
+    expressions = cron_expressions(schedule)
+    tz, gap, fold = _zone_and_policies(schedule)
+    made: dict[tuple[str, ...], Timing] = {}
+
+    def make(job_id: str, namespace: str) -> Timing:
+        identity = job_identity(namespace, job_id)
+        resolved = tuple(resolve_hashed(e, identity, stored=True) for e in expressions)
+        timing = made.get(resolved)
+        if timing is None:
+            timing = _cron_timing(resolved, tz, gap, fold, start, end)
+            if len(made) < _SHARED_HASHED:
+                made[resolved] = timing
+        return timing
+
+    return make
+
+
+def _zone_and_policies(schedule: dict) -> tuple[str, GapPolicy, FoldPolicy]:
+    return (
+        schedule.get("timezone") or "UTC",
+        GapPolicy(schedule.get("dst_gap", GapPolicy.SHIFT)),
+        FoldPolicy(schedule.get("dst_fold", FoldPolicy.FIRST)),
+    )
+
+
+def _cron_timing(
+    expressions: Iterable[str], tz: str, gap: GapPolicy, fold: FoldPolicy, start: int | None, end: int | None
+) -> CronTiming:
+    rules = tuple(dict.fromkeys(cron_rule(e, tz, gap, fold) for e in expressions))
+    return CronTiming(rules[0] if len(rules) == 1 else EarliestOf(rules), start, end)
+
+
 def _shared_timing(schedule: dict, start: int | None, end: int | None) -> Timing:
     kind = schedule["type"]
     if kind == "interval":
         assert start is not None
         return IntervalTiming(int(schedule["every_seconds"]) * 1000, start, start, end)
     if kind == "cron":
-        tz = schedule.get("timezone") or "UTC"
-        gap = GapPolicy(schedule.get("dst_gap", GapPolicy.SHIFT))
-        fold = FoldPolicy(schedule.get("dst_fold", FoldPolicy.FIRST))
-        rules = tuple(dict.fromkeys(cron_rule(e, tz, gap, fold) for e in cron_expressions(schedule)))
-        return CronTiming(rules[0] if len(rules) == 1 else EarliestOf(rules), start, end)
+        return _cron_timing(cron_expressions(schedule), *_zone_and_policies(schedule), start, end)
     if kind == "once":
         at = _ms_or_none(schedule["at"])
         assert at is not None
@@ -439,11 +520,13 @@ __all__ = [
     "JitteredTiming",
     "OnceTiming",
     "Timing",
+    "TimingMaker",
     "cron_expressions",
     "cron_spacing_seconds",
     "cron_rule",
     "next_times",
     "phase_for",
+    "resolved_expressions",
     "timing_from_dict",
     "timing_maker",
     "validate_cron",

@@ -187,7 +187,9 @@ class CronSchedule(_Bounds):
                     "({spacing} s here): a larger jitter would reorder occurrences",
                     {"field": "jitter_seconds", "spacing": spacing},
                 )
-        timing = timing_from_dict(self.model_dump(mode="json", exclude_none=True), "")
+        # No job yet (a POST without an id gets one when stored): hashed (H) values as for the empty
+        # identity. cron_error has made sure they fire whatever job they come to belong to.
+        timing = timing_from_dict(self.model_dump(mode="json", exclude_none=True), "", "")
         after = to_ms(self.start_at) - 1 if self.start_at else to_ms(datetime(2000, 1, 1, tzinfo=UTC))
         if timing.next_after(after) is None:
             raise PydanticCustomError("invalid_cron", "this cron schedule never fires", {"field": which})

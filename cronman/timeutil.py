@@ -10,7 +10,7 @@ _MS = timedelta(milliseconds=1)
 
 # Every instant the API accepts lies in [MIN_INSTANT_MS, MAX_INSTANT_MS). Schedule maths is total
 # beyond that by a wide margin (a year of interval, an hour of jitter, DST look-arounds), so no
-# stored job can produce an instant that datetime or croniter cannot represent.
+# stored job can produce an instant that datetime cannot represent.
 MIN_INSTANT = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_INSTANT = datetime(9000, 1, 1, tzinfo=UTC)
 MIN_INSTANT_MS = 0

@@ -130,7 +130,7 @@ class BackfillDriver:
             return
         cursor = row.from_ms - 1 if got[0] is None else got[0]
         try:
-            timing = timing_of(row.timing, row.job_id)
+            timing = timing_of(row.timing, row.job_id, job.namespace)
         except (ValueError, KeyError, TypeError) as exc:
             log.error("cannot compute a backfill's occurrences: %s", exc, extra={"backfill_id": row.id})
             await self.store.end_backfill(row.id, f"its occurrences cannot be computed: {exc}")

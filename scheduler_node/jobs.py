@@ -12,7 +12,7 @@ from typing import Any
 
 from cronman.hashing import SLOTS
 from cronman.misfire import MisfirePolicy
-from cronman.schedule import LAZY_PHASE_MIN_MS, IdPhasedInterval, Timing, id_phased, timing_maker
+from cronman.schedule import LAZY_PHASE_MIN_MS, IdPhasedInterval, Timing, TimingMaker, id_phased, timing_maker
 from scheduler_node.parts import Target
 
 
@@ -163,7 +163,7 @@ class Decoder:
         self._targets: dict[str, Target] = {}
         self._retries: dict[str, Retry] = {}
         self._options: dict[str, Options] = {}
-        self._timing_makers: dict[str, Callable[[str], Timing]] = {}
+        self._timing_makers: dict[str, TimingMaker] = {}
         self._phased: dict[str, IdPhasedInterval | None] = {}
         self._payloads: dict[bytes, bytes] = {}
 
@@ -211,15 +211,15 @@ class Decoder:
             self._options[text] = o
         return o
 
-    def timing(self, schedule_text: str, job_id: str) -> Timing:
+    def timing(self, schedule_text: str, job_id: str, namespace: str) -> Timing:
         make = self._timing_makers.get(schedule_text)
         if make is None:
             make = timing_maker(json.loads(schedule_text))
             if len(self._timing_makers) < 100_000:
                 self._timing_makers[schedule_text] = make
-        return make(job_id)
+        return make(job_id, namespace)
 
-    def job_timing(self, schedule_text: str, job_id: str) -> Timing | IdPhasedInterval:
+    def job_timing(self, schedule_text: str, job_id: str, namespace: str) -> Timing | IdPhasedInterval:
         """What an OwnedJob keeps of its timing: the one shared interval of a schedule phased by
         the job's id (see IdPhasedInterval), else the job's timing."""
         try:
@@ -228,7 +228,7 @@ class Decoder:
             phased = id_phased(json.loads(schedule_text), self._phased_from_ms)
             if len(self._phased) < 100_000:
                 self._phased[schedule_text] = phased
-        return self.timing(schedule_text, job_id) if phased is None else phased
+        return self.timing(schedule_text, job_id, namespace) if phased is None else phased
 
     def payload(self, text: str) -> bytes:
         # Equal small payloads (very common: {} or a fixed document per kind of job) share one
@@ -278,7 +278,7 @@ class Decoder:
             version,
             incarnation,
             sys.intern(namespace),
-            self.job_timing(schedule_text, id),
+            self.job_timing(schedule_text, id, namespace),
             self.target(target_text),
             self.payload(payload),
             self.retry(retry_text),

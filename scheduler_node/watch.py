@@ -267,7 +267,7 @@ class Watch:
         if end <= start:
             return [], since
         try:
-            timing = self._decoder.timing(job.schedule, job.id)
+            timing = self._decoder.timing(job.schedule, job.id, job.namespace)
             t = timing.next_after(start)
         except Exception as exc:  # noqa: BLE001 - one job's schedule never stops the watchdog
             log.warning("cannot compute the occurrences of a job: %s", exc, extra={"job_id": job.id})

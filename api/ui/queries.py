@@ -279,7 +279,7 @@ def last_results(conn: Connection, rows: Sequence[JobRow]) -> dict[str, LastResu
 def _complete(conn: Connection, raw: Sequence[Any], now_ms: int) -> list[JobRow]:
     rows = []
     for r in raw:
-        nxt = None if r.paused else timing_from_dict(r.schedule, r.id).next_after(now_ms)
+        nxt = None if r.paused else timing_from_dict(r.schedule, r.id, r.namespace).next_after(now_ms)
         rows.append(JobRow(r.id, r.namespace, r.name, r.schedule, r.paused, r.updated_at, r.incarnation, r.labels, nxt))
     last = last_results(conn, rows)
     return [replace(r, last=last.get(r.id)) for r in rows]

@@ -17,11 +17,13 @@ from cronman.timeutil import parse_iso
 Occurrence = tuple[str, int]
 
 
-def expected_occurrences(schedules: Mapping[str, dict[str, Any]], t0_ms: int, t1_ms: int) -> set[Occurrence]:
+def expected_occurrences(
+    schedules: Mapping[str, dict[str, Any]], t0_ms: int, t1_ms: int, namespace: str = "default"
+) -> set[Occurrence]:
     """Every (job, scheduled time) in [t0, t1) that the schedules give."""
     out: set[Occurrence] = set()
     for job_id, schedule in schedules.items():
-        timing = timing_from_dict(schedule, job_id)
+        timing = timing_from_dict(schedule, job_id, namespace)
         t = timing.next_after(t0_ms - 1)
         while t is not None and t < t1_ms:
             out.add((job_id, t))

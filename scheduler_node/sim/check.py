@@ -110,7 +110,7 @@ def check(sim: Sim) -> Report:
 
     # 1, 5: scheduled occurrences
     for plan in sim.jobs.values():
-        timing = timing_from_dict(plan.doc["schedule"], plan.id)
+        timing = timing_from_dict(plan.doc["schedule"], plan.id, plan.doc.get("namespace", "default"))
         events = int(plan.doc["options"].get("events_per_trigger", 1))
         overlap = plan.doc["options"].get("overlap_policy") == "skip"
         windows = _windows(plan, end)
@@ -419,7 +419,7 @@ def _misfires(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) -> N
             opts = plan.doc["options"]
             policy = opts.get("misfire_policy", "fire_once")
             overlap_skip = opts.get("overlap_policy") == "skip"
-            timing = timing_from_dict(plan.doc["schedule"], plan.id)
+            timing = timing_from_dict(plan.doc["schedule"], plan.id, plan.doc.get("namespace", "default"))
             missed: list[int] = []
             t = timing.next_after(int((stop + FUZZ) * 1000))
             while t is not None and t <= (back - FUZZ) * 1000:

@@ -141,11 +141,13 @@ class LedgerReceiver:
 Occurrence = tuple[str, int]  # (job id, scheduled ms)
 
 
-def expected_occurrences(schedules: Mapping[str, dict[str, Any]], t0_ms: int, t1_ms: int) -> set[Occurrence]:
+def expected_occurrences(
+    schedules: Mapping[str, dict[str, Any]], t0_ms: int, t1_ms: int, namespace: str = "default"
+) -> set[Occurrence]:
     """Every (job, scheduled time) the stored schedules give inside [t0, t1]."""
     out: set[Occurrence] = set()
     for job_id, schedule in schedules.items():
-        timing = timing_from_dict(schedule, job_id)
+        timing = timing_from_dict(schedule, job_id, namespace)
         t = timing.next_after(t0_ms - 1)
         for _ in range(1_000_000):  # bound: a window of minutes at one per second is far below this
             if t is None or t > t1_ms:

@@ -32,7 +32,7 @@ ISSUE_EXAMPLE = {
 
 
 def daily(tz: str = "UTC", at: str = "0 9 * * *") -> Timing:
-    return timing_from_dict({"type": "cron", "expression": at, "timezone": tz}, "job")
+    return timing_from_dict({"type": "cron", "expression": at, "timezone": tz}, "job", "default")
 
 
 def test_a_daily_job_skips_weekends_and_christmas() -> None:
@@ -131,7 +131,9 @@ def test_a_calendar_that_excludes_everything_gives_up() -> None:
 def test_excluded_days_at_a_midnight_that_does_not_exist() -> None:
     # Santiago springs forward at 24:00 on 2026-09-05: 6 September starts at 01:00 local (04:00Z)
     cal = calendar_from_dict({"timezone": "America/Santiago", "exclude": {"dates": ["2026-09-05"]}})
-    hourly = timing_from_dict({"type": "cron", "expression": "0 * * * *", "timezone": "America/Santiago"}, "j")
+    hourly = timing_from_dict(
+        {"type": "cron", "expression": "0 * * * *", "timezone": "America/Santiago"}, "j", "default"
+    )
     timing = CalendarTiming(hourly, (("c", cal),))
     assert iso(timing.next_after(parse_iso("2026-09-05T12:00:00Z")) or 0) == "2026-09-06T04:00:00Z"
 
@@ -216,7 +218,7 @@ def _excluded_slowly(cal: Calendar, instant_ms: int) -> bool:
 def test_the_next_occurrence_is_the_first_one_no_calendar_excludes(
     cals: list[Calendar], expression: str, tz: str, after: int
 ) -> None:
-    base = timing_from_dict({"type": "cron", "expression": expression, "timezone": tz}, "j")
+    base = timing_from_dict({"type": "cron", "expression": expression, "timezone": tz}, "j", "default")
     timing = CalendarTiming(base, tuple((f"c{i}", c) for i, c in enumerate(cals)))
     got = timing.next_after(after)
     t = base.next_after(after)

@@ -108,7 +108,7 @@ def _interval_schedules(draw: st.DrawFn) -> dict:
 @given(schedule=_interval_schedules(), job_id=st.text(min_size=1, max_size=40), after=st.lists(_instants, max_size=5))
 def test_a_jobs_timing_is_its_schedules_whichever_way_it_is_kept(schedule: dict, job_id: str, after: list[int]) -> None:
     job = _decoder().job(_schedule_row(job_id, schedule))
-    expected = timing_from_dict(schedule, job_id)
+    expected = timing_from_dict(schedule, job_id, "default")
     assert job.timing == expected
     for t in after:
         assert job.timing.next_after(t) == expected.next_after(t)
@@ -142,7 +142,7 @@ def test_a_new_version_of_a_phased_job_keeps_its_timer_entry_unless_its_interval
     firer.install(version(3, 7200), 1_790_000_000_000)
     assert firer._generation(firer.jobs["j"]) != generation  # (its earlier entries are stale)
     assert firer.jobs["j"].key >> _PLACE_BITS == timing_from_dict(
-        {"type": "interval", "every_seconds": 7200}, "j"
+        {"type": "interval", "every_seconds": 7200}, "j", "default"
     ).next_after(1_790_000_000_000)
 
 

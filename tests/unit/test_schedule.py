@@ -25,7 +25,7 @@ from cronman.timeutil import iso, parse_iso
 
 
 def times(schedule: dict, after: str, count: int, job_id: str = "job") -> list[str]:
-    return [iso(t) for t in next_times(timing_from_dict(schedule, job_id), parse_iso(after), count)]
+    return [iso(t) for t in next_times(timing_from_dict(schedule, job_id, "default"), parse_iso(after), count)]
 
 
 def cron(expression: str, tz: str = "UTC", **extra: str) -> dict:
@@ -151,7 +151,9 @@ def test_a_daily_job_fires_exactly_once_each_local_day_for_a_year(tz: str, local
     hh, mm = (int(x) for x in local.split(":"))
     zone = ZoneInfo(tz)
     start = datetime(2026, 1, 1, tzinfo=zone).astimezone(UTC)
-    fired = next_times(timing_from_dict(cron(f"{mm} {hh} * * *", tz), "j"), int(start.timestamp() * 1000) - 1, 365)
+    fired = next_times(
+        timing_from_dict(cron(f"{mm} {hh} * * *", tz), "j", "default"), int(start.timestamp() * 1000) - 1, 365
+    )
     walls = [datetime.fromtimestamp(t / 1000, UTC).astimezone(zone) for t in fired]
     assert [w.date() for w in walls] == [date(2026, 1, 1) + timedelta(days=i) for i in range(365)]
     for w in walls:
@@ -183,7 +185,7 @@ def test_interval_with_start_at_anchors_the_phase() -> None:
 def test_interval_without_start_at_is_spread_by_the_id() -> None:
     phases = {phase_for(f"job-{i}", 60_000) for i in range(1000)}
     assert len(phases) > 900  # spread over the minute, not all at :00
-    t = timing_from_dict({"type": "interval", "every_seconds": 60}, "job-7")
+    t = timing_from_dict({"type": "interval", "every_seconds": 60}, "job-7", "default")
     a = t.next_after(0)
     assert a is not None and a % 60_000 == phase_for("job-7", 60_000)
 

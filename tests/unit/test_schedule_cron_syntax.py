@@ -152,7 +152,7 @@ def test_several_expressions_fire_at_the_earliest_and_once_per_instant() -> None
         "expressions": ["0 9 * * MON-FRI", "0 12 * * SAT,SUN", "0 9 * * 1"],  # Monday 09:00 twice
         "timezone": "Europe/Berlin",
     }
-    got = [iso(t) for t in next_times(timing_from_dict(schedule, "j"), parse_iso("2026-06-05T12:00:00Z"), 5)]
+    got = [iso(t) for t in next_times(timing_from_dict(schedule, "j", "default"), parse_iso("2026-06-05T12:00:00Z"), 5)]
     assert got == [
         "2026-06-06T10:00:00Z",
         "2026-06-07T10:00:00Z",
@@ -175,7 +175,9 @@ def test_dst_policies_apply_to_each_expression() -> None:
             "timezone": "America/New_York",
             "dst_gap": gap,
         }
-        got = [iso(t) for t in next_times(timing_from_dict(schedule, "j"), parse_iso("2026-03-08T05:00:00Z"), 2)]
+        got = [
+            iso(t) for t in next_times(timing_from_dict(schedule, "j", "default"), parse_iso("2026-03-08T05:00:00Z"), 2)
+        ]
         assert got == expected
     schedule = {
         "type": "cron",
@@ -183,7 +185,7 @@ def test_dst_policies_apply_to_each_expression() -> None:
         "timezone": "America/New_York",
         "dst_fold": "both",
     }
-    got = [iso(t) for t in next_times(timing_from_dict(schedule, "j"), parse_iso("2026-11-01T04:00:00Z"), 3)]
+    got = [iso(t) for t in next_times(timing_from_dict(schedule, "j", "default"), parse_iso("2026-11-01T04:00:00Z"), 3)]
     assert got == ["2026-11-01T05:30:00Z", "2026-11-01T06:30:00Z", "2026-11-01T17:00:00Z"]
 
 
@@ -194,13 +196,15 @@ def test_several_expressions_with_bounds() -> None:
         "start_at": "2026-01-01T05:15:00Z",
         "end_at": "2026-01-01T07:00:00Z",
     }
-    got = [iso(t) for t in next_times(timing_from_dict(schedule, "j"), parse_iso("2025-01-01T00:00:00Z"), 10)]
+    got = [
+        iso(t) for t in next_times(timing_from_dict(schedule, "j", "default"), parse_iso("2025-01-01T00:00:00Z"), 10)
+    ]
     assert got == ["2026-01-01T05:30:00Z", "2026-01-01T06:00:00Z", "2026-01-01T06:30:00Z", "2026-01-01T07:00:00Z"]
 
 
 def test_an_empty_list_of_expressions_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one"):
-        timing_from_dict({"type": "cron", "expressions": []}, "j")
+        timing_from_dict({"type": "cron", "expressions": []}, "j", "default")
 
 
 # ---------------------------------------------------------------------------------------- validation
@@ -217,15 +221,25 @@ def test_an_empty_list_of_expressions_is_refused() -> None:
         ("0 0 * * 1#6", "the week must be 1 to 5"),
         ("0 0 * * 9#2", "'9' is not a weekday"),
         ("0 0 * * L", "L needs a weekday"),
-        ("0 0 L-2 * *", "day-of-month field 'L-2'"),
+        ("0 0 L-31 * *", "day-of-month field 'L-31'"),
+        ("0 0 L-2-3 * *", "day-of-month field 'L-2-3'"),
         ("0 0 ? * ? ?", "hour field"),
         ("* * * *", "got 4"),
         ("0 0 7 * * * 2027", "got 7"),
         ("", "got 0"),
         ("@sometimes", "unknown cron alias"),
         ("@daily 5", "unknown cron alias"),
-        ("R * * * *", "random (R) and hashed (H)"),
-        ("0 H * * *", "hour field 'H'"),
+        ("R * * * *", "random (R) values are not supported"),
+        ("0 H(20-30) * * *", "hour field 'H(20-30)'"),
+        ("H(9-5) * * * *", "minute field 'H(9-5)'"),
+        ("H/61 * * * *", "the step must be from 1 to 60"),
+        ("0 0 H(5-9)/6 * *", "the step must be from 1 to 5"),
+        ("0 0 H(29-31) 2 *", "never fires for some jobs"),
+        ("0 0 31 H *", "never fires for some jobs"),
+        ("20-20/0 * * * *", "the step '0'"),
+        ("0 0 * * 8-9", "day-of-week field '8-9'"),
+        ("0 0 * JAN-FOO *", "month field 'JAN-FOO'"),
+        ("1,,2 * * * *", "minute field '1,,2'"),
         ("0 0 31 2 *", "never fires"),
         ("0 0 30 2 *", "never fires"),
         ("0 0 ١ * *", "day-of-month field"),
@@ -248,18 +262,30 @@ def test_invalid_expressions_say_what_is_wrong(expression: str, says: str) -> No
         "0 0 * * MON,5L",
         "@annually",
         "*/5 * * * * *",
+        "0 0 L-2 * *",
+        "0 0 L-3W,15 * *",
+        "25 20-20 * * *",
+        "11-58/55 * * * *",
+        "0 22-2 * * FRI-MON",
+        "H H * * *",
+        "H/15 H(0-7) * * *",
+        "H(0-29)/10 * * * 1-5",
+        "0 0 H H *",
+        "0 0 H(1-31) * *",
     ],
 )
 def test_valid_expressions(expression: str) -> None:
     assert validate_cron(expression) is None
 
 
-def test_stored_random_and_hashed_expressions_still_build_the_same_timing_everywhere() -> None:
-    # refused at the door since this version; one stored earlier gets a value derived from its text
+def test_stored_random_values_are_read_as_hashed_ones() -> None:
+    # refused at the door; one stored earlier is read as H: the same times on every node and run
     schedule = {"type": "cron", "expression": "R H * * *"}
-    first = next_times(timing_from_dict(schedule, "a"), 0, 5)
+    first = next_times(timing_from_dict(schedule, "a", "default"), 0, 5)
     parse_cron.cache_clear()
-    assert next_times(timing_from_dict(schedule, "b"), 0, 5) == first
+    assert next_times(timing_from_dict(schedule, "a", "default"), 0, 5) == first
+    hashed = {"type": "cron", "expression": "H H * * *"}
+    assert next_times(timing_from_dict(hashed, "a", "default"), 0, 5) == first
     assert len({(t // 60_000) % 60 for t in first}) == 1  # one fixed minute
 
 

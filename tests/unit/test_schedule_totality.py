@@ -103,7 +103,7 @@ def test_misfire_plans_are_bounded_anywhere(
     schedule: dict, since: int, width: int, policy: MisfirePolicy, catchup: int
 ) -> None:
     started = time.perf_counter()
-    p = plan(timing_from_dict(schedule, "job"), since, since + width, policy, catchup)
+    p = plan(timing_from_dict(schedule, "job", "default"), since, since + width, policy, catchup)
     assert time.perf_counter() - started < 60  # bounded, not fast: a per-second job counts 10,000
     assert len(p.fire) <= MAX_COUNTED and len(p.skip) <= MAX_RECORDED and p.skipped_total <= MAX_COUNTED
     assert all(since < t <= since + width for t in p.fire + p.skip)
@@ -113,7 +113,7 @@ def test_misfire_plans_are_bounded_anywhere(
 def test_misfire_finds_the_latest_of_an_uneven_schedule() -> None:
     # every second from 03:00 to 05:59 each day: a day-long outage holds 10,800 occurrences, all in
     # one stretch; the plan still names the latest and the 100 before it
-    timing = timing_from_dict({"type": "cron", "expression": "* * 3-5 * * *"}, "j")
+    timing = timing_from_dict({"type": "cron", "expression": "* * 3-5 * * *"}, "j", "default")
     since, until = parse_iso("2026-01-01T12:00:00Z"), parse_iso("2026-01-02T12:00:00Z")
     p = plan(timing, since, until, MisfirePolicy.FIRE_ONCE, 3_600_000)
     assert p.fire == [parse_iso("2026-01-02T05:59:59Z")]

@@ -16,7 +16,7 @@ from cronman.schedule import IntervalTiming, JitteredTiming, next_times, timing_
 def test_ten_thousand_minutely_jobs_do_not_fire_in_one_second() -> None:
     per_second: Counter[int] = Counter()
     for i in range(10_000):
-        t = timing_from_dict({"type": "interval", "every_seconds": 60}, f"tenant-{i % 37}-job-{i}")
+        t = timing_from_dict({"type": "interval", "every_seconds": 60}, f"tenant-{i % 37}-job-{i}", "default")
         first = t.next_after(1_790_000_000_000)
         assert first is not None
         per_second[(first // 1000) % 60] += 1
@@ -27,7 +27,7 @@ def test_ten_thousand_minutely_jobs_do_not_fire_in_one_second() -> None:
 
 def test_jitter_spreads_jobs_due_at_the_same_instant() -> None:
     schedule = {"type": "cron", "expression": "0 * * * *", "jitter_seconds": 60}
-    firsts = [timing_from_dict(schedule, f"job-{i}").next_after(-1) for i in range(5000)]  # all due at 0
+    firsts = [timing_from_dict(schedule, f"job-{i}", "default").next_after(-1) for i in range(5000)]  # all due at 0
     assert all(f is not None and 0 <= f < 60_000 for f in firsts)
     per_second = Counter((f or 0) // 1000 for f in firsts)
     assert len(per_second) == 60 and max(per_second.values()) < 3 * 5000 / 60
@@ -83,7 +83,7 @@ def test_misfire_records_a_bounded_number_of_rows_for_a_long_outage() -> None:
 
 def test_misfire_with_nothing_missed() -> None:
     assert plan(minutely(), 0, 59_000, MisfirePolicy.FIRE_ONCE, 1).last_missed is None
-    once = timing_from_dict({"type": "once", "at": "2026-01-01T00:00:00Z"}, "j")
+    once = timing_from_dict({"type": "once", "at": "2026-01-01T00:00:00Z"}, "j", "default")
     assert next_times(once, 0, 2) and plan(once, 0, 10**13, MisfirePolicy.SKIP, 1).skipped_total == 1
 
 

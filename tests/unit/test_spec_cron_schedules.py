@@ -33,7 +33,7 @@ def test_several_expressions_fire_at_the_earliest_of_each() -> None:
     stored = job.schedule.model_dump(mode="json", exclude_none=True)
     assert stored["expressions"] == ["0 9 * * 1-5", "0 12 L * *"] and "expression" not in stored
     after = to_ms(datetime(2026, 1, 29, tzinfo=UTC))
-    times = [iso(t) for t in next_times(timing_from_dict(stored, "j"), after, 4)]
+    times = [iso(t) for t in next_times(timing_from_dict(stored, "j", "default"), after, 4)]
     # Thu 29th 09:00, Fri 30th 09:00, Sat 31st 12:00 (last day), Mon 2 Feb 09:00 (CET = UTC+1)
     assert times == ["2026-01-29T08:00:00Z", "2026-01-30T08:00:00Z", "2026-01-31T11:00:00Z", "2026-02-02T08:00:00Z"]
 
@@ -91,7 +91,7 @@ def test_a_jittered_every_second_schedule_stays_cheap_and_complete() -> None:
     stored = parse_job(_job(expression="* * * * * *", jitter_seconds=1)).schedule.model_dump(
         mode="json", exclude_none=True
     )
-    timing = timing_from_dict(stored, "j")
+    timing = timing_from_dict(stored, "j", "default")
     start = to_ms(datetime(2026, 3, 1, tzinfo=UTC))
     t0 = time.perf_counter()
     times = next_times(timing, start, 3600)
