@@ -82,32 +82,32 @@ class DayRule:
 
     def days(self, ndays: int, first_weekday: int) -> tuple[int, ...]:
         """The matching days of a month of ``ndays`` days whose 1st is ``first_weekday`` (0 = Monday)."""
-        return tuple(d for d in range(1, ndays + 1) if self._matches(d, ndays, first_weekday))
-
-    def _matches(self, d: int, ndays: int, first_weekday: int) -> bool:
-        if self.dom_restricted and self.dow_restricted:
-            return self._dom(d, ndays, first_weekday) or self._dow(d, ndays, first_weekday)
+        if not (self.dom_restricted or self.dow_restricted):
+            return tuple(range(1, ndays + 1))
+        found: set[int] = set()
         if self.dom_restricted:
-            return self._dom(d, ndays, first_weekday)
+            found |= self._dom_days(ndays, first_weekday)
         if self.dow_restricted:
-            return self._dow(d, ndays, first_weekday)
-        return True
+            found |= self._dow_days(ndays, first_weekday)
+        return tuple(sorted(found))
 
-    def _dom(self, d: int, ndays: int, first_weekday: int) -> bool:
-        return (
-            d in self.dom
-            or (ndays - d) in self.from_last
-            or any(d == nearest_weekday(ndays - n, ndays, first_weekday) for n in self.nearest_from_last if n < ndays)
-            or any(d == nearest_weekday(n, ndays, first_weekday) for n in self.nearest)
-        )
+    def _dom_days(self, ndays: int, first_weekday: int) -> set[int]:
+        found = {d for d in self.dom if d <= ndays}
+        found.update(ndays - n for n in self.from_last if n < ndays)
+        found.update(nearest_weekday(ndays - n, ndays, first_weekday) for n in self.nearest_from_last if n < ndays)
+        found.update(nearest_weekday(n, ndays, first_weekday) for n in self.nearest)
+        return found
 
-    def _dow(self, d: int, ndays: int, first_weekday: int) -> bool:
-        weekday = (first_weekday + d) % 7  # cron numbering: (Monday=0 based + 1) % 7, 0 = Sunday
-        return (
-            weekday in self.dow
-            or (weekday, (d - 1) // 7 + 1) in self.nth
-            or (weekday in self.last_dow and d + 7 > ndays)
-        )
+    def _dow_days(self, ndays: int, first_weekday: int) -> set[int]:
+        def first(weekday: int) -> int:  # the first day of the month that is this cron weekday (0 = Sunday)
+            return (weekday - first_weekday - 1) % 7 + 1
+
+        found: set[int] = set()
+        for weekday in self.dow:
+            found.update(range(first(weekday), ndays + 1, 7))
+        found.update(d for weekday, n in self.nth if (d := first(weekday) + 7 * (n - 1)) <= ndays)
+        found.update(first(weekday) + 7 * ((ndays - first(weekday)) // 7) for weekday in self.last_dow)
+        return found
 
 
 def nearest_weekday(n: int, ndays: int, first_weekday: int) -> int:
@@ -468,12 +468,21 @@ def has_hashed(expression: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- expressions
-@lru_cache(maxsize=4096)
 def parse_cron(expression: str, *, stored: bool = False, identity: str = "") -> CronExpr:
     """Parse an expression; raise CronSyntaxError with a message naming the field at fault.
 
     ``H`` values are those of the job ``identity`` (see :func:`resolve_hashed`); ``stored=True``
     reads ``R`` as ``H`` (documents stored before ``R`` was refused) instead of refusing it."""
+    low = expression.lower()
+    if stored and "r" not in low:  # one cache entry for what stored or not reads alike
+        stored = False
+    if "h" not in low and "r" not in low:
+        identity = ""
+    return _parse_cached(expression, stored, identity)
+
+
+@lru_cache(maxsize=4096)
+def _parse_cached(expression: str, stored: bool, identity: str) -> CronExpr:
     return _parse(expression, stored, identity)
 
 
@@ -486,7 +495,7 @@ def _parse(expression: str, stored: bool = False, identity: str = "") -> CronExp
         seconds=tuple(sorted(plain.get("second", (0,)))),
         minutes=tuple(sorted(plain["minute"])),
         hours=tuple(sorted(plain["hour"])),
-        months=tuple(m for m in sorted(plain["month"]) if _month_can_match(day, m)),
+        months=_months_that_can_match(day, plain["month"]),
         day=day,
     )
 
@@ -581,8 +590,16 @@ def _weekday(token: str, text: str) -> int:
 _MONTH_LENGTHS = {2: (28, 29), 4: (30,), 6: (30,), 9: (30,), 11: (30,)}
 
 
-def _month_can_match(day: DayRule, month: int) -> bool:
-    return any(day.days(n, w) for n in _MONTH_LENGTHS.get(month, (31,)) for w in range(7))
+def _months_that_can_match(day: DayRule, months: frozenset[int]) -> tuple[int, ...]:
+    """The months in which some day matches, in some year: by month length, each looked at once."""
+    lengths: dict[int, bool] = {}
+
+    def some_day(ndays: int) -> bool:
+        if ndays not in lengths:
+            lengths[ndays] = any(day.days(ndays, w) for w in range(7))
+        return lengths[ndays]
+
+    return tuple(m for m in sorted(months) if any(some_day(n) for n in _MONTH_LENGTHS.get(m, (31,))))
 
 
 # ---------------------------------------------------------------------------------------- validation

@@ -31,8 +31,8 @@ class Model:
     hours: frozenset[int]
     months: frozenset[int]
     dom: frozenset[int] = frozenset()
-    last_day: bool = False
-    last_weekday: bool = False
+    from_last: frozenset[int] = frozenset()  # L (0), L-n
+    nearest_from_last: frozenset[int] = frozenset()  # LW (0), L-nW
     nearest: frozenset[int] = frozenset()
     dom_restricted: bool = False
     dow: frozenset[int] = frozenset()  # 0 = Sunday
@@ -67,11 +67,15 @@ class Model:
     def _dom(self, year: int, month: int, day: int) -> bool:
         ndays = calendar.monthrange(year, month)[1]
         weekdays = [d for d in range(1, ndays + 1) if calendar.weekday(year, month, d) < 5]
+
+        def nearest(n: int) -> int:  # the weekday of the month closest to day n (the earlier of two)
+            return min(weekdays, key=lambda d: (abs(d - min(n, ndays)), d))
+
         return (
             day in self.dom
-            or (self.last_day and day == ndays)
-            or (self.last_weekday and day == weekdays[-1])
-            or any(day == min(weekdays, key=lambda d: abs(d - min(n, ndays))) for n in self.nearest)
+            or ndays - day in self.from_last
+            or any(day == nearest(ndays - n) for n in self.nearest_from_last if n < ndays)
+            or any(day == nearest(n) for n in self.nearest)
         )
 
     def _dow(self, year: int, month: int, day: int) -> bool:
@@ -97,26 +101,35 @@ def _day_matches(model: Model, year: int, month: int, day: int) -> bool:
 def _element(
     draw: st.DrawFn, low: int, high: int, names: list[str] | None, name_base: int, step_high: int
 ) -> tuple[str, set[int]]:
+    """One list element and its values: ranges with equal ends and wrapping ones, steps longer
+    than their range included."""
+
     def show(v: int) -> str:
         if names and 0 <= v - name_base < len(names) and draw(st.booleans()):
             return names[v - name_base].upper() if draw(st.booleans()) else names[v - name_base]
         return str(v)
 
-    kind = draw(st.sampled_from(["value", "value", "range", "step", "range_step", "start_step"]))
+    size = high - low + 1
+    kind = draw(st.sampled_from(["value", "value", "range", "step", "range_step", "start_step", "wrap"]))
     if kind == "value":
         v = draw(st.integers(low, high))
         return show(v), {v}
     if kind == "step":
-        n = draw(st.integers(1, high - low + 1))
+        n = draw(st.integers(1, 2 * size))
         return f"*/{n}", set(range(low, step_high + 1, n))
-    a = draw(st.integers(low, high - 1))
+    a = draw(st.integers(low, high))
     if kind == "start_step":
-        n = draw(st.integers(1, high - low + 1))
-        return f"{show(a)}/{n}", set(range(a, step_high + 1, n))
-    b = draw(st.integers(a + 1, high))
+        n = draw(st.integers(1, 2 * size))
+        return f"{show(a)}/{n}", set(range(a, max(a, step_high) + 1, n))
+    if kind == "wrap" and names != _DAYS and a > low:  # a-b with b < a: a..high, then low..b
+        b = draw(st.integers(low, a - 1))
+        n = draw(st.integers(1, 2 * size))
+        around = [*range(a, high + 1), *range(low, b + 1)]
+        return f"{show(a)}-{show(b)}/{n}", set(around[::n])
+    b = draw(st.integers(a, high))  # equal ends too
     if kind == "range":
         return f"{show(a)}-{show(b)}", set(range(a, b + 1))
-    n = draw(st.integers(1, b - a + 1))
+    n = draw(st.integers(1, 2 * size))
     return f"{show(a)}-{show(b)}/{n}", set(range(a, b + 1, n))
 
 
@@ -152,7 +165,8 @@ def expressions(draw: st.DrawFn, extended: bool = True, star: float = 0.3) -> Mo
     mon_text, months = _plain_field(draw, 1, 12, _MONTHS, 1, star=0.7)
     dom_parts: list[str] = []
     dom: set[int] = set()
-    last_day = last_weekday = False
+    from_last: set[int] = set()
+    nearest_from_last: set[int] = set()
     nearest: set[int] = set()
     choice = draw(st.sampled_from(["*", "?", "plain", "special"] if extended else ["*", "plain"]))
     if choice in ("*", "?"):
@@ -163,19 +177,23 @@ def expressions(draw: st.DrawFn, extended: bool = True, star: float = 0.3) -> Mo
             dom_parts.append(text)
         if choice == "special":
             for _ in range(draw(st.integers(1, 2))):
-                kind = draw(st.sampled_from(["L", "LW", "W"]))
+                kind = draw(st.sampled_from(["L", "LW", "W", "L-n", "L-nW"]))
                 if kind == "L":
-                    last_day = True
+                    from_last.add(0)
                     dom_parts.append(draw(st.sampled_from(["L", "l"])))
                 elif kind == "LW":
-                    last_weekday = True
+                    nearest_from_last.add(0)
                     dom_parts.append("LW")
+                elif kind in ("L-n", "L-nW"):
+                    n = draw(st.integers(0, 30))
+                    (nearest_from_last if kind == "L-nW" else from_last).add(n)
+                    dom_parts.append(f"L-{n}W" if kind == "L-nW" else f"L-{n}")
                 else:
                     n = draw(st.integers(1, 31))
                     nearest.add(n)
                     dom_parts.append(draw(st.sampled_from([f"{n}W", f"W{n}"])))
     dom_restricted = dom_parts[0] not in ("*", "?") and (
-        dom != set(range(1, 32)) or bool(last_day or last_weekday or nearest)
+        dom != set(range(1, 32)) or bool(from_last or nearest_from_last or nearest)
     )
     dow_parts: list[str] = []
     dow: set[int] = set()
@@ -210,8 +228,8 @@ def expressions(draw: st.DrawFn, extended: bool = True, star: float = 0.3) -> Mo
         hours=frozenset(hours),
         months=frozenset(months),
         dom=frozenset(dom),
-        last_day=last_day,
-        last_weekday=last_weekday,
+        from_last=frozenset(from_last),
+        nearest_from_last=frozenset(nearest_from_last),
         nearest=frozenset(nearest),
         dom_restricted=dom_restricted,
         dow=frozenset(dow),
