@@ -12,6 +12,8 @@ from typing import Any
 
 from cron_descriptor import CasingTypeEnum, ExpressionDescriptor, FormatException, Options
 
+from cronman.schedule import cron_expressions, resolved_expressions
+
 _UNITS = (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1))
 _ALIASES = {
     "@yearly": "0 0 1 1 *",
@@ -87,13 +89,24 @@ def _bounds(schedule: dict[str, Any]) -> list[str]:
     return out
 
 
-def describe_schedule(schedule: dict[str, Any]) -> str:
-    """The schedule of a stored job in one sentence."""
+def _hashed_words(written: str, resolved: str) -> str:
+    """An expression with hashed (H) values as this job's times, saying what was written."""
+    return cron_words(resolved) if resolved == written else f"{cron_words(resolved)} ({written} for this job)"
+
+
+def describe_schedule(schedule: dict[str, Any], job_id: str | None = None, namespace: str = "") -> str:
+    """The schedule of a stored job in one sentence; with the job's id and namespace, hashed (H)
+    cron values are shown as the job's times."""
     kind = schedule.get("type")
     if kind == "cron":
         zone = schedule.get("timezone") or "UTC"
-        expressions = schedule.get("expressions") or [schedule["expression"]]
-        head = f"{'; or '.join(cron_words(e) for e in expressions)} ({zone})"
+        expressions = cron_expressions(schedule)
+        if job_id is not None:
+            resolved = resolved_expressions(schedule, job_id, namespace)
+            words = [_hashed_words(e, r) for e, r in zip(expressions, resolved, strict=True)]
+        else:
+            words = [cron_words(e) for e in expressions]
+        head = f"{'; or '.join(words)} ({zone})"
     elif kind == "interval":
         head = _interval(schedule)
     elif kind == "once":

@@ -265,7 +265,7 @@ def job(job_id: str) -> Response:
         paused_reason=paused_reason_of(record.paused, record.paused_reason, iso_dt(record.updated_at)),
         state=_state(row, upcoming, history["executions"]),
         record=record,
-        words=describe_schedule(record.schedule),
+        words=describe_schedule(record.schedule, record.id, record.namespace),
         zone_name=zone_name,
         upcoming=upcoming,
         calendars=calendars,
