@@ -113,9 +113,13 @@ class CronSchedule(_Bounds):
         None,
         max_length=200,
         description="5 fields (minute hour day-of-month month day-of-week), or 6 with a leading seconds field, "
-        "or an alias (@yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly). Day fields take L "
-        "(last day), LW (last weekday), 15W (weekday nearest the 15th), 6#3 (third Saturday) and 5L (last "
-        "Friday). Exactly one of expression and expressions.",
+        "or an alias (@yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly). A field is a list of "
+        "*, values (names for months and weekdays; 0 and 7 are Sunday), ranges a-b (equal ends: the one value; "
+        "a > b wraps) and steps (*/n, a/n, a-b/n). Day fields take ? (as *), L (last day), L-2 (two days "
+        "before it), LW (last weekday), L-2W, 15W (weekday nearest the 15th), 6#3 (third Saturday) and 5L "
+        "(last Friday); when both day fields restrict, a day matching either fires. H, H/15, H(0-29) and "
+        "H(0-29)/10 are hashed from the job's namespace and id (the same on every node). Exactly one of "
+        "expression and expressions.",
         examples=["0 7 * * *"],
     )
     expressions: list[Annotated[PlainStr, Field(max_length=200)]] | None = Field(
