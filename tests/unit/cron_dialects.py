@@ -12,6 +12,7 @@ that the other dialect cannot express it (None); what it rewrites is listed in D
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -201,9 +202,8 @@ class Drawn:
 
 # ---------------------------------------------------------------------------------------- drawing
 class Source:
-    """Choices read from bytes Hypothesis draws (one draw of many bytes is far cheaper than many
-    draws): each byte picks among the options, a zero byte the simplest; past the end, zeros. So
-    Hypothesis still explores and shrinks (towards zero bytes: simpler expressions)."""
+    """Choices read from bytes: each picks among the options (a zero byte the simplest); past the
+    end, zeros."""
 
     def __init__(self, data: bytes) -> None:
         self.data, self.i = data, 0
@@ -292,18 +292,19 @@ def drawn(src: Source, wrap: bool = True, day_star: float = 0.4, debian: bool = 
 _BYTES = 200  # per expression: more than the most it reads
 
 
-def batches(size: int, **kwargs: object) -> st.SearchStrategy[list[tuple[Drawn, Source]]]:
+def batches(size: int, **kwargs: bool | float) -> st.SearchStrategy[list[tuple[Drawn, Source]]]:
     """``size`` expressions a Hypothesis example at a time, each with the rest of its bytes (for
-    drawing an instant and a zone)."""
+    drawing an instant and a zone). The bytes come from a generator Hypothesis seeds: drawing them
+    one by one through Hypothesis took most of the test's time."""
 
-    def decode(data: bytes) -> list[tuple[Drawn, Source]]:
+    def decode(rng: random.Random) -> list[tuple[Drawn, Source]]:
         out = []
-        for k in range(size):
-            src = Source(data[k * _BYTES : (k + 1) * _BYTES])
+        for _ in range(size):
+            src = Source(rng.randbytes(_BYTES))
             out.append((drawn(src, **kwargs), src))  # type: ignore[arg-type]
         return out
 
-    return st.binary(min_size=_BYTES * size, max_size=_BYTES * size).map(decode)
+    return st.randoms(use_true_random=True).map(decode)
 
 
 # ---------------------------------------------------------------------------------------- meaning
