@@ -179,3 +179,16 @@ def test_notification_rules(cli: Any, tmp_path: Path) -> None:
     assert json.loads(cli("notifications", "list", "-o", "json").out)[0]["min_interval_seconds"] == 60
     assert cli("notifications", "delete", "oncall").rc == 0
     assert cli("notifications", "list").out.splitlines()[1:] == []
+
+
+def test_next_shows_the_jobs_hashed_times(cli: Any, cron: Client) -> None:
+    from cronman.schedule import next_times, timing_from_dict
+    from cronman.timeutil import iso, parse_iso
+
+    schedule = {"type": "cron", "expression": "H H(2-4) * * *"}
+    cron.create_job(job("nightly-h", schedule=schedule))
+    after = "2030-03-08T00:00:00Z"
+    r = cli("jobs", "next", "nightly-h", "--count", "3", "--after", after, "-o", "json")
+    expected = next_times(timing_from_dict(schedule, "nightly-h", "default"), parse_iso(after), 3)
+    assert json.loads(r.out) == [iso(t) for t in expected]
+    assert all(2 <= int(t[11:13]) <= 4 for t in json.loads(r.out))
