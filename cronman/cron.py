@@ -26,11 +26,10 @@ Day fields take more:
   do not). When both are, a day matches when either does (the classic cron OR); when one is,
   it alone decides.
 
-``H`` (hashed) values, as Jenkins has them: ``H`` (one value of the field), ``H/15`` (every 15th
-from an offset below 15), ``H(0-29)`` and ``H(0-29)/10``, chosen by a hash of the job's namespace
-and id (:func:`resolve_hashed`), so every node computes the same times and many jobs written
-``H * * * *`` spread over the hour. A hashed day of the month is 1-28. Random (``R``) values are
-refused. Where cron dialects differ, docs/api.md says which way cronman reads an expression.
+``H`` (hashed) values, as Jenkins has them (``H``, ``H/15``, ``H(0-29)``, ``H(0-29)/10``), come
+from the job's namespace and id (`cronman.cron_hash`); the plain grammar of the fields is in
+`cronman.cron_fields`. Where cron dialects differ, docs/api.md says which way cronman reads an
+expression.
 
 Evaluation is O(months searched) with per-month day sets cached by (month length, weekday of the
 1st), so one call costs microseconds even for expressions that match once in decades.
@@ -44,26 +43,41 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from datetime import date
 from functools import lru_cache
-from hashlib import blake2b
 from itertools import product
 from math import prod
 
-ALIASES = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
+from cronman.cron_fields import (
+    ALIASES,
+    DAY_NAMES,
+    DAY_OF_MONTH,
+    DAY_OF_WEEK,
+    MONTH,
+    CronSyntaxError,
+    Field,
+    bad,
+    plain,
+    split_fields,
+)
+from cronman.cron_hash import (
+    MAX_HASHED_OUTCOMES,
+    Hashed,
+    has_hashed,
+    hashed_as_any,
+    hashed_tokens,
+    job_identity,
+    resolve_hashed,
+    time_outcomes,
+    with_outcomes,
+)
+
+_NEAREST = re.compile(r"^(?:([0-9]{1,2})w|w([0-9]{1,2}))$", re.ASCII)
+_FROM_LAST = re.compile(r"^l(?:-([0-9]{1,2}))?(w?)$", re.ASCII)
+_NTH = re.compile(r"^([a-z0-9]+)#([0-9]+)$", re.ASCII)
+_LAST_DOW = re.compile(r"^(?:([a-z0-9]+)l|l([a-z0-9]+))$", re.ASCII)
+
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 MAX_YEAR = 9998  # walls past this are never produced (datetime stops at 9999)
 _DAY = 86_400
-
-
-class CronSyntaxError(ValueError):
-    """An expression cronman cannot use; the message names the field and what is wrong."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,252 +235,6 @@ _MAX_ORDINAL = date(MAX_YEAR, 12, 31).toordinal()
 _MONTH_DAYS = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
-# ---------------------------------------------------------------------------------------- parsing
-@dataclass(frozen=True, slots=True)
-class _Field:
-    name: str
-    low: int
-    high: int
-    names: tuple[str, ...] = ()  # names[i] is the value low + i (or 0 + i for weekdays)
-    step_end: int = -1  # where `*/n` and `a/n` stop (the field's end unless said)
-    allowed: str = ""
-
-    @property
-    def end(self) -> int:
-        return self.high if self.step_end < 0 else self.step_end
-
-
-_MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-_DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
-SECOND = _Field("second", 0, 59, allowed="0-59")
-MINUTE = _Field("minute", 0, 59, allowed="0-59")
-HOUR = _Field("hour", 0, 23, allowed="0-23")
-DAY_OF_MONTH = _Field("day-of-month", 1, 31, allowed="1-31, L, L-2, LW, L-2W, 15W")
-MONTH = _Field("month", 1, 12, _MONTH_NAMES, allowed="1-12 or JAN-DEC")
-DAY_OF_WEEK = _Field(
-    "day-of-week", 0, 7, _DAY_NAMES, step_end=6, allowed="0-7 or SUN-SAT (0 and 7 are Sunday), 6#3, 5L"
-)
-FIELDS_5 = (MINUTE, HOUR, DAY_OF_MONTH, MONTH, DAY_OF_WEEK)
-FIELDS_6 = (SECOND, *FIELDS_5)
-
-_NUMBER = re.compile(r"[0-9]{1,4}", re.ASCII)
-_NEAREST = re.compile(r"^(?:([0-9]{1,2})w|w([0-9]{1,2}))$", re.ASCII)
-_FROM_LAST = re.compile(r"^l(?:-([0-9]{1,2}))?(w?)$", re.ASCII)
-_NTH = re.compile(r"^([a-z0-9]+)#([0-9]+)$", re.ASCII)
-_LAST_DOW = re.compile(r"^(?:([a-z0-9]+)l|l([a-z0-9]+))$", re.ASCII)
-_RANDOM = re.compile(r"^r(\([0-9]+-[0-9]+\))?(/[0-9]+)?$", re.ASCII | re.IGNORECASE)
-
-
-def _bad(field: _Field, text: str, why: str) -> CronSyntaxError:
-    return CronSyntaxError(
-        f"{field.name} field {text[:40]!r} is not valid: {why} (allowed: {field.allowed}, lists, ranges, steps, *)"
-    )
-
-
-def _value(field: _Field, token: str, text: str) -> int:
-    """A number or a name of the field, within its bounds."""
-    if _NUMBER.fullmatch(token):
-        v = int(token)
-        if not field.low <= v <= field.high:
-            raise _bad(field, text, f"{token} is outside {field.low}-{field.high}")
-        return v
-    low = token.lower()
-    if low in field.names:
-        return field.names.index(low) + (0 if field is DAY_OF_WEEK else field.low)
-    raise _bad(field, text, f"{token!r} is not a value")
-
-
-def _step(field: _Field, token: str, text: str) -> int:
-    if not _NUMBER.fullmatch(token) or int(token) < 1:
-        raise _bad(field, text, f"the step {token!r} must be a whole number from 1")
-    return int(token)
-
-
-def _cycle(field: _Field) -> tuple[int, int]:
-    """The values a wrapping range runs through: weekdays as 0-6 (7 is Sunday, 0)."""
-    return (0, 6) if field is DAY_OF_WEEK else (field.low, field.high)
-
-
-def _element(field: _Field, token: str, text: str) -> set[int]:
-    """The values of one list element: ``*``, ``v``, ``a-b`` (wrapping when a > b), each with an
-    optional ``/step``; ``*/n`` and ``v/n`` run to the field's end (Saturday for weekdays)."""
-    base, slash, step_text = token.partition("/")
-    step = _step(field, step_text, text) if slash else 1
-    if base == "*":
-        return set(range(field.low, field.end + 1, step))
-    first, dash, last = base.partition("-")
-    a = _value(field, first, text)
-    if not dash:
-        return set(range(a, max(a, field.end) + 1, step)) if slash else {a}
-    b = _value(field, last, text)
-    if a <= b:
-        return set(range(a, b + 1, step))
-    low, high = _cycle(field)
-    a, b = a if a <= high else a - 7, b  # weekdays: 7 is Sunday (0)
-    if a <= b:
-        return set(range(a, b + 1, step))
-    size = high - low + 1
-    return {low + (v - low) % size for v in range(a, b + size + 1, step)}
-
-
-def _plain(field: _Field, text: str) -> frozenset[int]:
-    """A field without day specials: its values (weekdays 0-6, Sunday 0)."""
-    values: set[int] = set()
-    for token in text.split(","):
-        values |= _element(field, token, text)
-    if field is DAY_OF_WEEK:
-        values = {v % 7 for v in values}
-    return frozenset(values)
-
-
-# ---------------------------------------------------------------------------------------- hashed values
-@dataclass(frozen=True, slots=True)
-class Hashed:
-    """An ``H`` token: one value of ``low-high`` (``H``, ``H(a-b)``), or every ``step``-th from an
-    offset below ``step`` (``H/15``, ``H(a-b)/10``), chosen by a hash of the job's identity."""
-
-    field: _Field
-    field_index: int
-    token_index: int
-    low: int
-    high: int
-    step: int = 0  # 0: one value
-
-    @property
-    def size(self) -> int:
-        """How many different outcomes there are."""
-        return self.step or self.high - self.low + 1
-
-    def outcome(self, k: int) -> str:
-        if not self.step:
-            return str((self.low + k) % 7 if self.field is DAY_OF_WEEK else self.low + k)
-        values = range(self.low + k, self.high + 1, self.step)
-        return ",".join(str(v % 7 if self.field is DAY_OF_WEEK else v) for v in values)
-
-    def pick(self, identity: str) -> str:
-        key = f"{identity}\x00{self.field.name}\x00{self.token_index}".encode()
-        return self.outcome(int.from_bytes(blake2b(key, digest_size=8).digest(), "big") % self.size)
-
-
-_HASHED = re.compile(r"^h(?:\(([0-9]{1,2})-([0-9]{1,2})\))?(?:/([0-9]{1,4}))?$", re.ASCII | re.IGNORECASE)
-# Jenkins: a hashed day of the month is one every month has
-_HASH_RANGE = {"day-of-month": (1, 28), "day-of-week": (0, 6)}
-
-
-def _hashed(field: _Field, field_index: int, token_index: int, token: str, text: str) -> Hashed | None:
-    m = _HASHED.match(token)
-    if m is None:
-        return None
-    low, high = _HASH_RANGE.get(field.name, (field.low, field.high))
-    if m.group(1) is not None:
-        low, high = int(m.group(1)), int(m.group(2))
-        if not field.low <= low <= high <= field.high:
-            raise _bad(field, text, f"in {token.upper()} the range must lie in {field.low}-{field.high}, low to high")
-    step = int(m.group(3)) if m.group(3) is not None else 0
-    if m.group(3) is not None and not 1 <= step <= high - low + 1:
-        raise _bad(field, text, f"in {token.upper()} the step must be from 1 to {high - low + 1}, the range's size")
-    return Hashed(field, field_index, token_index, low, high, step)
-
-
-def split_fields(expression: str) -> tuple[tuple[_Field, ...], list[str]]:
-    """The fields of an expression (an alias stands for its expression) and what each is."""
-    text = expression.strip()
-    if text.startswith("@"):
-        alias = ALIASES.get(text.lower())
-        if alias is None:
-            raise CronSyntaxError(
-                f"unknown cron alias {text[:20]!r}; use @yearly, @annually, @monthly, @weekly, @daily, "
-                "@midnight or @hourly"
-            )
-        text = alias
-    fields = text.split()
-    if len(fields) not in (5, 6):
-        raise CronSyntaxError(
-            "a cron expression has 5 fields (minute hour day-of-month month day-of-week) or 6 with a "
-            f"leading seconds field; got {len(fields)}"
-        )
-    return (FIELDS_6 if len(fields) == 6 else FIELDS_5), fields
-
-
-@lru_cache(maxsize=4096)
-def hashed_tokens(expression: str, *, stored: bool = False) -> tuple[tuple[str, ...], tuple[Hashed, ...]]:
-    """The expression's fields and its ``H`` tokens (``stored``: ``R`` ones too, read as ``H``,
-    for documents stored before ``R`` was refused). Raises CronSyntaxError for a malformed one."""
-    specs, fields = split_fields(expression)
-    found: list[Hashed] = []
-    for i, (spec, text) in enumerate(zip(specs, fields, strict=True)):
-        for j, token in enumerate(text.split(",")):
-            if _RANDOM.match(token):
-                if not stored:
-                    raise _bad(
-                        spec,
-                        text,
-                        "random (R) values are not supported: every node must compute the "
-                        "same times; H (hashed from the job) spreads jobs the same way on every node",
-                    )
-                token = "h" + token[1:]
-            hashed = _hashed(spec, i, j, token, text)
-            if hashed is not None:
-                found.append(hashed)
-    return tuple(fields), tuple(found)
-
-
-def with_outcomes(fields: tuple[str, ...], outcomes: dict[tuple[int, int], str]) -> str:
-    """The expression with the tokens at (field index, token index) replaced."""
-    out = []
-    for i, text in enumerate(fields):
-        tokens = text.split(",")
-        out.append(",".join(outcomes.get((i, j), token) for j, token in enumerate(tokens)))
-    return " ".join(out)
-
-
-def resolve_hashed(expression: str, identity: str = "", *, stored: bool = False) -> str:
-    """The expression with each ``H`` replaced by the values the job ``identity`` hashes to (the
-    same on every node and every run): the expression itself when it has none. ``identity`` is
-    :func:`job_identity` of the job; outside any job (an expression checked alone) it is ""."""
-    fields, hashed = hashed_tokens(expression, stored=stored)
-    if not hashed:
-        return expression
-    return with_outcomes(fields, {(h.field_index, h.token_index): h.pick(identity) for h in hashed})
-
-
-def hashed_as_any(expression: str) -> str:
-    """The expression with each ``H`` as every value it can be, for any job."""
-    fields, hashed = hashed_tokens(expression, stored=True)
-    return with_outcomes(fields, {(h.field_index, h.token_index): f"{h.low}-{h.high}" for h in hashed})
-
-
-def time_outcomes(expression: str, field: str) -> set[tuple[int, ...]]:
-    """The sorted values the second, minute or hour field can have, each set some job's hashed
-    values give (the field's whole range of them when there are too many combinations)."""
-    fields, hashed = hashed_tokens(expression, stored=True)
-    specs = FIELDS_6 if len(fields) == 6 else FIELDS_5
-    index = next((i for i, spec in enumerate(specs) if spec.name == field), None)
-    if index is None:
-        return {(0,)}  # no seconds field: second 0
-    mine = [h for h in hashed if h.field_index == index]
-    text = fields[index]
-    if prod(h.size for h in mine) > MAX_HASHED_OUTCOMES:
-        return {tuple(sorted(_plain(specs[index], hashed_as_any(expression).split()[index])))}
-    out = set()
-    for combination in product(*(range(h.size) for h in mine)):
-        chosen = {h.token_index: h.outcome(k) for h, k in zip(mine, combination, strict=True)}
-        tokens = [chosen.get(j, token) for j, token in enumerate(text.split(","))]
-        out.add(tuple(sorted(_plain(specs[index], ",".join(tokens)))))
-    return out
-
-
-def job_identity(namespace: str, job_id: str) -> str:
-    """What hashed values are hashed from: the job's namespace and id."""
-    return f"{namespace}\x00{job_id}"
-
-
-def has_hashed(expression: str) -> bool:
-    """Whether an expression has ``H`` (or, stored, ``R``) values."""
-    low = expression.lower()
-    return ("h" in low or "r" in low) and bool(hashed_tokens(expression, stored=True)[1])
-
-
 # ---------------------------------------------------------------------------------------- expressions
 def parse_cron(expression: str, *, stored: bool = False, identity: str = "") -> CronExpr:
     """Parse an expression; raise CronSyntaxError with a message naming the field at fault.
@@ -500,15 +268,15 @@ def _parse(expression: str, stored: bool = False, identity: str = "") -> CronExp
     )
 
 
-def _field_values(spec: _Field, text: str) -> frozenset[int]:
+def _field_values(spec: Field, text: str) -> frozenset[int]:
     """A field's plain values (checking the fields in order, so an error names the first at fault)."""
     if spec is DAY_OF_MONTH:
-        return _plain(spec, _split_dom(text)[0] or "*")
+        return plain(spec, _split_dom(text)[0] or "*")
     if spec is DAY_OF_WEEK:
-        return _plain(spec, _split_dow(text)[0] or "*")
+        return plain(spec, _split_dow(text)[0] or "*")
     if text == "?":
-        raise _bad(spec, text, "? is for the day fields")
-    return _plain(spec, text)
+        raise bad(spec, text, "? is for the day fields")
+    return plain(spec, text)
 
 
 def _day_rule(dom_text: str, dow_text: str) -> DayRule:
@@ -516,8 +284,8 @@ def _day_rule(dom_text: str, dow_text: str) -> DayRule:
     dow_plain, nth, last_dow = _split_dow(dow_text)
     # A day field is restricted when it leaves some day out: "*", "?", "1-31", "*/1" and "0-7" are not.
     dom_special = bool(from_last or nearest_from_last or nearest)
-    dom = _plain(DAY_OF_MONTH, dom_plain) if dom_plain else frozenset(() if dom_special else range(1, 32))
-    dow = _plain(DAY_OF_WEEK, dow_plain) if dow_plain else frozenset(() if nth or last_dow else range(7))
+    dom = plain(DAY_OF_MONTH, dom_plain) if dom_plain else frozenset(() if dom_special else range(1, 32))
+    dow = plain(DAY_OF_WEEK, dow_plain) if dow_plain else frozenset(() if nth or last_dow else range(7))
     return DayRule(
         dom=dom,
         from_last=frozenset(from_last),
@@ -544,7 +312,7 @@ def _split_dom(text: str) -> tuple[str, set[int], set[int], set[int]]:
         if m := _FROM_LAST.match(token):
             n = int(m.group(1) or 0)
             if n > 30:
-                raise _bad(DAY_OF_MONTH, text, f"in {token.upper()} the days before the last must be 0 to 30")
+                raise bad(DAY_OF_MONTH, text, f"in {token.upper()} the days before the last must be 0 to 30")
             (nearest_from_last if m.group(2) else from_last).add(n)
         elif m := _NEAREST.match(token):
             n = int(m.group(1) or m.group(2))
@@ -580,8 +348,8 @@ def _split_dow(text: str) -> tuple[str, set[tuple[int, int]], set[int]]:
 
 
 def _weekday(token: str, text: str) -> int:
-    if token in _DAY_NAMES:
-        return _DAY_NAMES.index(token)
+    if token in DAY_NAMES:
+        return DAY_NAMES.index(token)
     if token.isascii() and token.isdigit() and int(token) <= 7:
         return int(token) % 7
     raise CronSyntaxError(f"day-of-week field {text!r}: {token.upper()!r} is not a weekday (0-7 or SUN-SAT)")
@@ -603,7 +371,6 @@ def _months_that_can_match(day: DayRule, months: frozenset[int]) -> tuple[int, .
 
 
 # ---------------------------------------------------------------------------------------- validation
-MAX_HASHED_OUTCOMES = 4096  # combinations of hashed day values checked for an expression that never fires
 
 
 def cron_error(expression: str) -> str | None:
@@ -644,7 +411,7 @@ def _never_fires_hashed(fields: tuple[str, ...], hashed: tuple[Hashed, ...], day
     named: set[frozenset[int]] = set()
     for combination in product(*(range(h.size) for h in months)):
         outcomes = {(h.field_index, h.token_index): h.outcome(k) for h, k in zip(months, combination, strict=True)}
-        named.add(_plain(MONTH, with_outcomes(fields, outcomes).split()[month_index]))
+        named.add(plain(MONTH, with_outcomes(fields, outcomes).split()[month_index]))
     for combination in product(*(range(h.size) for h in days)):
         outcomes = dict(fixed)
         outcomes.update({(h.field_index, h.token_index): h.outcome(k) for h, k in zip(days, combination, strict=True)})
