@@ -174,3 +174,13 @@ def test_cronman_agrees_with_quartz(quartz: Quartz) -> None:
     check()
     print(f"Quartz: {dict(counts)} in {time.monotonic() - began:.1f} s")
     assert counts["compared"] >= AT_LEAST, counts
+
+
+@pytest.mark.parametrize(
+    "expression", ["0 9 L-2 * *", "0 9 L-2W * *", "30 6 L-30 * *", "0 0 L-27W 2 *", "0 12 L-0 * *"]
+)
+def test_days_before_the_last_are_quartz_s(quartz: Quartz, expression: str) -> None:
+    minute, hour, dom, month, _ = expression.split()
+    after = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1000)
+    [theirs] = quartz.next_times([(f"0 {minute} {hour} {dom} {month} ?", "UTC", after, 24)])
+    assert theirs == next_times(cron_rule(expression), after, 24), expression
