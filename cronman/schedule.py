@@ -499,6 +499,29 @@ def _shared_timing(schedule: dict, start: int | None, end: int | None) -> Timing
     raise ValueError(f"unknown schedule type {kind!r}")
 
 
+def count_between(timing: Timing, since_ms: int, until_ms: int, cap: int) -> tuple[int, int | None, bool]:
+    """The occurrences in (since, until]: how many, the last of them, and whether all were counted
+    (else the first ``cap`` were). An interval's are counted by arithmetic, however many; any
+    other timing's one by one."""
+    if isinstance(timing, IntervalTiming):
+        first = timing.next_after(since_ms)
+        top = until_ms if timing.end_ms is None else min(until_ms, timing.end_ms)
+        if first is None or first > top:
+            return 0, None, True
+        top = timing.anchor_ms + (top - timing.anchor_ms) // timing.every_ms * timing.every_ms
+        return (top - first) // timing.every_ms + 1, top, True
+    n = 0
+    found: int | None = None
+    t = timing.next_after(since_ms)
+    while t is not None and t <= until_ms:
+        if n >= cap:
+            return n, found, False
+        n, found = n + 1, t
+        nxt = timing.next_after(t)
+        t = nxt if nxt is None or nxt > t else None  # a timing that does not move on ends the count
+    return n, found, True
+
+
 def next_times(timing: Timing, after_ms: int, count: int) -> list[int]:
     out: list[int] = []
     t: int | None = after_ms
@@ -514,6 +537,7 @@ __all__ = [
     "CronSyntaxError",
     "CronTiming",
     "EarliestOf",
+    "count_between",
     "FoldPolicy",
     "GapPolicy",
     "IntervalTiming",

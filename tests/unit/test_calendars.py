@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cronman.calendars import (
-    MAX_SKIPS,
+    MAX_SKIP_DAYS,
     Calendar,
     CalendarError,
     CalendarTiming,
@@ -125,7 +125,7 @@ def test_a_calendar_that_excludes_everything_gives_up() -> None:
     # and one that excludes only what the job names (every Saturday job, weekends excluded)
     saturdays = CalendarTiming(daily(at="0 9 * * SAT"), (("w", Calendar(weekdays=frozenset({5, 6}))),))
     assert saturdays.next_after(parse_iso("2026-01-01T00:00:00Z")) is None
-    assert MAX_SKIPS >= 366
+    assert MAX_SKIP_DAYS >= 366
 
 
 def test_excluded_days_at_a_midnight_that_does_not_exist() -> None:
