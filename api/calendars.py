@@ -1,7 +1,9 @@
 """/v1/calendars: business calendars per namespace (the days their jobs do not fire).
 
-The scheduler nodes read every calendar and re-read them on a change notification. A job names
-calendars of its own namespace; deleting one that live jobs still name is a 409 naming them.
+The scheduler nodes keep every calendar, and on a change notification load again those whose
+version moved. A job names calendars of its own namespace; deleting one that live jobs still name
+is a 409 naming them. A write past a namespace's quotas is refused before the work it would cost:
+the body's size before it is parsed, the count and the entries before any entry is.
 """
 
 from __future__ import annotations
@@ -11,9 +13,16 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from api.common import json_body, own_namespace, requested_namespace, services, target_namespace
-from cronman.calendar_store import CALENDAR_NAME_RE, CalendarStore, StoredCalendar, check_name, parse_calendar
+from cronman.calendar_store import (
+    CALENDAR_NAME_RE,
+    CalendarQuotas,
+    CalendarStore,
+    StoredCalendar,
+    check_name,
+    parse_calendar,
+)
 from cronman.calendars import calendar_to_dict
-from cronman.errors import NotFound
+from cronman.errors import NotFound, PayloadTooLarge
 from cronman.timeutil import iso_dt
 
 bp = Blueprint("calendars", __name__, url_prefix="/v1/calendars")
@@ -41,9 +50,16 @@ def _known_name(name: str) -> str:
 
 @bp.put("/<name>")
 def put_calendar(name: str) -> Response:
-    _, doc = json_body()
+    quotas = CalendarQuotas.of(services().settings)
+    try:
+        _, doc = json_body(quotas.max_bytes)
+    except PayloadTooLarge:
+        raise quotas.too_many_bytes() from None
     check_name(name)
-    stored, created = _store().put(target_namespace(), name, parse_calendar(doc))
+    namespace, store = target_namespace(), _store()
+    quotas.check_entries(doc)
+    store.check_room(namespace, name, quotas)
+    stored, created = store.put(namespace, name, parse_calendar(doc, quotas.max_entries), quotas)
     services().notify_change()
     resp = jsonify(calendar_json(stored))
     resp.status_code = 201 if created else 200

@@ -30,6 +30,9 @@ metadata = MetaData()
 jobs_version_seq = Sequence("jobs_version_seq", metadata=metadata)
 # A job id (re)created after a delete gets a new incarnation; its history belongs to it alone.
 jobs_incarnation_seq = Sequence("jobs_incarnation_seq", metadata=metadata)
+# Every write of a calendar stamps it with the next number: nodes read the (namespace, name,
+# version) of every calendar and load again only those whose version moved.
+calendars_version_seq = Sequence("calendars_version_seq", metadata=metadata)
 
 # Every change to a job stamps it with the next `version` and with the id of the writing
 # transaction (`change_xid`). Nodes read the change feed by transaction id against the
@@ -368,6 +371,13 @@ calendars = Table(
     Column("document", JSONB, nullable=False, comment="timezone and exclude, as cronman.calendars writes them"),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column(
+        "version",
+        BigInteger,
+        nullable=False,
+        server_default=text("nextval('calendars_version_seq'::regclass)"),
+        comment="the next number of calendars_version_seq at each write",
+    ),
 )
 
 # Backfills: a job's occurrences in a past range delivered again, as executions of their own (trigger

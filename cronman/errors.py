@@ -62,6 +62,20 @@ class PayloadTooLarge(CronmanError):
     status = 413
 
 
+class QuotaExceeded(CronmanError):
+    """A namespace asked for more than a quota allows: the message names the quota and the setting
+    that changes it. 409 for a count (another write fits once something is deleted), 413 for a size."""
+
+    code = "quota_exceeded"
+    status = 409
+
+    def __init__(self, message: str, *, quota: str, field: str | None = None, status: int | None = None) -> None:
+        super().__init__(message, field=field)
+        self.quota = quota
+        if status is not None:
+            self.status = status
+
+
 class TransientError(CronmanError):
     """A fault that may pass by itself (connection reset, timeout): retry with backoff."""
 

@@ -123,6 +123,12 @@ class Settings(BaseSettings):
     watch_enabled: bool = True
     watch_seconds: float = Field(2.0, gt=0, le=60)
     notification_timeout_seconds: float = Field(10.0, gt=0, le=60)
+    # Quotas per namespace on calendars (docs/operations.md, "Quotas"): how many a namespace keeps,
+    # and how large one may be (dates, ranges and annual dates together; bytes of its document).
+    # Every node keeps every calendar: these bound what one namespace costs each node's memory.
+    calendars_per_namespace: int = Field(100, ge=0, le=100_000)
+    calendar_max_entries: int = Field(10_000, ge=1, le=100_000)
+    calendar_max_bytes: int = Field(256 * 1024, ge=1024, le=16 * 1024 * 1024)
     # Tracing: an OTLP/HTTP endpoint (http://collector:4318) nodes export delivery spans to.
     otlp_endpoint: str | None = None
 

@@ -33,7 +33,7 @@ import sqlalchemy.exc
 from psycopg2 import errors as pg_errors
 from sqlalchemy import Engine, text
 
-from cronman.calendars import Calendar, calendar_from_dict
+from cronman.calendars import Calendar, calendar_from_stored
 from cronman.changes import Stop
 from cronman.errors import TransientError
 from cronman.partitions import day_of_ms, ensure_partitions
@@ -382,7 +382,7 @@ class PgNodeStore(NodeStore):
         self.engine = engine
         self.executor = executor
         self._days: set[Any] = set()
-        self._calendars: dict[str, Calendar] = {}  # parsed, by document text
+        self._calendars: dict[tuple[str, str], tuple[int, Calendar | None]] = {}  # (version, calendar) by key
         self._abandon = threading.Event()  # set when the node stops: a load in a thread ends
         # Told of the jobs a history write paused (auto-pause), from the writing thread, once
         # the write has committed.
@@ -561,21 +561,26 @@ class PgNodeStore(NodeStore):
             calendars = self._read_calendars(conn)
         return ClusterConfig(throttles, {k: tuple(v) for k, v in secrets.items()}, calendars)
 
+    def calendars(self) -> dict[tuple[str, str], Calendar]:
+        """Blocking: every calendar, by (namespace, name) (see _read_calendars)."""
+        with self.engine.connect() as conn:
+            return self._read_calendars(conn)
+
     def _read_calendars(self, conn: Any) -> dict[tuple[str, str], Calendar]:
-        """Every calendar; a document parsed once for as long as it stays the same."""
-        out: dict[tuple[str, str], Calendar] = {}
-        seen: dict[str, Calendar] = {}
-        for namespace, name, doc in conn.execute(text("SELECT namespace, name, document::text FROM calendars")):
-            cal = self._calendars.get(doc)
-            if cal is None:
-                try:
-                    cal = calendar_from_dict(json.loads(doc))
-                except ValueError as exc:  # stored by an older version with other limits: fire as if absent
-                    log.error("cannot use calendar %s/%s: %s", namespace, name, exc)
-                    continue
-            seen[doc] = out[(namespace, name)] = cal
-        self._calendars = seen
-        return out
+        """Every calendar. Only the version of each is read; the documents of those whose version
+        moved since the last read are loaded (the others are the very objects of the last read), and
+        read without checking each entry again: the API validated them."""
+        versions = {(r[0], r[1]): int(r[2]) for r in conn.execute(_CALENDAR_VERSIONS)}
+        known = self._calendars
+        changed = sorted(k for k, v in versions.items() if k not in known or known[k][0] != v)
+        fresh: dict[tuple[str, str], tuple[int, Calendar | None]] = {}
+        for i in range(0, len(changed), _CALENDARS_A_READ):
+            part = changed[i : i + _CALENDARS_A_READ]
+            rows = conn.execute(_CALENDAR_DOCUMENTS, {"ns": [k[0] for k in part], "names": [k[1] for k in part]})
+            for namespace, name, version, doc in rows:
+                fresh[(namespace, name)] = (int(version), _stored_calendar(namespace, name, doc))
+        self._calendars = kept = {k: fresh[k] if k in fresh else known[k] for k in versions if k in fresh or k in known}
+        return {k: cal for k, (_, cal) in kept.items() if cal is not None}
 
     # -- progress and outages
     async def save_progress(
@@ -911,6 +916,22 @@ _RETRY_SPAN = (
     "(GREATEST(COALESCE((j.retry->>'max_attempts')::int, 3) - 1, 0) "
     "* (COALESCE((j.retry->>'max_backoff_seconds')::float, 60) + 300)) * interval '1 second'"
 )
+_CALENDAR_VERSIONS = text("SELECT namespace, name, version FROM calendars")
+_CALENDAR_DOCUMENTS = text(
+    "SELECT c.namespace, c.name, c.version, c.document::text FROM calendars c "
+    "JOIN unnest(CAST(:ns AS text[]), CAST(:names AS text[])) AS k(ns, name) ON (c.namespace, c.name) = (k.ns, k.name)"
+)
+_CALENDARS_A_READ = 200
+
+
+def _stored_calendar(namespace: str, name: str, doc: str) -> Calendar | None:
+    try:
+        return calendar_from_stored(json.loads(doc))
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:  # fire as if it were absent
+        log.error("cannot use calendar %s/%s: %s", namespace, name, exc)
+        return None
+
+
 _BACKFILLS = text(
     f"SELECT b.id, b.job_id, b.incarnation, {_MS.format('b.from_at')}, {_MS.format('b.to_at')}, b.max_per_second, "
     "b.events, CASE WHEN b.state = 'running' THEN b.timing::text ELSE '' END, b.state, "
