@@ -156,6 +156,8 @@ def execution_json(e: ExecutionRecord) -> dict[str, Any]:
         "throttle_wait_ms": e.throttle_wait_ms,
         "dead_lettered": e.dead_lettered,
         "response": e.response,
+        "occurrences": e.occurrences,
+        "last_scheduled_for": iso_dt(e.last_scheduled_for),
     }
 
 

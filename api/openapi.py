@@ -130,6 +130,18 @@ class Execution(_Out):
         description="The start of the receiver's answer, when the job sets capture_response_bytes (UTF-8, "
         "invalid bytes replaced, NUL written as \\0)."
     )
+    occurrences: int | None = Field(
+        None,
+        description="On a row that stands for several occurrences: a span of days the job's calendars exclude "
+        "(status skipped, one row for the span from scheduled_for on) or occurrences the watchdog found late "
+        "(status late, one row for a stall): how many, from scheduled_for through last_scheduled_for. Null on "
+        "a row of one occurrence.",
+    )
+    last_scheduled_for: str | None = Field(
+        None,
+        json_schema_extra={"format": "date-time"},
+        description="The last occurrence a summary row stands for (null on a row of one occurrence).",
+    )
 
 
 class ExecutionList(_Out):

@@ -206,6 +206,8 @@ def execution_rows(rows: list[Execution]) -> list[tuple[str, ...]]:
         result = f"HTTP {e.http_status}" if e.http_status is not None and not e.error else cell(e.error, 50)
         lag = "-" if e.lag_ms is None else f"{e.lag_ms} ms"
         trig = "" if e.trigger == "schedule" else f" ({e.trigger})"
+        if e.occurrences is not None:  # a summary row: a skipped span, a stall found late
+            trig += f" ({e.occurrences} occurrences through {when(e.last_scheduled_for)})"
         out.append((when(e.scheduled_for), str(e.attempt), e.status + trig, e.node or "-", lag, result, e.execution_id))
     return out
 

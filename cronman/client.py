@@ -207,6 +207,8 @@ class Execution(_Answer):
     throttle_wait_ms: int | None = None
     dead_lettered: bool | None = None
     response: str | None = None
+    occurrences: int | None = None  # a summary row (a skipped span, late occurrences): how many it stands for
+    last_scheduled_for: datetime | None = None
 
 
 class Notification(_Answer):

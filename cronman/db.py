@@ -136,6 +136,10 @@ scheduled_jobs = Table(
     Column("incarnation", BigInteger),
     Column("namespace", Text),
     Column("response", Text, comment="the start of the receiver's answer (opt-in)"),
+    # A row that stands for several occurrences of the job (a span of days a calendar excludes,
+    # recorded skipped; occurrences the watchdog found late): how many, and the last of them.
+    Column("occurrences", Integer, comment="occurrences the row stands for (summary rows; else null: one)"),
+    Column("last_scheduled_for", DateTime(timezone=True), comment="the last occurrence a summary row stands for"),
     # trigger too: a manual trigger or a backfill at an occurrence's instant is an execution of its own
     PrimaryKeyConstraint("job_id", "scheduled_for", "event_index", "attempt", "trigger", name="pk_scheduled_jobs"),
     # Failures across jobs, newest first, and the jobs whose latest execution failed (the dashboard).

@@ -495,6 +495,8 @@ class ExecutionRecord:
     throttle_wait_ms: int | None
     dead_lettered: bool | None
     response: str | None = None
+    occurrences: int | None = None  # a summary row: how many occurrences it stands for
+    last_scheduled_for: datetime | None = None
 
 
 class JobStore:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cronman import signing
+from cronman.calendars import SkipSummary
 from cronman.errors import TransientError
 from cronman.execution import Status, Trigger, backfill_of, backoff_ms, execution_id
 from cronman.hashing import slot_of
@@ -59,6 +60,10 @@ from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
 from scheduler_node.store import Attempts, Ident, NodeStore, one_row_per_attempt
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.tracing import Tracing
+
+# What the cluster's configuration says of a won execution before it is sent (Firer.screen): end it
+# with this status and reason, and for a skipped span of excluded days, what its row stands for.
+Verdict = tuple[Status, str] | tuple[Status, str, SkipSummary | None]
 
 log = logging.getLogger("cronman.node")
 
@@ -131,7 +136,7 @@ class Firer:
         metrics: NodeMetrics,
         throttle: ThrottleGate | None = None,
         secrets: Callable[[str], tuple[str, ...] | None] = lambda namespace: None,
-        screen: Callable[[Execution], tuple[Status, str] | None] = lambda e: None,
+        screen: Callable[[Execution], Verdict | None] = lambda e: None,
         misfire: Callable[[Execution], MisfirePlan | None] = lambda e: None,
         rng: random.Random | None = None,
         tracing: Tracing | None = None,
@@ -147,7 +152,8 @@ class Firer:
         self.throttle = throttle
         self.secrets = secrets
         # What the cluster's configuration says of a won execution before it is sent: skip it (a
-        # calendar excludes its day) or cancel it (its backfill was cancelled); None: send it.
+        # calendar excludes its day; the row may stand for the rest of the span: see Verdict) or
+        # cancel it (its backfill was cancelled); None: send it.
         self.screen = screen
         # The misfire plan an execution taken over from another holder carries, if it is the one
         # a catch-up claimed to carry its outage's plan (a taker rebuilds it from its descriptor,
@@ -301,6 +307,28 @@ class Firer:
         job.key = nxt << _PLACE_BITS | self._take_place(job, None)
         self.jobs[job.id] = job
         heapq.heappush(self.fires, job.key)
+        self._wake.set()
+
+    def retime(self, job_id: str, timing: Timing, resume: Callable[[int], int | None] | None = None) -> None:
+        """What the job's timing says changed (a calendar it names): its next occurrence is worked
+        out again from where the timer is, not before it (an occurrence the timer passed stays as
+        it was), by ``resume`` (default: the timing's next_after). ``timing``: the timing that
+        changed; nothing happens if the job has another."""
+        job = self.jobs.get(job_id)
+        if job is None or job.paused or job.key is None or job.timing is not timing:
+            return  # (a job staged has no timer entry yet: it is installed with the calendars of then)
+        pending = job.key >> _PLACE_BITS
+        through = self.firing_ms if self.firing_ms is not None else self.clock() - 1
+        after = min(through, pending - 1) if pending else through
+        place = self._take_place(job, job)  # a new generation: the pending entry is stale
+        try:
+            nxt = (resume or timing.next_after)(after)
+        except Exception:  # noqa: BLE001 - one job's schedule never stops the others
+            log.exception("cannot compute the next occurrence", extra={"job_id": job.id})
+            nxt = None
+        if nxt is not None:
+            job.key = nxt << _PLACE_BITS | place
+            heapq.heappush(self.fires, job.key)
         self._wake.set()
 
     def _take_place(self, job: OwnedJob, old: OwnedJob | None, keep: bool = False) -> int:
@@ -1452,6 +1480,7 @@ class Firer:
         finished: int | None,
         dead_lettered: bool | None = None,
         response: bytes | None = None,
+        summary: tuple[int, int | None] | None = None,  # a summary row: (occurrences, the last of them)
     ) -> HistoryRow:
         self.metrics.tally.inc(self.metrics.status_of(status.value))
         row = self.history.add(
@@ -1474,16 +1503,21 @@ class Firer:
                 e.job.incarnation,  # the descriptor's, or the one that adopted the execution
                 e.job.namespace or None,
                 None if response is None else response.decode("utf-8", "replace"),
+                *(summary or ()),
             )
         )
         self.metrics.history_buffered.set(len(self.history))
         return row
 
-    def _finish_with(self, e: Execution, status: Status, reason: str) -> None:
-        """A final outcome without an attempt (skipped, cancelled)."""
+    def _finish_with(self, e: Execution, status: Status, reason: str, summary: SkipSummary | None = None) -> None:
+        """A final outcome without an attempt (skipped, cancelled); ``summary``: the row stands for
+        that many occurrences, through the last of them (a span a calendar excludes)."""
         if self.trace:
             self.trace(status.value, e, reason)
-        row = self._record(e, status, None, reason, None, None)
+        if summary is None or summary.occurrences is None:
+            row = self._record(e, status, None, reason, None, None)
+        else:
+            row = self._record(e, status, None, reason, None, None, summary=(summary.occurrences, summary.last_ms))
         self._close(e, status.value, row_to_text(row))
 
     def _cancel(self, e: Execution, reason: str) -> None:

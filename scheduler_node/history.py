@@ -54,6 +54,10 @@ class HistoryRow(NamedTuple):
     incarnation: int | None = None
     namespace: str | None = None
     response: str | None = None  # the start of the receiver's answer (capture_response_bytes)
+    # A summary row (a span a calendar excludes, skipped; the occurrences the watchdog found late):
+    # how many occurrences it stands for from ``scheduled_ms`` on, and the last of them.
+    occurrences: int | None = None
+    last_ms: int | None = None
 
     @property
     def key(self) -> tuple[str, int, int, int, str]:
@@ -91,6 +95,7 @@ def clean_row(row: HistoryRow) -> HistoryRow:
         and (row.lag_ms is None or (type(row.lag_ms) is int and -_INT64 <= row.lag_ms <= _INT64))
         and (row.http_status is None or (type(row.http_status) is int and -_INT32 <= row.http_status <= _INT32))
         and row.throttle_wait_ms is None
+        and row.occurrences is None
         and type(row.attempt) is int
         and 1 <= row.attempt <= _INT32
         and type(row.event_index) is int
@@ -116,6 +121,7 @@ def _clean(row: HistoryRow) -> HistoryRow:
         http_status=_clamp(row.http_status, _INT32),
         attempt=_clamp(row.attempt, _INT32) or 1,
         event_index=_clamp(row.event_index, _INT32) or 0,
+        occurrences=None if row.occurrences is None else max(0, min(_INT32, int(row.occurrences))),
     )
 
 

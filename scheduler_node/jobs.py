@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import sys
+import weakref
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from cronman.calendars import Calendar, FiringTiming, firing_timing
 from cronman.hashing import SLOTS
 from cronman.misfire import MisfirePolicy
 from cronman.schedule import LAZY_PHASE_MIN_MS, IdPhasedInterval, Timing, TimingMaker, id_phased, timing_maker
@@ -102,6 +104,102 @@ class OwnedJob:
         return cls(job_id, slot, 0, incarnation, "", _NEVER, _Gone(), b"", _NO_RETRY, Options(), False)
 
 
+CalendarKey = tuple[str, str]  # (namespace, name)
+
+
+class CalendarBook:
+    """The calendars a node knows, shared by the timings of the jobs that name them (see
+    WithCalendars): a changed calendar applies to those jobs without any of them changing. It
+    also finds the timings that name a calendar (weakly: a job gone takes its timing with it)."""
+
+    __slots__ = ("calendars", "generation", "_users")
+
+    def __init__(self) -> None:
+        self.calendars: dict[CalendarKey, Calendar] = {}
+        self.generation = 0  # moves whenever a calendar changes
+        self._users: dict[CalendarKey, weakref.WeakSet[WithCalendars]] = {}
+
+    def take(self, calendars: dict[CalendarKey, Calendar]) -> set[CalendarKey]:
+        """The calendars as read now; returns the keys whose calendar changed (another object,
+        or gone, or new: a store keeps the object of a calendar whose version did not move)."""
+        old = self.calendars
+        changed = {k for k in old.keys() | calendars.keys() if old.get(k) is not calendars.get(k)}
+        self.calendars = calendars
+        if changed:
+            self.generation += 1
+        return changed
+
+    def register(self, timing: WithCalendars) -> None:
+        for name in timing.names:
+            self._users.setdefault((timing.namespace, name), weakref.WeakSet()).add(timing)
+
+    def users(self, keys: Iterable[CalendarKey]) -> list[WithCalendars]:
+        """The timings (of jobs still in memory) that name any of these calendars."""
+        found: dict[int, WithCalendars] = {}
+        for key in keys:
+            users = self._users.get(key)
+            if users is None:
+                continue
+            if not users:
+                del self._users[key]
+                continue
+            found.update((id(t), t) for t in users)
+        return list(found.values())
+
+
+class WithCalendars:
+    """A job's timing with the calendars it names, as the node's timer fires it
+    (`cronman.calendars.FiringTiming`: the due occurrences, and the first of each excluded span).
+    The calendars are looked up in the node's book, again after any of them changed. Equal to
+    another for the same schedule and names, whatever the calendars say."""
+
+    __slots__ = ("base", "namespace", "names", "job_id", "since_ms", "book", "_generation", "_firing", "__weakref__")
+
+    def __init__(
+        self,
+        base: Timing,
+        namespace: str,
+        names: tuple[str, ...],
+        job_id: str,
+        book: CalendarBook,
+        since_ms: int | None = None,
+    ) -> None:
+        self.base, self.namespace, self.names, self.job_id, self.book = base, namespace, names, job_id, book
+        self.since_ms = since_ms  # the job's last change: a span it began in has a row for the rest of it
+        self._generation = -1
+        self._firing: Timing = base
+
+    def firing(self) -> Timing:
+        book = self.book
+        if self._generation != book.generation:
+            cals = book.calendars
+            found = {n: c for n in self.names if (c := cals.get((self.namespace, n))) is not None}
+            self._firing = firing_timing(self.base, self.names, found, self.since_ms)
+            self._generation = book.generation
+        return self._firing
+
+    def resume_after(self, after_ms: int) -> int | None:
+        """The next occurrence to fire once its calendars changed (`FiringTiming.resume_after`)."""
+        f = self.firing()
+        return f.resume_after(after_ms) if isinstance(f, FiringTiming) else f.next_after(after_ms)
+
+    def due(self) -> Timing:
+        """The occurrences that are due (`cronman.calendars.timing_with`)."""
+        f = self.firing()
+        return f.due if isinstance(f, FiringTiming) else f
+
+    def next_after(self, after_ms: int) -> int | None:
+        return self.firing().next_after(after_ms)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WithCalendars):
+            return NotImplemented
+        return (self.base, self.namespace, self.names) == (other.base, other.namespace, other.names)
+
+    def __hash__(self) -> int:
+        return hash((self.namespace, self.names))
+
+
 class Loaded:
     """Jobs loaded, each with when it last changed (ms), in two flat sequences: iterating gives
     (job, updated ms) pairs. (A list of pairs held a tuple and an int per job besides the job,
@@ -156,10 +254,14 @@ class Decoder:
     turns a stored target document into a sender's target (by its kind)."""
 
     def __init__(
-        self, decode_target: Callable[[dict[str, Any]], Target], phased_from_ms: int = LAZY_PHASE_MIN_MS
+        self,
+        decode_target: Callable[[dict[str, Any]], Target],
+        phased_from_ms: int = LAZY_PHASE_MIN_MS,
+        book: CalendarBook | None = None,
     ) -> None:
         self._decode_target = decode_target
         self._phased_from_ms = phased_from_ms
+        self._book = book  # jobs that name calendars get a timing that applies them (see WithCalendars)
         self._targets: dict[str, Target] = {}
         self._retries: dict[str, Retry] = {}
         self._options: dict[str, Options] = {}
@@ -256,6 +358,7 @@ class Decoder:
             row.namespace,
             row.options_text,
             row.incarnation,
+            row.updated_ms,
         )
 
     def job_from(
@@ -271,18 +374,28 @@ class Decoder:
         namespace: str,
         options_text: str,
         incarnation: int = 0,
+        updated_ms: int | None = None,
     ) -> OwnedJob:
+        namespace = sys.intern(namespace)
+        options = self.options(options_text)
+        timing: Timing | IdPhasedInterval
+        if options.calendars and self._book is not None:
+            since = None if updated_ms is None else updated_ms - 1
+            timing = WithCalendars(self.timing(schedule_text, id, namespace), namespace, options.calendars, id, self._book, since)
+            self._book.register(timing)
+        else:
+            timing = self.job_timing(schedule_text, id, namespace)
         return OwnedJob(
             id,
             _SLOT_NUMBERS[slot] if 0 <= slot < len(_SLOT_NUMBERS) else slot,
             version,
             incarnation,
-            sys.intern(namespace),
-            self.job_timing(schedule_text, id, namespace),
+            namespace,
+            timing,
             self.target(target_text),
             self.payload(payload),
             self.retry(retry_text),
-            self.options(options_text),
+            options,
             paused,
         )
 

@@ -37,7 +37,7 @@ from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
 
 from cronman import misfire
-from cronman.calendars import timing_with
+from cronman.calendars import CalendarTiming, SkipSummary, skip_summary, timing_with
 from cronman.changes import Stop
 from cronman.changes import decode as decode_changes
 from cronman.errors import TransientError
@@ -51,7 +51,7 @@ from scheduler_node.backfill import BackfillDriver
 from scheduler_node.execution import Descriptor, Execution
 from scheduler_node.firer import Firer, FirerConfig, wait_event
 from scheduler_node.history import HistoryRow, HistoryWriter
-from scheduler_node.jobs import Decoder, JobRow, OwnedJob
+from scheduler_node.jobs import CalendarBook, Decoder, JobRow, OwnedJob, WithCalendars
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import Claims, Membership
 from scheduler_node.senders import Senders
@@ -116,6 +116,7 @@ class Node:
         self.metrics = NodeMetrics(self.node_id)
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.config = ClusterConfig({}, {})
+        self.calendars = CalendarBook()  # the calendars the timings of jobs that name them look up
         self.live_ids: list[str] = [self.node_id]
         self.owned: frozenset[int] = frozenset()
         self.ready = False
@@ -211,7 +212,7 @@ class Node:
             firer.standby.on_claim = lambda reason: m.standby_claims.labels(reason).inc()
             firer.standby.epoch = self._epoch or ""
         self.backfills = BackfillDriver(firer, parts.store, self.holder, max(3 * self.lease_ms, 5000))
-        self.decoder = Decoder(parts.senders.decode, self.phased_from_ms)
+        self.decoder = Decoder(parts.senders.decode, self.phased_from_ms, self.calendars)
         await parts.senders.start()
         self._sync_wake = asyncio.Event()
         self._config_wake = asyncio.Event()
@@ -923,6 +924,12 @@ class Node:
         self.config = config
         if self.parts.throttle is not None:
             self.parts.throttle.policies = config.throttles
+        changed = self.calendars.take(config.calendars)
+        if changed and self.firer is not None:
+            # The timer may have jumped over days a calendar excluded before: the jobs that name a
+            # changed calendar work out their next occurrence again (only those: found by name).
+            for timing in self.calendars.users(changed):
+                self.firer.retime(timing.job_id, timing, timing.resume_after)
 
     # ------------------------------------------------------------------ calendars and backfills
     def timing_of(self, job: OwnedJob, timing: Timing | None = None) -> Timing:
@@ -930,21 +937,31 @@ class Node:
         the job's own, when the caller has made it already (see OwnedJob.timing)."""
         if timing is None:
             timing = job.timing
+        if isinstance(timing, WithCalendars):
+            return timing.due()
         names = job.opts.calendars
         if not names:
             return timing
         found = {n: c for n in names if (c := self.config.calendars.get((job.namespace, n))) is not None}
         return timing_with(timing, names, found)
 
-    def _screen(self, e: Execution) -> tuple[Status, str] | None:
+    def _screen(self, e: Execution) -> tuple[Status, str] | tuple[Status, str, SkipSummary | None] | None:
         """Before a won execution is sent: an occurrence on a day a calendar of its job excludes is
-        skipped (a redelivery, asked for by a user, is not); one of a cancelled backfill is cancelled."""
+        skipped (a redelivery, asked for by a user, is not), its row standing for the occurrences of
+        the excluded span from it on (the timer fires only the first of a span); one of a cancelled
+        backfill is cancelled."""
         d = e.d
         if d.trigger == Trigger.SCHEDULE:
             if not e.job.opts.calendars or d.suffix:
                 return None
             why = self._excluded_by(e.job, d.scheduled_ms)
-            return None if why is None else (Status.SKIPPED, why)
+            if why is None:
+                return None
+            due = self.timing_of(e.job)
+            summary = skip_summary(due, d.scheduled_ms) if isinstance(due, CalendarTiming) else None
+            if summary is not None and not summary.complete:
+                why += f"; the first {summary.occurrences} occurrences of the span counted"
+            return Status.SKIPPED, why, summary
         backfill = backfill_of(d.trigger)
         if backfill is not None and backfill in self.backfills.cancelled:
             return Status.CANCELLED, f"the backfill {backfill} was cancelled"

@@ -179,6 +179,9 @@ def execution_events(rows: list[HistoryRow]) -> list[Event]:
             detail.update(http_status=r.http_status, error=(r.error or "")[:500] or None)
         else:
             detail["reason"] = r.error
+            if r.occurrences is not None:  # one row for a stall: how many occurrences, through which
+                detail["occurrences"] = r.occurrences
+                detail["last_scheduled_for"] = iso(r.last_ms or r.scheduled_ms)
         at = r.finished_ms if r.finished_ms is not None else r.scheduled_ms
         out.append((r.namespace or "default", r.job_id, kind, at, Json(detail)))
     return out

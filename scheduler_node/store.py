@@ -293,14 +293,16 @@ def bitmap_slots(data: bytes) -> list[int]:
 _HISTORY_COLUMNS = (
     "INSERT INTO scheduled_jobs (job_id, scheduled_for, event_index, attempt, execution_id, trigger, status, node, "
     "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, "
-    "response) "
+    "response, occurrences, last_scheduled_for) "
     "SELECT job_id, timestamptz 'epoch' + s * interval '1 millisecond', event_index, attempt, execution_id, trigger, "
     "status, node, timestamptz 'epoch' + f * interval '1 millisecond', timestamptz 'epoch' + fin * interval "
-    "'1 millisecond', lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, response "
+    "'1 millisecond', lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, response, "
+    "occurrences, timestamptz 'epoch' + last * interval '1 millisecond' "
     "FROM unnest(%s::text[], %s::bigint[], %s::int[], %s::int[], %s::uuid[], %s::text[], %s::text[], %s::text[], "
     "%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::text[], %s::bigint[], %s::bool[], %s::bigint[], "
-    "%s::text[], %s::text[]) AS v(job_id, s, event_index, attempt, execution_id, trigger, status, node, f, fin, "
-    "lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, response) "
+    "%s::text[], %s::text[], %s::int[], %s::bigint[]) AS v(job_id, s, event_index, attempt, execution_id, trigger, "
+    "status, node, f, fin, lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, "
+    "response, occurrences, last) "
 )
 # A second row for one attempt from a different delivery counts a duplicate; the same row written
 # again (a retried write, or a survivor recovering a dead node's rows) does not, nor does a
@@ -334,6 +336,9 @@ _INSERT = (
         f", {c} = CASE WHEN {_REPLACES} THEN EXCLUDED.{c} ELSE scheduled_jobs.{c} END"
         for c in ("node", "fired_at", "finished_at", "lag_ms", "http_status", "error", "response", "status")
     )
+    # a summary written again says the most it has counted (the watchdog's passes go on counting)
+    + ", occurrences = GREATEST(scheduled_jobs.occurrences, EXCLUDED.occurrences)"
+    + ", last_scheduled_for = GREATEST(scheduled_jobs.last_scheduled_for, EXCLUDED.last_scheduled_for)"
     + " RETURNING duplicates"
 )
 # Jobs that completed (delete_after_completion) and did not change since: deleted, with a job event.
@@ -428,7 +433,7 @@ class PgNodeStore(NodeStore):
                             raise TransientError("the node is stopping: the load was abandoned")
                         self.rows_loaded = base + i
                     try:
-                        job = job_from(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[9], r[10], r[11])
+                        job = job_from(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[9], r[10], r[11], r[8])
                     except (ValueError, KeyError, TypeError) as exc:
                         log.error("cannot schedule job: %s", exc, extra={"job_id": r[0]})
                         continue

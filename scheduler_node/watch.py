@@ -7,13 +7,17 @@ pass. Neither depends on the node that should have fired, nor on Redis: when eve
 the API's workers keep watching, and when the API is down a node does.
 
 Watchdog. Nodes record how far they have fired each slot (``node_progress``). A slot whose mark
-lags more than a job's ``late_after_seconds`` behind now has occurrences nobody took up: each of
-them is recorded late (a history row, status ``late``, attempt 0, node ``watchdog``), the job's
-health turns ``late`` until an occurrence at or after it is attempted, ``execution.late`` events
-go to the notification rules, and ``cronman_occurrences_late_total`` counts them. A healthy
-cluster costs one small query per pass; during an outage, each pass reads the jobs of the stalled
-slots (all of them when no node fires), streamed and their late rows written a batch at a time, and
-remembers how far it recorded for the jobs that had late occurrences.
+lags more than a job's ``late_after_seconds`` behind now has occurrences nobody took up. Which
+occurrences were due is what the nodes fire by: the job's schedule with its calendars
+(`cronman.calendars.timing_with`; an occurrence on an excluded day was never due, so never late).
+A job's late occurrences over a stall are recorded as one row (status ``late``, attempt 0, node
+``watchdog``, at the first of them, with how many and the last: `cronman.late`), written again as
+the count grows; the job's health turns ``late`` until an occurrence at or after it is attempted,
+an ``execution.late`` event goes to the notification rules when the row is new, and
+``cronman_occurrences_late_total`` counts the new rows. A healthy cluster costs one small query per
+pass; during an outage, each pass reads the jobs of the stalled slots (all of them when no node
+fires), streamed and their late rows written a batch at a time, and remembers how far it counted
+for the jobs that had late occurrences.
 
 Dispatcher. Events recorded by the history writers and the watchdog are matched against the
 rules (namespace, kinds, label selector), summarised per rule, job and kind (one notification per
@@ -30,6 +34,7 @@ import asyncio
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -39,11 +44,14 @@ from psycopg2.extras import Json, execute_values
 from sqlalchemy import Engine, text
 
 from cronman import signing
+from cronman.calendars import Calendar, timing_with
 from cronman.errors import TransientError
 from cronman.execution import execution_id
 from cronman.health import LATE, WATCHDOG
 from cronman.labels import parse_selector
+from cronman.late import LateSpan, late_span
 from cronman.notifications import Emit, Summary, body, new_event_id, on_event, on_tick
+from cronman.schedule import Timing
 from cronman.settings import Settings
 from cronman.timeutil import iso
 from scheduler_node.history import HistoryRow
@@ -56,7 +64,7 @@ log = logging.getLogger("cronman.watch")
 
 LOCK_KEY = 0x63726F6E6D616E  # "cronman": the advisory lock of the watch
 LOOKBACK_MS = 86_400_000  # the watchdog looks at most this far back (as far as a node catches up)
-MAX_LATE_PER_JOB = 1000  # late rows recorded per job and pass (a 1 s job down for a day...)
+_CALENDARS_FRESH_S = 1.0  # calendars read again at most this often (only their versions, unless changed)
 MAX_ATTEMPTS = 25  # a notification is retried this often (backoff up to 5 min: about 1.5 h)
 _EVENTS_PER_PASS = 2000
 _SENDS_PER_PASS = 500
@@ -72,6 +80,7 @@ class _Job:
     schedule: str
     late_after_ms: int
     updated_ms: int
+    calendars: tuple[str, ...] = ()
 
 
 class Watch:
@@ -87,8 +96,6 @@ class Watch:
         on_sent: Callable[[str], None] = lambda result: None,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        import time
-
         self.s = settings
         self.engine = engine
         self.executor = executor
@@ -100,7 +107,9 @@ class Watch:
         self.clock = clock or time.time
         self._conn: Any = None  # the connection that holds (or tries for) the advisory lock
         self._leading = False
-        self._watched: dict[str, int] = {}  # job id -> the watchdog looked up to here
+        self._watched: dict[str, LateSpan] = {}  # job id -> its late occurrences, counted up to a point
+        self._calendars: dict[tuple[str, str], Calendar] = {}
+        self._calendars_read = -_CALENDARS_FRESH_S
         self.jobs_read = 0  # by the last pass that looked for late occurrences
         # Set when the watch ends: a pass in the executor's thread stops at the next job (at exit the
         # interpreter waits for that thread; a stopping node must not wait for a whole pass).
@@ -248,61 +257,76 @@ class Watch:
             try:
                 cur.execute(
                     "SELECT id, slot, incarnation, namespace, schedule::text, options->>'late_after_seconds', "
-                    "floor(extract(epoch from updated_at) * 1000)::bigint FROM jobs "
+                    "floor(extract(epoch from updated_at) * 1000)::bigint, options->'calendars' FROM jobs "
                     f"WHERE deleted_at IS NULL AND NOT paused {where} AND {_LATE_AFTER_MS_SQL} < %(lag)s",
                     {"slots": slots, "lag": lag_ms},
                 )
                 for r in cur:
-                    yield _Job(r[0], r[1], int(r[2]), r[3], r[4], _late_after_ms(r[5]), int(r[6]))
+                    names = tuple(n for n in r[7] if isinstance(n, str)) if isinstance(r[7], list) else ()
+                    yield _Job(r[0], r[1], int(r[2]), r[3], r[4], _late_after_ms(r[5]), int(r[6]), names)
             finally:
                 cur.close()
 
-    def _late_rows(self, job: _Job, mark: int, now: int, since: int | None) -> tuple[list[HistoryRow], int | None]:
-        """The job's late occurrences after ``mark`` (and after ``since``, how far an earlier pass
-        recorded them), and how far the job's next pass goes on from: this pass's end when it found
-        late occurrences, else ``since`` as it was (None when no pass found any)."""
+    def _late_rows(
+        self, job: _Job, mark: int, now: int, previous: LateSpan | None
+    ) -> tuple[list[HistoryRow], LateSpan | None]:
+        """The row of the job's late occurrences after ``mark`` (one for the stall, counted on from
+        ``previous``, what an earlier pass recorded: `cronman.late.late_span`), if it has anything
+        new, and what the job's next pass goes on from."""
         late_after = job.late_after_ms
         end = now - late_after
-        start = max(mark, job.updated_ms - 1, now - LOOKBACK_MS, mark if since is None else since)
+        stall = max(mark, job.updated_ms - 1)  # a row goes on while its first occurrence is after this
+        start = max(stall, now - LOOKBACK_MS)
         if end <= start:
-            return [], since
+            return [], previous
         try:
-            timing = self._decoder.timing(job.schedule, job.id, job.namespace)
-            t = timing.next_after(start)
+            span = late_span(self._due_timing(job), start, end, previous, stall_ms=stall)
         except Exception as exc:  # noqa: BLE001 - one job's schedule never stops the watchdog
             log.warning("cannot compute the occurrences of a job: %s", exc, extra={"job_id": job.id})
-            return [], since
-        out: list[HistoryRow] = []
+            return [], previous
+        if span is None:
+            return [], previous
+        if previous is not None and (span.first_ms, span.count) == (previous.first_ms, previous.count):
+            return [], span  # nothing new: counted further, the row stays as it is
         reason = (
             f"late: no scheduler took it up within {late_after // 1000} s of its due time "
             f"(its slot was last fired through {iso(mark)})"
         )
-        while t is not None and t <= end and len(out) < MAX_LATE_PER_JOB:
-            out.append(
-                HistoryRow(
-                    job.id,
-                    t,
-                    0,
-                    0,
-                    execution_id(job.id, t),
-                    "schedule",
-                    LATE,
-                    WATCHDOG,
-                    None,
-                    None,
-                    None,
-                    None,
-                    reason,
-                    None,
-                    None,
-                    job.incarnation,
-                    job.namespace,
-                )
-            )
-            t = timing.next_after(t)
-        if not out:
-            return out, since
-        return out, end if t is None or t > end else out[-1].scheduled_ms
+        row = HistoryRow(
+            job.id,
+            span.first_ms,
+            0,
+            0,
+            execution_id(job.id, span.first_ms),
+            "schedule",
+            LATE,
+            WATCHDOG,
+            None,
+            None,
+            None,
+            None,
+            reason,
+            None,
+            None,
+            job.incarnation,
+            job.namespace,
+            None,
+            span.count,
+            span.last_ms,
+        )
+        return [row], span
+
+    def _due_timing(self, job: _Job) -> Timing:
+        """The job's due occurrences, as the nodes see them: its schedule with the calendars it
+        names (`cronman.calendars.timing_with`, the one definition both use)."""
+        base = self._decoder.timing(job.schedule, job.id, job.namespace)
+        if not job.calendars:
+            return base
+        clock = time.monotonic()
+        if clock - self._calendars_read >= _CALENDARS_FRESH_S:  # (versions only, unless one changed)
+            self._calendars, self._calendars_read = self.store.calendars(), clock
+        found = {n: c for n in job.calendars if (c := self._calendars.get((job.namespace, n))) is not None}
+        return timing_with(base, job.calendars, found)
 
     # ------------------------------------------------------------------ summarising events
     def summarise(self, now: int) -> int:

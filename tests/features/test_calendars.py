@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
+from flask import Flask
 from flask.testing import FlaskClient
 
+from api import create_app
 from cronman.receiver import Receiver
 from cronman.settings import Settings
+from tests.clients import keyed
+from tests.conftest import ADMIN_KEY
 from tests.features.conftest import Notifications, job, send
 from tests.helpers import NodeThread, wait_for
 
@@ -160,6 +166,109 @@ def test_next_fire_at_honours_calendars(admin: FlaskClient) -> None:
     assert listed[0]["next_fire_at"] == r.json["next_fire_at"]
 
 
+# zone, the day whose midnight falls in a daylight-saving gap (00:00 -> 01:00), its first instant
+MIDNIGHT_GAPS = [
+    ("America/Havana", "2026-03-08", "2026-03-08T05:00:00Z"),
+    ("America/Santiago", "2026-09-06", "2026-09-06T04:00:00Z"),
+    ("Africa/Cairo", "2026-04-24", "2026-04-23T22:00:00Z"),
+    ("Asia/Beirut", "2026-03-29", "2026-03-28T22:00:00Z"),
+]
+
+
+@pytest.mark.parametrize(("tz", "day", "first"), MIDNIGHT_GAPS)
+def test_next_after_an_excluded_day_whose_next_midnight_does_not_exist(
+    admin: FlaskClient, tz: str, day: str, first: str
+) -> None:
+    """Must show: a job every 2 s with a calendar excluding the day before a midnight that does not
+    exist answers /next from noon of the excluded day with the included day's first instant (the
+    first after the gap) and the occurrences after it (it answered an empty list), and its
+    next_fire_at is that instant."""
+    before = (date.fromisoformat(day) - timedelta(days=1)).isoformat()
+    send(admin, "put", "/v1/calendars/off", {"timezone": tz, "exclude": {"dates": [before]}})
+    schedule = {"type": "interval", "every_seconds": 2, "start_at": "2026-01-01T00:00:00Z"}
+    assert send(admin, "post", "/v1/jobs", job("every-2s", schedule=schedule, calendars=["off"])).status_code == 201
+    noon = datetime.fromisoformat(f"{before}T12:00:00").replace(tzinfo=ZoneInfo(tz)).isoformat()
+    r = admin.get("/v1/jobs/every-2s/next", query_string={"after": noon, "count": 3})
+    assert r.status_code == 200, r.json
+    start = datetime.fromisoformat(first)
+    assert r.json["next"] == [(start + timedelta(seconds=2 * k)).isoformat().replace("+00:00", "Z") for k in range(3)]
+    assert datetime.fromtimestamp(start.timestamp(), ZoneInfo(tz)).strftime("%Y-%m-%d %H:%M") == f"{day} 01:00"
+
+
+@pytest.fixture
+def quota_app(settings: Settings) -> Iterator[Callable[..., Flask]]:
+    """``quota_app(**quotas)``: the API with those quotas."""
+    made: list[Flask] = []
+
+    def make(**quotas: int) -> Flask:
+        made.append(create_app(settings.model_copy(update=quotas)))
+        return made[-1]
+
+    yield make
+    for app in made:
+        app.extensions["cronman"].store.engine.dispose()
+
+
+def _stored(engine_url: str) -> list[tuple[str, str]]:
+    import psycopg2
+
+    with psycopg2.connect(engine_url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT namespace, name FROM calendars ORDER BY 1, 2")
+        return [(r[0], r[1]) for r in cur.fetchall()]
+
+
+def test_a_namespace_keeps_at_most_its_quota_of_calendars(quota_app: Callable[..., Flask], database_url: str) -> None:
+    client = keyed(quota_app(calendars_per_namespace=3), ADMIN_KEY)
+    for name in ("a", "b", "c"):
+        assert send(client, "put", f"/v1/calendars/{name}?namespace=team", {}).status_code == 201
+    r = send(client, "put", "/v1/calendars/d?namespace=team", HOLIDAYS)
+    assert r.status_code == 409, r.json
+    err = r.json["error"]
+    assert err["code"] == "quota_exceeded" and "calendars_per_namespace" in err["message"], err
+    assert "CRONMAN_CALENDARS_PER_NAMESPACE" in err["message"] and "3" in err["message"]
+    assert ("team", "d") not in _stored(database_url)
+    # replacing one the namespace has is no new calendar; other namespaces have quotas of their own
+    assert send(client, "put", "/v1/calendars/a?namespace=team", HOLIDAYS).status_code == 200
+    assert send(client, "put", "/v1/calendars/d?namespace=other", HOLIDAYS).status_code == 201
+    assert client.delete("/v1/calendars/c?namespace=team").status_code == 204
+    assert send(client, "put", "/v1/calendars/d?namespace=team", HOLIDAYS).status_code == 201
+
+
+def test_the_count_holds_when_writes_come_at_once(quota_app: Callable[..., Flask], database_url: str) -> None:
+    app = quota_app(calendars_per_namespace=3)
+    statuses: list[int] = []
+
+    def put(i: int) -> None:
+        statuses.append(send(keyed(app, ADMIN_KEY), "put", f"/v1/calendars/c{i}?namespace=team", {}).status_code)
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(statuses) == [201] * 3 + [409] * 7
+    assert len([k for k in _stored(database_url) if k[0] == "team"]) == 3
+
+
+def test_a_calendar_larger_than_its_quota_is_refused_before_it_is_read(
+    quota_app: Callable[..., Flask], database_url: str
+) -> None:
+    client = keyed(quota_app(calendar_max_entries=5, calendar_max_bytes=2048), ADMIN_KEY)
+    six = {"exclude": {"dates": [f"2026-01-0{d}" for d in range(1, 5)], "annual": ["12-25"], "ranges": [{"x": 1}]}}
+    r = send(client, "put", "/v1/calendars/big", six)
+    assert r.status_code == 413, r.json
+    err = r.json["error"]  # (the bad range was never looked at: the count came first)
+    assert err["code"] == "quota_exceeded" and "calendar_max_entries" in err["message"] and err["field"] == "exclude"
+    five = {"exclude": {"dates": [f"2026-01-0{d}" for d in range(1, 5)], "annual": ["12-25"], "weekdays": ["sat"]}}
+    assert send(client, "put", "/v1/calendars/big", five).status_code == 201
+    # the bytes before anything is parsed: a body too large is refused whatever it holds
+    r = client.put("/v1/calendars/huge", data="[" * 3000, content_type="application/json")
+    assert r.status_code == 413, r.json
+    err = r.json["error"]
+    assert err["code"] == "quota_exceeded" and "calendar_max_bytes" in err["message"] and "2048" in err["message"]
+    assert _stored(database_url) == [("default", "big")]
+
+
 @pytest.fixture
 def node(settings: Settings) -> Iterator[NodeThread]:
     with NodeThread(settings) as n:
@@ -173,8 +282,10 @@ def _history(admin: FlaskClient, job_id: str) -> list[dict[str, Any]]:
 def test_an_occurrence_on_an_excluded_day_is_skipped_with_the_calendars_name(
     admin: FlaskClient, node: NodeThread
 ) -> None:
-    """Must show: firing on an excluded day records `skipped` with the calendar's name; a calendar
-    changed through the API applies at once."""
+    """Must show: firing on an excluded day records `skipped` with the calendar's name, one row for
+    the whole span of excluded days (a job made during it: from then on) with how many occurrences
+    it stands for, and nothing more while the span lasts; a calendar changed through the API
+    applies at once."""
     today: date = datetime.now(UTC).date()
     off = {"exclude": {"dates": [today.isoformat(), (today + timedelta(days=1)).isoformat()]}}
     send(admin, "put", "/v1/calendars/today-off", off)
@@ -191,18 +302,22 @@ def test_an_occurrence_on_an_excluded_day_is_skipped_with_the_calendars_name(
             ),
         )
         assert r.status_code == 201, r.json
+        created = datetime.fromisoformat(r.json["created_at"])
         skipped = wait_for(
-            lambda: (
-                [e for e in _history(admin, "every-second") if e["status"] == "skipped"][2:]
-                and _history(admin, "every-second")
-            ),
+            lambda: [e for e in _history(admin, "every-second") if e["status"] == "skipped"],
             15,
-            "three occurrences recorded skipped",
+            "the span recorded skipped",
         )
-        assert receiver.snapshot() == []
-        assert {e["status"] for e in skipped} == {"skipped"}
-        assert all(e["error"] == f"calendar today-off: {today} is excluded (UTC)" for e in skipped), skipped[0]
-        assert all(e["trigger"] == "schedule" and e["attempt"] == 1 for e in skipped)
+        time.sleep(3)  # three more seconds of the span: nothing more is recorded, nothing delivered
+        assert _history(admin, "every-second") == skipped and receiver.snapshot() == []
+        [row] = skipped
+        assert row["error"] == f"calendar today-off: {today} is excluded (UTC)", row
+        assert row["trigger"] == "schedule" and row["attempt"] == 1
+        first, last = datetime.fromisoformat(row["scheduled_for"]), datetime.fromisoformat(row["last_scheduled_for"])
+        assert created < first <= created + timedelta(seconds=1)  # the first occurrence after the job was made
+        end = datetime.combine(today + timedelta(days=2), datetime.min.time(), UTC)  # the span ends with tomorrow
+        assert end - timedelta(seconds=1) <= last < end
+        assert row["occurrences"] == (last - first) // timedelta(seconds=1) + 1 > 86_400
         # the calendar no longer excludes today: the next occurrences are delivered
         send(admin, "put", "/v1/calendars/today-off", {"exclude": {"weekdays": []}})
         changed = time.time()

@@ -286,3 +286,25 @@ def test_health_rows_keep_room_for_their_next_version(db) -> None:  # type: igno
     with db.connect() as conn:
         options = conn.execute(text("SELECT reloptions FROM pg_class WHERE relname = 'job_health'")).scalar()
     assert options is not None and "fillfactor=70" in options, options
+
+
+def test_a_summary_row_keeps_the_most_it_has_counted(db) -> None:  # type: ignore[no-untyped-def]
+    """A row standing for several occurrences (a skipped span, a stall found late) is written again
+    as its count grows; written again with less (a pass of a new leader that counts from the
+    start again, a row recovered from Redis), it keeps the most it has counted, and one row."""
+    import asyncio
+
+    first = parse_iso("2026-12-19T08:00:01Z")
+    late = _row("2026-12-19T08:00:01Z", attempt=0, node="watchdog")._replace(
+        status="late", fired_ms=None, finished_ms=None, lag_ms=None, http_status=None, error="late: ..."
+    )
+    for n in (25, 600, 40):
+        asyncio.run(_write(db, [late._replace(occurrences=n, last_ms=first + (n - 1) * 1000)]))
+    with db.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT occurrences, floor(extract(epoch from last_scheduled_for) * 1000)::bigint, duplicates "
+                "FROM scheduled_jobs WHERE job_id = 'job-x'"
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [(600, first + 599_000, 0)]

@@ -129,4 +129,9 @@ def test_jobs_that_cannot_be_late_yet_are_not_read(database_url: str, marked: Ma
             expected += 1
             t = timing.next_after(t)
     assert watch.jobs_read == len(eager)
-    assert fresh == expected and expected >= 10 * 12
+    # one row a job for its stall, standing for its late occurrences (one row each, before)
+    with psycopg2.connect(database_url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT job_id, occurrences FROM scheduled_jobs WHERE status = 'late' ORDER BY job_id")
+        late = cur.fetchall()
+    assert fresh == len(late) == len(eager) and [j for j, _ in late] == eager
+    assert sum(n for _, n in late) == expected and expected >= 10 * 12
