@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from cronman.calendars import Calendar, calendar_from_dict, calendar_to_dict, timing_with
+from cronman.calendars import Calendar, calendar_from_stored, calendar_to_dict, timing_with
 from cronman.errors import InvalidInput
 from cronman.schedule import Timing, timing_from_dict
 from cronman.spec import invalid_input
@@ -83,7 +83,9 @@ def timing_document(schedule: dict[str, Any], names: Sequence[str], found: Mappi
 
 def timing_of(document: dict[str, Any] | str, job_id: str, namespace: str) -> Timing:
     doc = json.loads(document) if isinstance(document, str) else document
-    found = {name: calendar_from_dict(cal) for name, cal in doc.get("calendars", [])}
+    # (written by timing_document from calendars the API validated: read without validating each
+    # entry again, and whatever calendar_max_entries was then)
+    found = {name: calendar_from_stored(cal) for name, cal in doc.get("calendars", [])}
     return timing_with(timing_from_dict(doc["schedule"], job_id, namespace), list(found), found)
 
 
