@@ -48,7 +48,8 @@ class CalendarExclude(_Doc):
 
 class CalendarSpec(_Doc):
     """A calendar as written (PUT body): the local dates it excludes, in its time zone. At most
-    10,000 dates, ranges and annual dates together."""
+    10,000 dates, ranges and annual dates together and 256 KiB by default (the namespace's quotas
+    calendar_max_entries and calendar_max_bytes: 413 quota_exceeded)."""
 
     timezone: str = Field("UTC", max_length=64, description="IANA time zone the dates are read in.")
     exclude: CalendarExclude = Field(default_factory=CalendarExclude)
@@ -161,8 +162,11 @@ def schedule_paths(
             "parameters": [_CALENDAR_NAME],
             "put": {
                 "summary": "Create or replace a calendar",
-                "description": "Jobs of the namespace name it in calendars: an occurrence on a day it excludes is "
-                "recorded as skipped, with the calendar's name, instead of delivered.",
+                "description": "Jobs of the namespace name it in calendars: occurrences on days it excludes are "
+                "not delivered; each span of excluded days is recorded as one skipped row, with the calendar's "
+                "name and how many occurrences it held. A namespace keeps at most calendars_per_namespace "
+                "calendars (100 by default: 409 quota_exceeded); a calendar larger than calendar_max_entries or "
+                "calendar_max_bytes is a 413 quota_exceeded, refused before it is parsed.",
                 "operationId": "putCalendar",
                 "parameters": [namespace],
                 "requestBody": _body(_ref("CalendarSpec"), _EXAMPLE_CALENDAR),
