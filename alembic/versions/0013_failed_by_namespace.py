@@ -1,7 +1,7 @@
 """failed executions indexed by namespace and time: the dashboard's "failing" jobs and failures
 across jobs read one namespace's failures, not the newest of everyone's
 
-Revision ID: 0013_failed_by_namespace
+Revision ID: 0013
 Revises: 0012
 Create Date: 2026-11-28
 """
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision = "0013_failed_by_namespace"
+revision = "0013"
 down_revision = "0012"
 branch_labels = None
 depends_on = None
