@@ -381,7 +381,8 @@ class Decoder:
         timing: Timing | IdPhasedInterval
         if options.calendars and self._book is not None:
             since = None if updated_ms is None else updated_ms - 1
-            timing = WithCalendars(self.timing(schedule_text, id, namespace), namespace, options.calendars, id, self._book, since)
+            base = self.timing(schedule_text, id, namespace)
+            timing = WithCalendars(base, namespace, options.calendars, id, self._book, since)
             self._book.register(timing)
         else:
             timing = self.job_timing(schedule_text, id, namespace)
