@@ -173,7 +173,8 @@ def test_a_cancellation_holds_for_retries_due_more_than_a_day_later(
         r = send(admin, "post", "/v1/jobs/m/backfill", {"from": _minute(-2), "to": _minute(-2)})
         assert r.status_code == 202, r.json
         b = r.json
-        wait_for(lambda: receiver.snapshot(), 20, "the first attempt (it fails)")
+        mine = lambda: [r for r in receiver.snapshot() if r.headers.get("Cronman-Backfill-Id") == b["id"]]  # noqa: E731
+        wait_for(mine, 20, "the first attempt (it fails)")
         assert admin.delete(f"/v1/backfills/{b['id']}").json["state"] == "cancelled"
         wait_for(
             lambda: rows(engine, "SELECT driver IS NULL FROM backfills WHERE id = :i", i=b["id"])[0][0],
@@ -192,5 +193,6 @@ def test_a_cancellation_holds_for_retries_due_more_than_a_day_later(
             )
 
         second = wait_for(attempt_2, 20, "the retry's outcome")
-        assert len(receiver.snapshot()) == 1  # the retry was not sent
+        # the retry was not sent (the job's own occurrence of a minute boundary may have been)
+        assert len(mine()) == 1
     assert second[0][0] == "cancelled" and "was cancelled" in second[0][1], second

@@ -76,7 +76,7 @@ def test_a_job_every_two_seconds_resumes_at_the_first_instant_of_the_included_da
     # from noon of the excluded day: the next occurrence is the included day's first instant
     assert iso(due.next_after(local_noon(tz, day - timedelta(days=1))) or 0) == first
     # the same through cron, every second
-    cron = timing_from_dict({"type": "cron", "expression": "* * * * * *", "timezone": tz}, "j")
+    cron = timing_from_dict({"type": "cron", "expression": "* * * * * *", "timezone": tz}, "j", "default")
     assert iso(CalendarTiming(cron, (("off", cal),)).next_after(local_noon(tz, day - timedelta(days=1))) or 0) == first
     # what a node fires: the excluded day's first occurrence (its one skipped row), then the included day
     fired = FiringTiming(due)
@@ -172,7 +172,7 @@ def test_counting_is_arithmetic_for_intervals_and_bounded_otherwise() -> None:
         every(1), parse_iso("2026-01-01T00:00:00Z"), parse_iso("2026-01-02T00:00:00Z"), 10
     )
     assert (n, iso(last or 0), complete) == (86_400, "2026-01-02T00:00:00Z", True)
-    cron = timing_from_dict({"type": "cron", "expression": "* * * * * *"}, "j")
+    cron = timing_from_dict({"type": "cron", "expression": "* * * * * *"}, "j", "default")
     n, last, complete = count_between(cron, parse_iso("2026-01-01T00:00:00Z"), parse_iso("2026-01-02T00:00:00Z"), 1000)
     assert (n, iso(last or 0), complete) == (1000, "2026-01-01T00:16:40Z", False)
     assert count_between(cron, 0, 0, 10) == (0, None, True)
@@ -180,7 +180,7 @@ def test_counting_is_arithmetic_for_intervals_and_bounded_otherwise() -> None:
 
 def test_giving_up_is_only_for_jobs_that_fire_on_excluded_days_alone() -> None:
     weekends = calendar_from_dict({"exclude": {"weekdays": ["sat", "sun"]}})
-    saturdays = timing_from_dict({"type": "cron", "expression": "0 9 * * SAT"}, "j")
+    saturdays = timing_from_dict({"type": "cron", "expression": "0 9 * * SAT"}, "j", "default")
     started = time.perf_counter()
     assert CalendarTiming(saturdays, (("w", weekends),)).next_after(0) is None
     assert time.perf_counter() - started < 1.0

@@ -117,7 +117,7 @@ def excluded_slowly(cal: Calendar, t: int) -> bool:
 
 def base_occurrences(schedule: dict[str, Any], lo: int, hi: int) -> list[int]:
     """Every occurrence of the schedule in (lo, hi], without calendars."""
-    base = timing_from_dict(schedule, "job")
+    base = timing_from_dict(schedule, "job", "default")
     out, t = [], base.next_after(lo)
     while t is not None and t <= hi:
         out.append(t)
