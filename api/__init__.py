@@ -107,7 +107,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     client = sync_client(settings, timeout=2.0)
     keys = Keys(settings.redis_prefix)
     notifier = ChangeNotifier(client, keys.changes_channel)
-    app.extensions["cronman"] = Services(settings, JobStore(engine), client, keys, notifier)
+    app.extensions["cronman"] = Services(
+        settings, JobStore(engine, quota=settings.quota_jobs_per_namespace), client, keys, notifier
+    )
 
     from api.backfills import bp as backfills_bp
     from api.batch import bp as batch_bp
@@ -154,7 +156,8 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.errorhandler(CronmanError)
     def _cronman_error(exc: CronmanError):  # type: ignore[no-untyped-def]
-        return _error(exc.status, exc.code, exc.message, exc.field)
+        note_error(exc.code)
+        return jsonify({"error": exc.to_dict()}), exc.status
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):  # type: ignore[no-untyped-def]

@@ -44,8 +44,9 @@ def put_rule(name: str) -> Response:
     check_name(name)
     spec = parse_rule(raw)
     namespace = target_namespace()
-    check_target(spec, services().settings, namespace)
-    rule, created = _store().put(namespace, name, spec)
+    settings = services().settings
+    check_target(spec, settings, namespace)
+    rule, created = _store().put(namespace, name, spec, settings.quota_notification_rules_per_namespace)
     resp = jsonify(rule_json(rule))
     resp.status_code = 201 if created else 200
     if created:

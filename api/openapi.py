@@ -163,6 +163,11 @@ class ErrorDetail(_Out):
     code: str
     message: str
     field: str | None
+    quota: str | None = Field(
+        None,
+        description="With code quota_exceeded: the quota the request would exceed, as its setting is named "
+        "(CRONMAN_QUOTA_...; docs/security.md, Quotas).",
+    )
 
 
 class Error(_Out):

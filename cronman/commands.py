@@ -384,7 +384,9 @@ def run_command(
         record = update(commands).where(commands.c.id == cmd.command_id)
         try:
             with conn.begin_nested():
-                job_id = apply_command(JobStore(engine).bound(conn), settings, cmd, actor, now_ms)
+                job_id = apply_command(
+                    JobStore(engine, quota=settings.quota_jobs_per_namespace).bound(conn), settings, cmd, actor, now_ms
+                )
         except TransientError:
             raise
         except (CronmanError, sqlalchemy.exc.DataError, sqlalchemy.exc.IntegrityError, ValueError) as exc:

@@ -89,6 +89,15 @@ jobs = Table(
     Index("ix_jobs_calendars", "namespace", postgresql_where=text("options ? 'calendars' AND deleted_at IS NULL")),
 )
 
+# Each namespace's live jobs, kept by statement triggers on jobs (migration 0013_namespace_quotas):
+# the jobs quota is checked by key, not by counting.
+namespace_usage = Table(
+    "namespace_usage",
+    metadata,
+    Column("namespace", Text, primary_key=True),
+    Column("jobs", BigInteger, nullable=False, server_default="0"),
+)
+
 # Manual "fire once now" requests; nodes read them like the job change feed.
 job_triggers = Table(
     "job_triggers",

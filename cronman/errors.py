@@ -75,6 +75,9 @@ class QuotaExceeded(CronmanError):
         if status is not None:
             self.status = status
 
+    def to_dict(self) -> dict[str, object]:
+        return {**super().to_dict(), "quota": self.quota}
+
 
 class TransientError(CronmanError):
     """A fault that may pass by itself (connection reset, timeout): retry with backoff."""

@@ -24,11 +24,11 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
-from sqlalchemy import Engine, and_, literal_column, select
+from sqlalchemy import Connection, Engine, and_, func, literal_column, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from cronman.db import notification_rules
-from cronman.errors import InvalidInput, NotFound
+from cronman.errors import InvalidInput, NotFound, QuotaExceeded
 from cronman.labels import MAX_SELECTOR, parse_selector
 from cronman.queues import queue_refusal
 from cronman.settings import Settings
@@ -131,7 +131,8 @@ class RuleStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def put(self, namespace: str, name: str, spec: NotificationSpec) -> tuple[Rule, bool]:
+    def put(self, namespace: str, name: str, spec: NotificationSpec, quota: int | None = None) -> tuple[Rule, bool]:
+        """Create or replace a rule; a new one past the namespace's ``quota`` of rules is refused."""
         values = {
             "namespace": namespace,
             "name": name,
@@ -153,7 +154,16 @@ class RuleStore:
             },
         ).returning(*_COLUMNS, literal_column("xmax = 0").label("inserted"))
         with self.engine.begin() as conn:
+            if quota is not None:
+                _lock_namespace(conn, namespace)
+            old = conn.execute(
+                select(c.target, c.events).where(c.namespace == namespace, c.name == name).with_for_update()
+            ).first()
+            if old is None and quota is not None:
+                _check_quota(conn, namespace, quota)
             row = conn.execute(stmt).mappings().one()
+            if old is not None:
+                _requeue(conn, namespace, name, retarget=old[0] != values["target"])
         return Rule(**{k: row[k] for k in Rule.__slots__}), bool(row["inserted"])
 
     def get(self, namespace: str, name: str) -> Rule:
@@ -174,11 +184,64 @@ class RuleStore:
             return [Rule(**r) for r in conn.execute(q).mappings()]
 
     def delete(self, namespace: str, name: str) -> None:
+        """Delete a rule, with what it still had to send and its summaries."""
         c = notification_rules.c
         with self.engine.begin() as conn:
             deleted = conn.execute(notification_rules.delete().where(and_(c.namespace == namespace, c.name == name)))
+            if deleted.rowcount:
+                params = {"ns": namespace, "rule": name}
+                conn.execute(text(_UNSENT + " DELETE FROM notification_outbox o USING u WHERE o.id = u.id"), params)
+                conn.execute(text("DELETE FROM notification_state WHERE namespace = :ns AND rule = :rule"), params)
         if deleted.rowcount == 0:
             raise NotFound(f"no notification {name!r}", field="name")
+
+
+# A rule's notifications still to send (the outbox keeps sent ones for a while: see purge).
+_UNSENT = (
+    "WITH u AS (SELECT id FROM notification_outbox WHERE namespace = :ns AND rule = :rule "
+    "AND sent_at IS NULL AND given_up_at IS NULL)"
+)
+
+
+def _lock_namespace(conn: Connection, namespace: str) -> None:
+    """Creates of one namespace's rules take turns: the count below holds until commit."""
+    conn.execute(
+        text("SELECT pg_advisory_xact_lock(hashtextextended('notification_rules:' || :ns, 0))"), {"ns": namespace}
+    )
+
+
+def _check_quota(conn: Connection, namespace: str, quota: int) -> None:
+    """A new rule past the namespace's quota is refused."""
+    count = conn.execute(select(func.count()).where(notification_rules.c.namespace == namespace)).scalar_one()
+    if count >= quota:
+        raise QuotaExceeded(
+            f"namespace {namespace!r} has {count} notification rules, its quota; delete one first "
+            f"(the quota is CRONMAN_QUOTA_NOTIFICATION_RULES_PER_NAMESPACE)",
+            quota="CRONMAN_QUOTA_NOTIFICATION_RULES_PER_NAMESPACE",
+            field="name",
+        )
+
+
+def _requeue(conn: Connection, namespace: str, name: str, *, retarget: bool) -> None:
+    """A rule replaced: what it still has to send goes where the rule says now (the sender reads the
+    target from the rule), tried afresh if the target changed; kinds of event it no longer sends
+    are dropped."""
+    params = {"ns": namespace, "rule": name}
+    conn.execute(
+        text(
+            _UNSENT + " , r AS (SELECT events FROM notification_rules WHERE namespace = :ns AND name = :rule) "
+            "DELETE FROM notification_outbox o USING u, r WHERE o.id = u.id AND NOT o.event = ANY(r.events)"
+        ),
+        params,
+    )
+    if retarget:
+        conn.execute(
+            text(
+                _UNSENT + " UPDATE notification_outbox o SET attempts = 0, next_attempt_at = now(), "
+                "last_error = NULL FROM u WHERE o.id = u.id"
+            ),
+            params,
+        )
 
 
 # --------------------------------------------------------------------------- summaries (pure)

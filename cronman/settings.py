@@ -129,6 +129,27 @@ class Settings(BaseSettings):
     calendars_per_namespace: int = Field(100, ge=0, le=100_000)
     calendar_max_entries: int = Field(10_000, ge=1, le=100_000)
     calendar_max_bytes: int = Field(256 * 1024, ge=1024, le=16 * 1024 * 1024)
+    # Notification dispatch (docs/operations.md, "Notifications"): each rule sends at most this
+    # many notifications a minute (the rest wait, counted, and go out summarised); each target has
+    # at most this many sends in flight, and one that fails or times out backs off alone; sent
+    # and abandoned notifications (and quiet summaries) are purged after this many days.
+    notification_rule_per_minute: int = Field(60, ge=1, le=100_000)
+    notification_target_concurrency: int = Field(4, ge=1, le=64)
+    notification_retention_days: int = Field(7, ge=1, le=3650)
+
+    # Quotas per namespace (docs/security.md, "Quotas"): a request past one is refused with 409
+    # quota_exceeded naming it, before any expensive work. Backfills: those running at once, the sum
+    # of their max_per_second, the bounds of one backfill's max_per_second and of the executions
+    # it may deliver; and the rate all backfills of the cluster share (fairly across namespaces).
+    quota_jobs_per_namespace: int = Field(1_000_000, ge=1)
+    quota_notification_rules_per_namespace: int = Field(100, ge=0, le=100_000)
+    quota_backfills_per_namespace: int = Field(20, ge=0, le=100_000)
+    quota_backfill_rate_per_namespace: float = Field(100.0, gt=0, le=1_000_000, allow_inf_nan=False)
+    backfill_min_per_second: float = Field(0.1, gt=0, le=1000, allow_inf_nan=False)
+    backfill_max_per_second: float = Field(1000.0, gt=0, le=1_000_000, allow_inf_nan=False)
+    backfill_max_executions: int = Field(100_000, ge=1, le=10_000_000)
+    backfill_cluster_rate: float = Field(1000.0, gt=0, le=1_000_000, allow_inf_nan=False)
+
     # Tracing: an OTLP/HTTP endpoint (http://collector:4318) nodes export delivery spans to.
     otlp_endpoint: str | None = None
 
@@ -171,6 +192,12 @@ class Settings(BaseSettings):
             topology(self)
         except ConfigError as exc:
             raise ValueError(exc.message) from None
+        return self
+
+    @model_validator(mode="after")
+    def _backfill_rates_ordered(self) -> Settings:
+        if self.backfill_min_per_second > self.backfill_max_per_second:
+            raise ValueError("CRONMAN_BACKFILL_MIN_PER_SECOND must not exceed CRONMAN_BACKFILL_MAX_PER_SECOND")
         return self
 
     @field_validator("api_key")

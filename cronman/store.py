@@ -39,8 +39,8 @@ from cronman.apikeys import DEFAULT_NAMESPACE
 from cronman.audit import NOBODY, Actor, audited
 from cronman.calendar_store import missing_calendars, unknown_calendar
 from cronman.changes import Stop
-from cronman.db import job_triggers, jobs, scheduled_jobs
-from cronman.errors import Conflict, CronmanError, InvalidInput, NotFound, PreconditionFailed
+from cronman.db import job_triggers, jobs, namespace_usage, scheduled_jobs
+from cronman.errors import Conflict, CronmanError, InvalidInput, NotFound, PreconditionFailed, QuotaExceeded
 from cronman.execution import Trigger, execution_id
 from cronman.hashing import slot_of
 from cronman.health import paused_by
@@ -180,13 +180,19 @@ def document_of(spec: JobSpec, job_id: str) -> dict[str, Any]:
 
 
 _RETURNED = ", ".join(c.name for c in _RETURNING)
+# The jobs quota in the same statement: the namespace's count is read under its row's lock (the
+# latest committed value; the statement's trigger adds this job to it before the lock goes), so
+# concurrent creates of one namespace cannot pass the quota together.
 _CREATE_SQL = f"""
-WITH created AS (
+WITH usage AS (
+    SELECT jobs FROM namespace_usage WHERE namespace = %(namespace)s FOR UPDATE
+), created AS (
     INSERT INTO jobs (id, namespace, name, schedule, target, payload, retry, paused, options, slot, version,
                       change_xid, created_at, updated_at, deleted_at, labels)
-    VALUES (%(id)s, %(namespace)s, %(name)s, %(schedule)s::jsonb, %(target)s::jsonb, %(payload)s, %(retry)s::jsonb,
+    SELECT %(id)s, %(namespace)s, %(name)s, %(schedule)s::jsonb, %(target)s::jsonb, %(payload)s, %(retry)s::jsonb,
             %(paused)s, %(options)s::jsonb, %(slot)s, nextval('jobs_version_seq'),
-            pg_current_xact_id()::text::bigint, now(), now(), NULL, %(labels)s::jsonb)
+            pg_current_xact_id()::text::bigint, now(), now(), NULL, %(labels)s::jsonb
+    WHERE coalesce((SELECT jobs FROM usage), 0) < %(quota)s
     ON CONFLICT (id) DO UPDATE SET
         namespace = EXCLUDED.namespace, name = EXCLUDED.name, schedule = EXCLUDED.schedule,
         target = EXCLUDED.target, payload = EXCLUDED.payload, retry = EXCLUDED.retry, paused = EXCLUDED.paused,
@@ -239,6 +245,27 @@ def _get(conn: Connection, job_id: str, namespace: str | None) -> JobRecord:
     if row is None:
         raise NotFound(f"no job with id {job_id!r}", field="id")
     return JobRecord.from_row(row)
+
+
+_NO_QUOTA = 2**62
+
+
+def _live_id(conn: Connection, job_id: str) -> bool:
+    return conn.execute(select(jobs.c.id).where(_live(job_id, None))).first() is not None
+
+
+def _usage(conn: Connection, namespace: str) -> int:
+    found = conn.execute(select(namespace_usage.c.jobs).where(namespace_usage.c.namespace == namespace)).scalar()
+    return int(found or 0)
+
+
+def _over_quota(namespace: str, usage: int, quota: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        f"namespace {namespace!r} has {min(usage, quota)} jobs, its quota; delete jobs first "
+        "(the quota is CRONMAN_QUOTA_JOBS_PER_NAMESPACE)",
+        quota="CRONMAN_QUOTA_JOBS_PER_NAMESPACE",
+        field="id",
+    )
 
 
 def _require_throttle(conn: Connection, spec: JobSpec, namespace: str) -> None:
@@ -505,12 +532,13 @@ class JobStore:
     A store made with :meth:`bound` runs inside the caller's transaction instead of its own (the
     command queue applies a command and records it as applied in one transaction)."""
 
-    def __init__(self, engine: Engine, conn: Connection | None = None) -> None:
+    def __init__(self, engine: Engine, conn: Connection | None = None, *, quota: int | None = None) -> None:
         self.engine = engine
         self._conn = conn
+        self.quota = quota  # live jobs per namespace (None: no limit)
 
     def bound(self, conn: Connection) -> JobStore:
-        return JobStore(self.engine, conn)
+        return JobStore(self.engine, conn, quota=self.quota)
 
     @contextmanager
     def _begin(self) -> Iterator[Connection]:
@@ -557,6 +585,7 @@ class JobStore:
             "action": audit.CREATE,
             "actor": actor.name,
             "detail": None if actor.detail is None else json.dumps(actor.detail),
+            "quota": _NO_QUOTA if self.quota is None else self.quota,
         }
         with self._begin() if spec.calendars else self._single_statement() as conn:
             _require_throttle(conn, spec, namespace)
@@ -564,6 +593,8 @@ class JobStore:
             if refused:
                 raise refused[0]
             row = conn.exec_driver_sql(_CREATE_SQL, params).mappings().first()
+            if row is None and self.quota is not None and not _live_id(conn, job_id):
+                raise _over_quota(namespace, _usage(conn, namespace), self.quota)
         if row is None:  # a live job has this id: a tombstoned one would have been revived
             raise Conflict(f"a job with id {job_id!r} already exists", field="id")
         return JobRecord.from_row(row)
@@ -583,10 +614,13 @@ class JobStore:
                 raise refused[0]
             row = conn.execute(_upsert(namespace, full=True), _upsert_params([(spec, job_id)], namespace, actor, None))
             found = row.mappings().first()
-        if found is None:  # the id belongs to another namespace
-            raise Conflict(f"a job with id {job_id!r} already exists", field="id")
-        record = JobRecord.from_row(found)
-        return record, record.created_at == record.updated_at
+            if found is None:  # the id belongs to another namespace
+                raise Conflict(f"a job with id {job_id!r} already exists", field="id")
+            record = JobRecord.from_row(found)
+            created = record.created_at == record.updated_at
+            if created:
+                self._check_quota(conn, record.namespace)
+        return record, created
 
     def put_many(
         self,
@@ -624,6 +658,8 @@ class JobStore:
                 written = {r.id: r.created for r in result}
                 if stops is not None:
                     stops.extend(Stop(r.id, r.version) for r in result if r.paused and not r.created)
+                if any(written.values()):  # (an admin's creates go to the default namespace)
+                    self._check_quota(conn, namespace or DEFAULT_NAMESPACE)
         for i, (_, job_id) in enumerate(items):
             if i in refused:
                 outcomes[i] = refused[i]
@@ -632,6 +668,15 @@ class JobStore:
             else:
                 outcomes[i] = Conflict(f"a job with id {job_id!r} already exists", field="id")
         return outcomes
+
+    def _check_quota(self, conn: Connection, namespace: str) -> None:
+        """After a write that created jobs, in its transaction: past the quota, it is undone. (The
+        write's trigger holds the namespace's count row until commit: writers take turns.)"""
+        if self.quota is None:
+            return
+        usage = _usage(conn, namespace)
+        if usage > self.quota:
+            raise _over_quota(namespace, usage, self.quota)
 
     def get(self, job_id: str, namespace: str | None = None) -> JobRecord:
         with self._connect() as conn:

@@ -1,0 +1,82 @@
+"""Quotas per namespace and fair shares of what namespaces have in common.
+
+- ``namespace_usage``: each namespace's live jobs, kept by statement triggers on ``jobs`` (one
+  row per namespace per statement, whatever the rows it wrote), so a create checks the jobs quota
+  by key instead of counting a million rows.
+
+Revision ID: 0013_namespace_quotas
+Revises: 0012
+Create Date: 2026-11-28
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from alembic import op
+
+revision = "0013_namespace_quotas"
+down_revision = "0012"
+branch_labels = None
+depends_on = None
+
+# One function for the three triggers (a trigger with transition tables has one event): each
+# statement adds, per namespace, its live rows after minus its live rows before.
+_COUNT_JOBS = """
+CREATE FUNCTION cronman_count_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO namespace_usage AS u (namespace, jobs)
+        SELECT namespace, count(*) FROM new_rows WHERE deleted_at IS NULL GROUP BY namespace ORDER BY namespace
+        ON CONFLICT (namespace) DO UPDATE SET jobs = u.jobs + excluded.jobs;
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO namespace_usage AS u (namespace, jobs)
+        SELECT namespace, sum(d) FROM (
+            SELECT namespace, 1 AS d FROM new_rows WHERE deleted_at IS NULL
+            UNION ALL SELECT namespace, -1 FROM old_rows WHERE deleted_at IS NULL
+        ) c GROUP BY namespace HAVING sum(d) <> 0 ORDER BY namespace
+        ON CONFLICT (namespace) DO UPDATE SET jobs = u.jobs + excluded.jobs;
+    ELSE
+        INSERT INTO namespace_usage AS u (namespace, jobs)
+        SELECT namespace, -count(*) FROM old_rows WHERE deleted_at IS NULL GROUP BY namespace ORDER BY namespace
+        ON CONFLICT (namespace) DO UPDATE SET jobs = u.jobs + excluded.jobs;
+    END IF;
+    RETURN NULL;
+END $$
+"""
+
+
+def upgrade() -> None:
+    op.create_table(
+        "namespace_usage",
+        sa.Column("namespace", sa.Text(), nullable=False),
+        sa.Column("jobs", sa.BigInteger(), server_default="0", nullable=False),
+        sa.PrimaryKeyConstraint("namespace"),
+    )
+    # writes to jobs wait until the migration commits: the count below misses none
+    op.execute("LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE")
+    op.execute(_COUNT_JOBS)
+    op.execute(
+        "CREATE TRIGGER jobs_count_insert AFTER INSERT ON jobs REFERENCING NEW TABLE AS new_rows "
+        "FOR EACH STATEMENT EXECUTE FUNCTION cronman_count_jobs()"
+    )
+    op.execute(
+        "CREATE TRIGGER jobs_count_update AFTER UPDATE ON jobs REFERENCING OLD TABLE AS old_rows "
+        "NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION cronman_count_jobs()"
+    )
+    op.execute(
+        "CREATE TRIGGER jobs_count_delete AFTER DELETE ON jobs REFERENCING OLD TABLE AS old_rows "
+        "FOR EACH STATEMENT EXECUTE FUNCTION cronman_count_jobs()"
+    )
+    op.execute(
+        "INSERT INTO namespace_usage (namespace, jobs) "
+        "SELECT namespace, count(*) FROM jobs WHERE deleted_at IS NULL GROUP BY namespace"
+    )
+
+
+def downgrade() -> None:
+    op.execute("DROP TRIGGER jobs_count_delete ON jobs")
+    op.execute("DROP TRIGGER jobs_count_update ON jobs")
+    op.execute("DROP TRIGGER jobs_count_insert ON jobs")
+    op.execute("DROP FUNCTION cronman_count_jobs()")
+    op.drop_table("namespace_usage")

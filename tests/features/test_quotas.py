@@ -1,0 +1,139 @@
+"""Quotas per namespace through the API (real PostgreSQL): a request past one is a 409
+``quota_exceeded`` naming the quota's setting, stores nothing, and other namespaces are untouched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from sqlalchemy import Engine
+from sqlalchemy import text as sqltext
+
+from api import create_app
+from cronman.apikeys import ApiKeyStore
+from cronman.settings import Settings
+from tests.features.conftest import job, keyed, rows, send
+
+RULE = {"events": ["execution.failed"], "target": {"type": "http", "url": "https://example.com/alerts"}}
+
+
+@pytest.fixture
+def make_app(settings: Settings) -> Iterator[Callable[..., Flask]]:
+    apps: list[Flask] = []
+
+    def make(**quotas: Any) -> Flask:
+        app = create_app(settings.model_copy(update=quotas))
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.extensions["cronman"].store.engine.dispose()
+
+
+def _clients(app: Flask, *namespaces: str) -> list[FlaskClient]:
+    keys = ApiKeyStore(app.extensions["cronman"].store.engine)
+    return [keyed(app, keys.create(ns, f"tests: {ns}")[1]) for ns in namespaces]
+
+
+def _refused(r: Any, quota: str) -> None:
+    assert r.status_code == 409, r.json
+    error = r.json["error"]
+    assert (error["code"], error["quota"]) == ("quota_exceeded", quota), error
+    assert quota in error["message"], error
+
+
+def test_notification_rules_per_namespace(make_app: Callable[..., Flask]) -> None:
+    app = make_app(quota_notification_rules_per_namespace=3)
+    engine: Engine = app.extensions["cronman"].store.engine
+    a, b = _clients(app, "team-a", "team-b")
+    for i in range(3):
+        assert send(a, "put", f"/v1/notifications/r{i}", RULE).status_code == 201
+    _refused(send(a, "put", "/v1/notifications/r3", RULE), "CRONMAN_QUOTA_NOTIFICATION_RULES_PER_NAMESPACE")
+    assert rows(engine, "SELECT count(*) FROM notification_rules WHERE namespace = 'team-a'")[0][0] == 3
+    # replacing a rule is no new rule; another namespace has its own quota; a delete makes room
+    assert send(a, "put", "/v1/notifications/r0", {**RULE, "min_interval_seconds": 5}).status_code == 200
+    assert send(b, "put", "/v1/notifications/r0", RULE).status_code == 201
+    assert a.delete("/v1/notifications/r1").status_code == 204
+    assert send(a, "put", "/v1/notifications/r3", RULE).status_code == 201
+
+
+def _job(job_id: str) -> dict[str, Any]:
+    return job(job_id)
+
+
+def test_jobs_per_namespace(make_app: Callable[..., Flask]) -> None:
+    app = make_app(quota_jobs_per_namespace=3)
+    engine: Engine = app.extensions["cronman"].store.engine
+    a, b = _clients(app, "team-a", "team-b")
+    quota = "CRONMAN_QUOTA_JOBS_PER_NAMESPACE"
+    assert send(a, "post", "/v1/jobs", _job("a1")).status_code == 201
+    assert send(a, "put", "/v1/jobs/a2", _job("a2")).status_code == 201
+    r = send(a, "post", "/v1/jobs:batch", {"jobs": [_job("a3"), _job("a4")]})
+    _refused(r, quota)  # the batch as a whole: it would pass the quota
+    assert send(a, "post", "/v1/jobs:batch", {"jobs": [_job("a3"), _job("a1")]}).json["created"] == 1
+    _refused(send(a, "post", "/v1/jobs", _job("a4")), quota)
+    _refused(send(a, "put", "/v1/jobs/a4", _job("a4")), quota)
+    live = "SELECT id FROM jobs WHERE namespace = 'team-a' AND deleted_at IS NULL ORDER BY id"
+    assert [r[0] for r in rows(engine, live)] == ["a1", "a2", "a3"]
+    # at the quota a job is still replaced; an id taken is a conflict, not a quota
+    assert send(a, "put", "/v1/jobs/a1", job("a1", name="renamed")).status_code == 200
+    assert send(a, "post", "/v1/jobs", _job("a1")).status_code == 409
+    assert send(a, "post", "/v1/jobs", _job("a1")).json["error"]["code"] == "conflict"
+    assert send(b, "post", "/v1/jobs", _job("b1")).status_code == 201  # another namespace's own quota
+    assert a.delete("/v1/jobs/a2").status_code == 204
+    assert send(a, "post", "/v1/jobs", _job("a2")).status_code == 201  # a delete made room (a tombstone revived)
+    counted = rows(engine, "SELECT namespace, jobs FROM namespace_usage WHERE jobs <> 0 ORDER BY namespace")
+    actual = rows(
+        engine, "SELECT namespace, count(*) FROM jobs WHERE deleted_at IS NULL GROUP BY namespace ORDER BY namespace"
+    )
+    assert [tuple(r) for r in counted] == [tuple(r) for r in actual] == [("team-a", 3), ("team-b", 1)]
+
+
+def test_the_count_follows_every_kind_of_write(admin: FlaskClient, engine: Engine) -> None:
+    """Creates, batches, deletes, revived tombstones, purged tombstones and rows written by SQL:
+    the count per namespace is the live jobs' count after each."""
+
+    def agrees() -> None:
+        counted = dict(rows(engine, "SELECT namespace, jobs FROM namespace_usage WHERE jobs <> 0"))
+        actual = dict(rows(engine, "SELECT namespace, count(*) FROM jobs WHERE deleted_at IS NULL GROUP BY 1"))
+        assert counted == actual
+
+    for i in range(5):
+        send(admin, "post", "/v1/jobs", _job(f"j{i}"))
+    agrees()
+    send(admin, "post", "/v1/jobs:batch", {"jobs": [_job(f"k{i}") for i in range(20)] + [_job("j0")]})
+    agrees()
+    for i in range(0, 20, 3):
+        admin.delete(f"/v1/jobs/k{i}")
+    agrees()
+    send(admin, "post", "/v1/jobs", _job("k0"))  # revived
+    with engine.begin() as conn:
+        conn.execute(sqltext("UPDATE jobs SET namespace = 'moved' WHERE id LIKE 'j%'"))
+        conn.execute(sqltext("DELETE FROM jobs WHERE deleted_at IS NOT NULL"))
+        conn.execute(sqltext("DELETE FROM jobs WHERE id = 'k1'"))
+    agrees()
+    assert dict(rows(engine, "SELECT namespace, jobs FROM namespace_usage WHERE jobs <> 0")) == {
+        "default": 13,
+        "moved": 5,
+    }
+
+
+def test_concurrent_creates_do_not_pass_the_jobs_quota(make_app: Callable[..., Flask]) -> None:
+    app = make_app(quota_jobs_per_namespace=10)
+    engine: Engine = app.extensions["cronman"].store.engine
+    send(_clients(app, "team-a")[0], "post", "/v1/jobs", _job("first"))  # (the count's row exists)
+    clients = _clients(app, *["team-a"] * 8)
+
+    def create(n: int) -> list[int]:
+        c = clients[n]
+        return [send(c, "post", "/v1/jobs", _job(f"c{n}-{i}")).status_code for i in range(4)]
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = [code for got in pool.map(create, range(8)) for code in got]
+    assert sorted(set(codes)) == [201, 409] and codes.count(201) == 9, codes
+    assert rows(engine, "SELECT count(*) FROM jobs WHERE namespace = 'team-a' AND deleted_at IS NULL")[0][0] == 10
