@@ -12,7 +12,7 @@ from flask import Blueprint, Response, jsonify
 
 from api.common import actor, int_arg, json_body, now_ms, own_namespace, services
 from cronman.backfill_store import Backfill, BackfillStore
-from cronman.backfills import BACKFILL_ID_PATTERN, check_range, parse_backfill
+from cronman.backfills import BACKFILL_ID_PATTERN, BackfillLimits, check_range, parse_backfill
 from cronman.calendar_store import CalendarStore, names_of
 from cronman.errors import NotFound
 from cronman.spec import JOB_ID_RE
@@ -73,7 +73,8 @@ def create_backfill(job_id: str) -> Response:
     record = svc.store.get(job_id, own_namespace())
     names = names_of(record.options)
     found = CalendarStore(svc.store.engine).named({(record.namespace, n) for n in names})
-    backfill = _store().create(record, spec, range_ms, {n: c for (_, n), c in found.items()}, actor())
+    limits = BackfillLimits.of(svc.settings)
+    backfill = _store().create(record, spec, range_ms, {n: c for (_, n), c in found.items()}, actor(), limits)
     svc.notify_change()
     resp = jsonify(backfill_json(backfill))
     resp.status_code = 202

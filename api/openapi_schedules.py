@@ -195,7 +195,9 @@ def schedule_paths(
                 "description": "Each occurrence in [from, to] (on days the job's calendars allow) is delivered as "
                 "an execution of its own: trigger backfill:<id>, an execution id of its own, a Cronman-Backfill-Id "
                 f"header or SQS attribute, retried by the job's retry policy; at most max_per_second across the "
-                f"cluster; at most {MAX_OCCURRENCES} executions. A paused job's backfill waits until it resumes.",
+                f"cluster; at most CRONMAN_BACKFILL_MAX_EXECUTIONS executions (default {MAX_OCCURRENCES}: 400 "
+                "too_large); per namespace, running backfills and their max_per_second together are bounded by "
+                "quotas (409 quota_exceeded). A paused job's backfill waits until it resumes.",
                 "operationId": "backfillJob",
                 "parameters": [job_id],
                 "requestBody": _body(

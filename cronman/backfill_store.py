@@ -14,10 +14,18 @@ from sqlalchemy import Connection, Engine, and_, func, select, text, update
 
 from cronman import audit
 from cronman.audit import Actor
-from cronman.backfills import MAX_RUNNING_PER_JOB, BackfillSpec, count, new_backfill_id, timing_document, timing_of
+from cronman.backfills import (
+    MAX_RUNNING_PER_JOB,
+    BackfillLimits,
+    BackfillSpec,
+    check_rate,
+    count,
+    new_backfill_id,
+    timing_document,
+)
 from cronman.calendars import Calendar
 from cronman.db import backfills, jobs
-from cronman.errors import Conflict, NotFound
+from cronman.errors import Conflict, NotFound, QuotaExceeded
 from cronman.execution import backfill_trigger
 from cronman.spec import options_with_defaults
 from cronman.store import JobRecord
@@ -115,6 +123,39 @@ def _with_progress(conn: Connection, r: Mapping[Any, Any]) -> Backfill:
     )
 
 
+def _check_limits(conn: Connection, record: JobRecord, spec: BackfillSpec, limits: BackfillLimits) -> None:
+    """The job's running backfills, and the namespace's (how many, and their rate together)."""
+    b = backfills.c
+    running = conn.execute(select(func.count()).where(b.job_id == record.id, b.state == "running")).scalar_one()
+    if running >= MAX_RUNNING_PER_JOB:
+        raise Conflict(
+            f"job {record.id!r} has {running} backfills running; at most {MAX_RUNNING_PER_JOB} at a time",
+            field="id",
+            code="too_many_backfills",
+        )
+    ns = record.namespace
+    n, rate = conn.execute(
+        select(func.count(), func.coalesce(func.sum(b.max_per_second), 0.0)).where(
+            b.namespace == ns, b.state == "running"
+        )
+    ).one()
+    if n >= limits.running:
+        raise QuotaExceeded(
+            f"namespace {ns!r} has {n} backfills running, its quota; wait for one to finish or cancel one "
+            "(the quota is CRONMAN_QUOTA_BACKFILLS_PER_NAMESPACE)",
+            quota="CRONMAN_QUOTA_BACKFILLS_PER_NAMESPACE",
+            field="id",
+        )
+    if float(rate) + spec.max_per_second > limits.rate * (1 + 1e-9):
+        raise QuotaExceeded(
+            f"namespace {ns!r} has backfills running at {float(rate):g} executions a second together; with "
+            f"{spec.max_per_second:g} more it would pass its quota of {limits.rate:g} "
+            "(the quota is CRONMAN_QUOTA_BACKFILL_RATE_PER_NAMESPACE)",
+            quota="CRONMAN_QUOTA_BACKFILL_RATE_PER_NAMESPACE",
+            field="max_per_second",
+        )
+
+
 class BackfillStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -126,25 +167,28 @@ class BackfillStore:
         range_ms: tuple[int, int],
         found: Mapping[str, Calendar],
         actor: Actor,
+        limits: BackfillLimits | None = None,
     ) -> Backfill:
-        """A new running backfill of the job as it is now (schedule and calendars kept with it)."""
+        """A new running backfill of the job as it is now (schedule and calendars kept with it).
+        The limits are checked before its occurrences are counted (a refusal costs a query), and
+        again where it is written."""
+        limits = limits or BackfillLimits()
+        check_rate(spec, limits)
         names = list(options_with_defaults(record.options)["calendars"])
         events = int(record.options.get("events_per_trigger") or 1)
         document = timing_document(record.schedule, names, found)
-        total = count(timing_of(document, record.id, record.namespace), *range_ms, events)
+        with self.engine.connect() as conn:
+            _check_limits(conn, record, spec, limits)
+        total = count(document, record.id, record.namespace, *range_ms, events, limits.max_executions)
         backfill_id = new_backfill_id()
         with self.engine.begin() as conn:
-            # one writer per job at a time: the running count below stays true until commit
+            # one writer per namespace and job at a time: the counts below stay true until commit
+            conn.execute(
+                text("SELECT pg_advisory_xact_lock(hashtextextended('backfills:' || :ns, 0))"),
+                {"ns": record.namespace},
+            )
             conn.execute(select(jobs.c.id).where(jobs.c.id == record.id).with_for_update())
-            running = conn.execute(
-                select(func.count()).where(backfills.c.job_id == record.id, backfills.c.state == "running")
-            ).scalar_one()
-            if running >= MAX_RUNNING_PER_JOB:
-                raise Conflict(
-                    f"job {record.id!r} has {running} backfills running; at most {MAX_RUNNING_PER_JOB} at a time",
-                    field="id",
-                    code="too_many_backfills",
-                )
+            _check_limits(conn, record, spec, limits)
             conn.execute(
                 backfills.insert().values(
                     id=backfill_id,

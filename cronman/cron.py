@@ -195,6 +195,10 @@ class CronExpr:
             day, tod = 1, first
         return None
 
+    def days_of(self, year: int, month: int) -> tuple[int, ...]:
+        """The days of a month the day fields allow (the month itself aside)."""
+        return self._month_days(year, month)
+
     # -- helpers -------------------------------------------------------------------------------
     def _next_month(self, year: int, month: int) -> tuple[int, int]:
         i = bisect_right(self.months, month)

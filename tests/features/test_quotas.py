@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -137,3 +139,69 @@ def test_concurrent_creates_do_not_pass_the_jobs_quota(make_app: Callable[..., F
         codes = [code for got in pool.map(create, range(8)) for code in got]
     assert sorted(set(codes)) == [201, 409] and codes.count(201) == 9, codes
     assert rows(engine, "SELECT count(*) FROM jobs WHERE namespace = 'team-a' AND deleted_at IS NULL")[0][0] == 10
+
+
+def _minute(offset_minutes: int) -> str:
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    return (now + timedelta(minutes=offset_minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _backfill(client: FlaskClient, job_id: str, rate: float) -> Any:
+    body = {"from": _minute(-30), "to": _minute(-1), "max_per_second": rate}
+    return send(client, "post", f"/v1/jobs/{job_id}/backfill", body)
+
+
+def test_backfill_rates_have_bounds(make_app: Callable[..., Flask]) -> None:
+    """1e-9 a second kept a backfill running for ever: the rate lies between the deployment's bounds."""
+    app = make_app(backfill_min_per_second=0.5, backfill_max_per_second=20)
+    engine: Engine = app.extensions["cronman"].store.engine
+    (a,) = _clients(app, "team-a")
+    send(a, "post", "/v1/jobs", job("m", schedule={"type": "interval", "every_seconds": 60}))
+    for rate in (1e-9, 0.4, 21):
+        r = _backfill(a, "m", rate)
+        assert r.status_code == 400 and r.json["error"]["field"] == "max_per_second", r.json
+        assert "CRONMAN_BACKFILL_MIN_PER_SECOND" in r.json["error"]["message"], r.json
+    assert rows(engine, "SELECT count(*) FROM backfills")[0][0] == 0
+    assert _backfill(a, "m", 0.5).status_code == 202 and _backfill(a, "m", 20).status_code == 202
+
+
+def test_running_backfills_per_namespace(make_app: Callable[..., Flask]) -> None:
+    app = make_app(quota_backfills_per_namespace=3)
+    a, b = _clients(app, "team-a", "team-b")
+    for c in (a, b):
+        for i in range(2):
+            send(c, "post", "/v1/jobs", job(f"{id(c)}-{i}", schedule={"type": "interval", "every_seconds": 60}))
+    made = [_backfill(a, f"{id(a)}-{i % 2}", 1).json for i in range(3)]
+    _refused(_backfill(a, f"{id(a)}-1", 1), "CRONMAN_QUOTA_BACKFILLS_PER_NAMESPACE")
+    assert _backfill(b, f"{id(b)}-0", 1).status_code == 202  # another namespace has its own
+    assert a.delete(f"/v1/backfills/{made[0]['id']}").status_code == 200  # a cancel makes room
+    assert _backfill(a, f"{id(a)}-1", 1).status_code == 202
+
+
+def test_backfill_rate_per_namespace(make_app: Callable[..., Flask]) -> None:
+    app = make_app(quota_backfill_rate_per_namespace=10)
+    engine: Engine = app.extensions["cronman"].store.engine
+    (a,) = _clients(app, "team-a")
+    send(a, "post", "/v1/jobs", job("m", schedule={"type": "interval", "every_seconds": 60}))
+    assert _backfill(a, "m", 6).status_code == 202
+    r = _backfill(a, "m", 5)
+    _refused(r, "CRONMAN_QUOTA_BACKFILL_RATE_PER_NAMESPACE")
+    assert r.json["error"]["field"] == "max_per_second"
+    assert _backfill(a, "m", 4).status_code == 202
+    assert rows(engine, "SELECT sum(max_per_second) FROM backfills WHERE state = 'running'")[0][0] == 10
+
+
+def test_a_range_too_large_is_refused_before_its_occurrences_are_listed(admin: FlaskClient) -> None:
+    """A per-second job over 40 days (3.5 million occurrences): refused by the bound, in a few
+    milliseconds; before, each such request listed 100,001 occurrences first (2.25 s of CPU)."""
+    send(admin, "post", "/v1/jobs", job("s", schedule={"type": "cron", "expression": "* * * * * *"}))
+    body = {"from": _minute(-40 * 24 * 60), "to": _minute(-1)}
+    send(admin, "post", "/v1/jobs/s/backfill", body)  # (warm)
+    took = []
+    for _ in range(3):
+        started = time.perf_counter()
+        r = send(admin, "post", "/v1/jobs/s/backfill", body)
+        took.append(time.perf_counter() - started)
+        assert r.status_code == 400 and r.json["error"]["code"] == "too_large", r.json
+    assert "CRONMAN_BACKFILL_MAX_EXECUTIONS" in r.json["error"]["message"]
+    assert min(took) < 0.25, took
