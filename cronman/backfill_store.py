@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, select, text, update
+from sqlalchemy import ColumnElement, Connection, Engine, and_, func, literal_column, select, text, update
 
 from cronman import audit
 from cronman.audit import Actor
@@ -30,6 +30,10 @@ from cronman.execution import backfill_trigger
 from cronman.spec import options_with_defaults
 from cronman.store import JobRecord
 from cronman.timeutil import from_ms, iso
+
+# Every change a node must learn of (created, cancelled, all handed out) stamps the writing
+# transaction's id: the nodes read what changed (change_xid >= their snapshot's xmin), as they read jobs.
+_CURRENT_XID: ColumnElement[int] = literal_column("pg_current_xact_id()::text::bigint")
 
 
 class BackfillState(enum.StrEnum):
@@ -203,6 +207,7 @@ class BackfillStore:
                     total=total,
                     state="running",
                     created_by=actor.name,
+                    change_xid=_CURRENT_XID,
                 )
             )
             detail = {"backfill_id": backfill_id, "from": iso(range_ms[0]), "to": iso(range_ms[1]), "total": total}
@@ -243,7 +248,7 @@ class BackfillStore:
         stmt = (
             update(backfills)
             .where(b.id == backfill_id, b.state != "cancelled")
-            .values(state="cancelled", reason="cancelled", updated_at=func.now())
+            .values(state="cancelled", reason="cancelled", updated_at=func.now(), change_xid=_CURRENT_XID)
             .returning(b.job_id, b.namespace)
         )
         with self.engine.begin() as conn:

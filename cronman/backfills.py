@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
@@ -248,3 +248,28 @@ def _times_between(e: CronExpr, a: int, b: int) -> int:
                 continue
             n += per_minute if a <= ms and ms + 59 <= b else sum(1 for x in seconds if a <= ms + x <= b)
     return n
+
+
+# ------------------------------------------------------------------ sharing the cluster's rate
+def fair_rates(running: Iterable[tuple[str, str, float]], cluster: float, per_namespace: float) -> dict[str, float]:
+    """The rate each running backfill ``(id, namespace, max_per_second)`` is handed out at: a
+    namespace asks for its backfills' rates together, at most ``per_namespace``; ``cluster`` is
+    shared between the namespaces max-min fairly (each gets what it asks for, or an equal share of
+    what the smaller askers leave); a namespace's share is split between its backfills in
+    proportion to their rates. Every node computes the same from the same rows."""
+    by_namespace: dict[str, list[tuple[str, float]]] = {}
+    for backfill_id, namespace, rate in running:
+        by_namespace.setdefault(namespace, []).append((backfill_id, rate))
+    asked = {ns: min(per_namespace, sum(r for _, r in items)) for ns, items in by_namespace.items()}
+    share: dict[str, float] = {}
+    left = cluster
+    ordered = sorted(asked.items(), key=lambda kv: (kv[1], kv[0]))
+    for i, (ns, wants) in enumerate(ordered):
+        share[ns] = min(wants, left / (len(ordered) - i))
+        left -= share[ns]
+    out: dict[str, float] = {}
+    for ns, items in by_namespace.items():
+        total = sum(r for _, r in items)
+        scale = min(1.0, share[ns] / total) if total > 0 else 0.0
+        out.update((backfill_id, rate * scale) for backfill_id, rate in items)
+    return out

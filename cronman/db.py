@@ -418,6 +418,14 @@ backfills = Table(
     Column("created_by", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column(
+        "change_xid",
+        BigInteger,
+        nullable=False,
+        server_default="0",
+        comment="the transaction that last created, cancelled or finished handing it out: the nodes' feed",
+    ),
     Index("ix_backfills_active", "state", postgresql_where=text("state <> 'dispatched'")),
+    Index("ix_backfills_change_xid", "change_xid"),
     Index("ix_backfills_job", "job_id", "created_at"),
 )

@@ -594,6 +594,18 @@ class Firer:
         cfg = self.cfg
         return max(cfg.backlog_min, (2 * cfg.max_in_flight if cfg.backlog_room is None else cfg.backlog_room) - busy)
 
+    def spare_room(self) -> int:
+        """How many executions that can wait (a backfill's) may be queued now, behind on-time
+        work: none while late occurrences wait in the backlog; else what is left of
+        max_in_flight by the executions claimed or queued (those waiting for a throttle's permits
+        aside), keeping the other half of the backlog's room for a catch-up."""
+        if self._backlog:
+            return 0
+        busy = len(self.held) + len(self.due)
+        if self.throttle is not None and self.throttle.waiting:
+            busy -= self.throttle.waiting_count()
+        return max(0, self.cfg.max_in_flight - busy)
+
     def _claimed(self, now: int, pending: int) -> int:
         """How far every occurrence of the slots this node claims on time has been claimed: not
         past the timer's head or what waits to be claimed (``pending``, from :meth:`_pending`)."""

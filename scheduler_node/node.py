@@ -211,7 +211,14 @@ class Node:
             )
             firer.standby.on_claim = lambda reason: m.standby_claims.labels(reason).inc()
             firer.standby.epoch = self._epoch or ""
-        self.backfills = BackfillDriver(firer, parts.store, self.holder, max(3 * self.lease_ms, 5000))
+        self.backfills = BackfillDriver(
+            firer,
+            parts.store,
+            self.holder,
+            max(3 * self.lease_ms, 5000),
+            cluster_rate=s.backfill_cluster_rate,
+            namespace_rate=s.quota_backfill_rate_per_namespace,
+        )
         self.decoder = Decoder(parts.senders.decode, self.phased_from_ms, self.calendars)
         await parts.senders.start()
         self._sync_wake = asyncio.Event()

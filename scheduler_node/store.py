@@ -90,6 +90,7 @@ class BackfillRow:
     cursor_ms: int | None  # every occurrence up to here is claimed
     dispatched: int
     live_incarnation: int | None  # the job's incarnation, while it is live
+    namespace: str = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +235,17 @@ class NodeStore(abc.ABC):
     async def backfills(self) -> list[BackfillRow]:
         """Running backfills, and the cancelled ones whose executions may still retry (those of
         the last day, and longer while their job's retries can still come)."""
+
+    async def backfill_changes(self, cursor: int | None) -> tuple[int, list[BackfillRow], bool]:
+        """The backfills changed since ``cursor`` (None: from scratch), the cursor to pass next,
+        and whether the rows are every backfill to know of (then what is not among them is gone).
+        Rows may come without their timing document (``timing`` empty: see backfill_timing).
+        This default, for a store with no change feed, reads them all every time."""
+        return 0, await self.backfills(), True
+
+    async def backfill_timing(self, backfill_id: str) -> str | None:
+        """A backfill's timing document (when the rows came without it)."""
+        return next((r.timing for r in await self.backfills() if r.id == backfill_id), None)
 
     @abc.abstractmethod
     async def lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
@@ -799,6 +811,29 @@ class PgNodeStore(NodeStore):
             rows = conn.execute(_BACKFILLS)
             return [BackfillRow(*r) for r in rows]
 
+    async def backfill_changes(self, cursor: int | None) -> tuple[int, list[BackfillRow], bool]:
+        return await self._call(self._backfill_changes, cursor)
+
+    def _backfill_changes(self, cursor: int | None) -> tuple[int, list[BackfillRow], bool]:
+        """Without a cursor: the running backfills, and the newest cancelled ones of each namespace
+        (the nodes cancel their executions still to retry); then, what changed since (the same
+        snapshot rule as the job feed: ``change_xid >= xmin``). Light rows: no timing document."""
+        with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn, conn.begin():
+            xmin = int(conn.execute(_XMIN).scalar_one())
+            if cursor is None:
+                rows = conn.execute(_BACKFILLS_KNOWN, {"kept": CANCELLED_KEPT_PER_NAMESPACE})
+            else:
+                rows = conn.execute(_BACKFILL_CHANGES, {"c": cursor})
+            return xmin, [BackfillRow(*r) for r in rows], cursor is None
+
+    async def backfill_timing(self, backfill_id: str) -> str | None:
+        return await self._call(self._backfill_timing, backfill_id)
+
+    def _backfill_timing(self, backfill_id: str) -> str | None:
+        with self.engine.connect() as conn:
+            found = conn.execute(text("SELECT timing::text FROM backfills WHERE id = :id"), {"id": backfill_id})
+            return found.scalar()
+
     async def lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
         return await self._call(self._lease_backfill, backfill_id, holder, lease_ms)
 
@@ -841,7 +876,8 @@ class PgNodeStore(NodeStore):
         with self.engine.begin() as conn:
             conn.execute(
                 text(
-                    "UPDATE backfills SET state = 'cancelled', reason = :r, driver = NULL, updated_at = now() "
+                    "UPDATE backfills SET state = 'cancelled', reason = :r, driver = NULL, updated_at = now(), "
+                    "change_xid = pg_current_xact_id()::text::bigint "
                     "WHERE id = :id AND state = 'running'"
                 ),
                 {"id": backfill_id, "r": reason},
@@ -946,6 +982,19 @@ _BACKFILLS = text(
     f"(b.state = 'cancelled' AND b.updated_at > now() - interval '1 day' - {_RETRY_SPAN}) "
     "ORDER BY b.created_at LIMIT 10000"
 )
+# What a node knows of a backfill without its timing document (read when it drives one)
+_BACKFILL_LIGHT = (
+    f"SELECT b.id, b.job_id, b.incarnation, {_MS.format('b.from_at')}, {_MS.format('b.to_at')}, b.max_per_second, "
+    f"b.events, '', b.state, {_MS.format('b.cursor_at')}, b.dispatched, j.incarnation, b.namespace "
+    "FROM backfills b LEFT JOIN jobs j ON j.id = b.job_id AND j.deleted_at IS NULL "
+)
+CANCELLED_KEPT_PER_NAMESPACE = 1000  # cancelled backfills a node remembers per namespace (newest first)
+_BACKFILLS_KNOWN = text(
+    _BACKFILL_LIGHT + "WHERE b.state = 'running' OR b.id IN (SELECT id FROM (SELECT id, row_number() OVER "
+    "(PARTITION BY namespace ORDER BY updated_at DESC) AS n FROM backfills WHERE state = 'cancelled') c "
+    "WHERE n <= :kept)"
+)
+_BACKFILL_CHANGES = text(_BACKFILL_LIGHT + "WHERE b.change_xid >= :c")
 _LEASE_BACKFILL = text(
     "UPDATE backfills SET driver = :h, lease_until = now() + :ms * interval '1 millisecond', updated_at = now() "
     "WHERE id = :id AND state = 'running' AND (driver IS NULL OR driver = :h OR lease_until < now()) "
@@ -957,6 +1006,8 @@ _RENEW_BACKFILL = text(
     "ELSE GREATEST(cursor_at, timestamptz 'epoch' + CAST(:c AS bigint) * interval '1 millisecond') END, "
     "dispatched = GREATEST(dispatched, :d), lease_until = now() + :ms * interval '1 millisecond', "
     "state = CASE WHEN :done AND state = 'running' THEN 'dispatched' ELSE state END, "
+    "change_xid = CASE WHEN :done AND state = 'running' THEN pg_current_xact_id()::text::bigint "
+    "ELSE change_xid END, "
     "driver = CASE WHEN :release OR state <> 'running' THEN NULL ELSE driver END, updated_at = now() "
     "WHERE id = :id AND driver = :h RETURNING state = 'running' OR :done"
 )

@@ -3,6 +3,9 @@
 - ``namespace_usage``: each namespace's live jobs, kept by statement triggers on ``jobs`` (one
   row per namespace per statement, whatever the rows it wrote), so a create checks the jobs quota
   by key instead of counting a million rows.
+- ``backfills.change_xid``: the transaction that last created, cancelled or finished handing out a
+  backfill; nodes read what changed since their last look, as they read jobs, instead of every
+  running backfill and its timing document every second.
 
 Revision ID: 0013_namespace_quotas
 Revises: 0012
@@ -72,9 +75,22 @@ def upgrade() -> None:
         "INSERT INTO namespace_usage (namespace, jobs) "
         "SELECT namespace, count(*) FROM jobs WHERE deleted_at IS NULL GROUP BY namespace"
     )
+    op.add_column(
+        "backfills",
+        sa.Column(
+            "change_xid",
+            sa.BigInteger(),
+            server_default="0",
+            nullable=False,
+            comment="the transaction that last created, cancelled or finished handing it out: the nodes' feed",
+        ),
+    )
+    op.create_index("ix_backfills_change_xid", "backfills", ["change_xid"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_backfills_change_xid", table_name="backfills")
+    op.drop_column("backfills", "change_xid")
     op.execute("DROP TRIGGER jobs_count_delete ON jobs")
     op.execute("DROP TRIGGER jobs_count_update ON jobs")
     op.execute("DROP TRIGGER jobs_count_insert ON jobs")
