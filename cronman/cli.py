@@ -149,7 +149,13 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     settings = _settings()
     today = datetime.strptime(args.today, "%Y-%m-%d").date() if args.today else datetime.now(UTC).date()
     engine = make_engine(settings.database_url, pool_size=1)
-    report = run_maintenance(engine, today, settings.history_retention_days, settings.partitions_ahead_days)
+    report = run_maintenance(
+        engine,
+        today,
+        settings.history_retention_days,
+        settings.partitions_ahead_days,
+        settings.notification_retention_days,
+    )
     print(
         json.dumps(
             {
@@ -160,6 +166,8 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                 "events_purged": report.events_purged,
                 "commands_purged": report.commands_purged,
                 "backfills_purged": report.backfills_purged,
+                "notifications_purged": report.notifications_purged,
+                "summaries_purged": report.summaries_purged,
             }
         )
     )

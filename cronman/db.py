@@ -333,6 +333,8 @@ notification_events = Table(
     Column("event", Text, nullable=False),
     Column("at", DateTime(timezone=True), nullable=False),
     Column("detail", JSONB),
+    # the dispatcher takes each namespace's events in turn (and finds the namespaces that have some)
+    Index("ix_notification_events_namespace", "namespace", "id"),
 )
 
 notification_state = Table(
@@ -346,7 +348,7 @@ notification_state = Table(
     Column("pending", Integer, nullable=False, server_default="0"),
     Column("pending_first_at", DateTime(timezone=True)),
     Column("pending_detail", JSONB),
-    Index("ix_notification_state_pending", "last_sent_at", postgresql_where=text("pending > 0")),
+    Index("ix_notification_state_pending", "namespace", "last_sent_at", postgresql_where=text("pending > 0")),
 )
 
 notification_outbox = Table(
@@ -369,9 +371,11 @@ notification_outbox = Table(
     UniqueConstraint("event_id", name="uq_notification_outbox_event_id"),
     Index(
         "ix_notification_outbox_due",
+        "namespace",
         "next_attempt_at",
         postgresql_where=text("sent_at IS NULL AND given_up_at IS NULL"),
     ),
+    Index("ix_notification_outbox_created", "created_at"),  # the purge of sent and abandoned ones
 )
 
 

@@ -7,9 +7,11 @@ writers: failures, recoveries, auto-pauses; the watchdog: late occurrences); the
 (:mod:`scheduler_node.watch`) matches them against the rules, summarises bursts and sends from a
 durable outbox, at least once, each notification under a stable event id.
 
-Summaries: per rule, job and event kind, at most one notification per interval. The first event
-after a quiet interval goes out at once (count 1); later ones within the interval are counted and
-go out as one notification when the interval ends (count N, ``first_at`` to ``at``).
+Summaries: per rule, job and event kind, at most one notification per interval. The events that
+come after a quiet interval go out at once (those the dispatcher takes together, as one: count N);
+later ones within the interval are counted and go out as one notification when the interval ends
+(count N, ``first_at`` to ``at``). And per rule, at most ``CRONMAN_NOTIFICATION_RULE_PER_MINUTE``
+notifications a minute, whatever the jobs: what is over waits in its summary, counted.
 """
 
 from __future__ import annotations
@@ -274,6 +276,59 @@ def on_event(
     if state.last_sent_ms is None or now_ms - state.last_sent_ms >= interval_ms:
         return Summary(now_ms), Emit(state.pending + 1, min(first, at_ms), at_ms, detail)
     return Summary(state.last_sent_ms, state.pending + 1, first, {**detail, "at_ms": at_ms}), None
+
+
+def on_events(
+    state: Summary,
+    count: int,
+    first_ms: int,
+    at_ms: int,
+    detail: dict[str, Any],
+    now_ms: int,
+    interval_ms: int,
+    *,
+    may_send: bool = True,
+) -> tuple[Summary, Emit | None]:
+    """``count`` more events of a (rule, job, kind) taken together (the first at ``first_ms``, the
+    last at ``at_ms`` with ``detail``): sent at once, as one, after a quiet interval (unless
+    ``may_send`` is False: the rule has sent its share of the minute); counted otherwise."""
+    first = state.pending_first_ms if state.pending and state.pending_first_ms is not None else first_ms
+    first = min(first, first_ms)
+    quiet = state.last_sent_ms is None or now_ms - state.last_sent_ms >= interval_ms
+    if quiet and may_send:
+        return Summary(now_ms), Emit(state.pending + count, first, at_ms, detail)
+    return Summary(state.last_sent_ms, state.pending + count, first, {**detail, "at_ms": at_ms}), None
+
+
+class RuleBudget:
+    """At most ``per_minute`` notifications per rule a minute (a window per rule, from its first
+    notification): what is over waits, counted in its summaries, and goes out when the rule's next
+    minute begins. Kept by the process leading the dispatcher (a new leader starts afresh)."""
+
+    def __init__(self, per_minute: int) -> None:
+        self.per_minute = per_minute
+        self._windows: dict[str, dict[str, tuple[int, int]]] = {}  # namespace -> rule -> (start ms, sent)
+
+    def left(self, namespace: str, rule: str, now_ms: int) -> int:
+        start, sent = self._windows.get(namespace, {}).get(rule, (now_ms, 0))
+        return self.per_minute if now_ms - start >= 60_000 else max(0, self.per_minute - sent)
+
+    def take(self, namespace: str, rule: str, now_ms: int) -> bool:
+        rules = self._windows.setdefault(namespace, {})
+        start, sent = rules.get(rule, (now_ms, 0))
+        if now_ms - start >= 60_000:
+            start, sent = now_ms, 0
+        if sent >= self.per_minute:
+            return False
+        rules[rule] = (start, sent + 1)
+        return True
+
+    def spent(self, namespace: str, now_ms: int) -> list[str]:
+        """The namespace's rules that have sent their share of the minute."""
+        rules = self._windows.get(namespace, {})
+        for rule in [r for r, (start, _) in rules.items() if now_ms - start >= 60_000]:
+            del rules[rule]  # (their minute is over)
+        return sorted(r for r, (_, sent) in rules.items() if sent >= self.per_minute)
 
 
 def on_tick(state: Summary, now_ms: int, interval_ms: int) -> tuple[Summary, Emit | None]:

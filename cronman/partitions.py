@@ -83,12 +83,16 @@ class MaintenanceReport:
     events_purged: int = 0
     commands_purged: int = 0
     backfills_purged: int = 0
+    notifications_purged: int = 0
+    summaries_purged: int = 0
 
 
-def maintain(conn: Connection, today: date, retention_days: int, ahead_days: int) -> MaintenanceReport:
+def maintain(
+    conn: Connection, today: date, retention_days: int, ahead_days: int, notification_days: int = 7
+) -> MaintenanceReport:
     """Create partitions from yesterday to ``ahead_days`` ahead, drop expired ones, purge old
-    tombstones and triggers, and job events, queued commands and finished backfills older than the
-    retention."""
+    tombstones and triggers, job events, queued commands and finished backfills older than the
+    retention, and notifications sent or abandoned more than ``notification_days`` ago."""
     report = MaintenanceReport()
     report.created = ensure_partitions(conn, (today + timedelta(days=d) for d in range(-1, ahead_days + 1)))
     report.dropped = drop_expired(conn, today, retention_days)
@@ -112,9 +116,32 @@ def maintain(conn: Connection, today: date, retention_days: int, ahead_days: int
         text("DELETE FROM backfills WHERE state <> 'running' AND updated_at < now() - make_interval(days => :days)"),
         cutoff,
     ).rowcount
+    report.notifications_purged, report.summaries_purged = purge_notifications(conn, notification_days)
     return report
 
 
-def run_maintenance(engine: Engine, today: date, retention_days: int, ahead_days: int) -> MaintenanceReport:
+def purge_notifications(conn: Connection, days: int) -> tuple[int, int]:
+    """Notifications sent or abandoned, created more than ``days`` ago; and summaries with nothing
+    counted whose last notification is older than any rule's interval (a day: one without its row
+    sends as one with it would), or whose rule is gone."""
+    outbox = conn.execute(
+        text(
+            "DELETE FROM notification_outbox WHERE created_at < now() - make_interval(days => :days) "
+            "AND (sent_at IS NOT NULL OR given_up_at IS NOT NULL)"
+        ),
+        {"days": days},
+    ).rowcount
+    summaries = conn.execute(
+        text(
+            "DELETE FROM notification_state s WHERE (s.pending = 0 AND s.last_sent_at < now() - interval '1 day') "
+            "OR NOT EXISTS (SELECT 1 FROM notification_rules r WHERE r.namespace = s.namespace AND r.name = s.rule)"
+        )
+    ).rowcount
+    return outbox, summaries
+
+
+def run_maintenance(
+    engine: Engine, today: date, retention_days: int, ahead_days: int, notification_days: int = 7
+) -> MaintenanceReport:
     with engine.begin() as conn:
-        return maintain(conn, today, retention_days, ahead_days)
+        return maintain(conn, today, retention_days, ahead_days, notification_days)

@@ -19,13 +19,15 @@ pass; during an outage, each pass reads the jobs of the stalled slots (all of th
 fires), streamed and their late rows written a batch at a time, and remembers how far it counted
 for the jobs that had late occurrences.
 
-Dispatcher. Events recorded by the history writers and the watchdog are matched against the
-rules (namespace, kinds, label selector), summarised per rule, job and kind (one notification per
-``min_interval_seconds`` at most, with a count) and put in the outbox, in one transaction that
-also deletes the events. The outbox is sent from here, at least once: a notification is marked
-sent only after its target accepted it, and is retried with backoff otherwise (the same event id
-each time). HTTP targets go through the callback guard, queues through the queue guard, exactly
-as deliveries do, and are signed with the namespace's secret.
+Dispatcher (scheduler_node.notify). Events recorded by the history writers and the watchdog are
+matched against the rules, summarised and put in the outbox, namespaces taking turns, each turn
+bounded in events and in summaries touched; the outbox is sent from here, at least once, each
+send a task of its own, at most a few in flight per target, a failing target backing off alone.
+HTTP targets go through the callback guard, queues through the queue guard, exactly as deliveries
+do, and are signed with the namespace's secret.
+
+The watchdog, the summaries and the sends are three loops of the leader: none waits for another
+(a black-holed notification target delays only its own notifications).
 """
 
 from __future__ import annotations
@@ -35,28 +37,26 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg2.extras import Json, execute_values
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
-from cronman import signing
 from cronman.calendars import Calendar, timing_with
 from cronman.errors import TransientError
 from cronman.execution import execution_id
 from cronman.health import LATE, WATCHDOG
-from cronman.labels import parse_selector
 from cronman.late import LateSpan, late_span
-from cronman.notifications import Emit, Summary, body, new_event_id, on_event, on_tick
+from cronman.notifications import RuleBudget
 from cronman.schedule import Timing
 from cronman.settings import Settings
 from cronman.timeutil import iso
+from scheduler_node.firer import wait_event
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder
-from scheduler_node.parts import Delivery, Outcome
+from scheduler_node.notify import OutboxSender, Summariser
 from scheduler_node.senders import Senders
 from scheduler_node.store import PgNodeStore
 
@@ -65,10 +65,8 @@ log = logging.getLogger("cronman.watch")
 LOCK_KEY = 0x63726F6E6D616E  # "cronman": the advisory lock of the watch
 LOOKBACK_MS = 86_400_000  # the watchdog looks at most this far back (as far as a node catches up)
 _CALENDARS_FRESH_S = 1.0  # calendars read again at most this often (only their versions, unless changed)
-MAX_ATTEMPTS = 25  # a notification is retried this often (backoff up to 5 min: about 1.5 h)
-_EVENTS_PER_PASS = 2000
-_SENDS_PER_PASS = 500
 _BATCH = 5000  # jobs read, and late rows written, a round trip
+_NOTIFY_SECONDS = 1.0  # the summaries and the sends look at least this often (or as often as the watch)
 
 
 @dataclass(slots=True)
@@ -115,6 +113,8 @@ class Watch:
         # interpreter waits for that thread; a stopping node must not wait for a whole pass).
         self._ended = threading.Event()
         self._decoder = Decoder(lambda doc: doc)  # type: ignore[arg-type,return-value]
+        self.summariser = Summariser(engine, RuleBudget(settings.notification_rule_per_minute))
+        self.outbox = OutboxSender(settings, engine, senders, self._io, on_sent=on_sent, clock=self.clock)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -133,21 +133,94 @@ class Watch:
 
     # ------------------------------------------------------------------ leading
     async def run(self) -> None:
+        """Take part: hold (or wait for) the lead, and while leading run the watchdog, the
+        summaries and the sends, each in a loop of its own."""
         await self.senders.start()
+        loops = [
+            self._spawn(c) for c in (self._lead_loop(), self._watchdog_loop(), self._notify_loop(), self._send_loop())
+        ]
         try:
-            while True:
-                try:
-                    if await self._io(self._lead):
-                        await self.pass_once()
-                except TransientError as exc:
-                    log.warning("watch pass failed: %s", exc)
-                except Exception:  # noqa: BLE001 - the next pass tries again
-                    log.exception("watch pass failed")
-                await asyncio.sleep(self.s.watch_seconds)
+            await asyncio.gather(*loops)
         finally:
             self._ended.set()
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            try:
+                await self.outbox.settle(5.0)
+            except Exception as exc:  # noqa: BLE001 - their leases let the next leader send them
+                log.warning("could not record the last notifications sent: %s", exc)
             self._release()
             await self.senders.close()
+
+    @staticmethod
+    def _spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(coro)
+
+    async def _lead_loop(self) -> None:
+        while True:
+            try:
+                await self._io(self._lead)
+            except TransientError as exc:
+                log.warning("watch: cannot reach the database: %s", exc)
+            except Exception:  # noqa: BLE001 - the next look tries again
+                log.exception("watch: taking the lead failed")
+            await asyncio.sleep(self.s.watch_seconds)
+
+    async def _watchdog_loop(self) -> None:
+        await asyncio.sleep(0)  # (the lead is looked for first)
+        while True:
+            if self._leading:
+                try:
+                    fresh = await self.record_late(self.now_ms())
+                    if fresh:
+                        self.on_late(fresh)
+                        log.warning("occurrences late: nobody took them up in time", extra={"count": fresh})
+                except TransientError as exc:
+                    log.warning("watchdog pass failed: %s", exc)
+                except Exception:  # noqa: BLE001 - the next pass tries again
+                    log.exception("watchdog pass failed")
+            await asyncio.sleep(self.s.watch_seconds)
+
+    async def _notify_loop(self) -> None:
+        """Events to summaries and the outbox; at once again while work is left."""
+        every = min(_NOTIFY_SECONDS, self.s.watch_seconds)
+        while True:
+            more = False
+            if self._leading:
+                try:
+                    queued, more = await self._io(self.summariser.pass_once, self.now_ms())
+                    if queued:
+                        self.outbox.wake.set()
+                except TransientError as exc:
+                    log.warning("notification pass failed: %s", exc)
+                except Exception:  # noqa: BLE001 - the next pass tries again
+                    log.exception("notification pass failed")
+            await asyncio.sleep(0 if more else every)
+
+    async def _send_loop(self) -> None:
+        """The outbox to targets: what finished is recorded, what is due and has room starts."""
+        every = min(_NOTIFY_SECONDS, self.s.watch_seconds)
+        while True:
+            self.outbox.wake.clear()
+            try:
+                await self.outbox.flush()
+                if self._leading and not self._ended.is_set():
+                    await self.outbox.pump()
+            except TransientError as exc:
+                log.warning("sending notifications failed: %s", exc)
+            except Exception:  # noqa: BLE001 - the next round tries again
+                log.exception("sending notifications failed")
+            await wait_event(self.outbox.wake, every)
+
+    async def pass_once(self) -> None:
+        """One look of each part, one after the other (for tests and tools)."""
+        fresh = await self.record_late(self.now_ms())
+        if fresh:
+            self.on_late(fresh)
+        await self._io(self.summariser.pass_once, self.now_ms())
+        await self.outbox.pump()
+        await self.outbox.settle(self.s.notification_timeout_seconds + 5)
 
     def _lead(self) -> bool:
         """Hold the advisory lock (taking it if free); False while another process holds it. The
@@ -183,14 +256,6 @@ class Watch:
                 conn.invalidate()
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
-
-    async def pass_once(self) -> None:
-        fresh = await self.record_late(self.now_ms())
-        if fresh:
-            self.on_late(fresh)
-            log.warning("occurrences late: nobody took them up in time", extra={"count": fresh})
-        await self._io(self.summarise, self.now_ms())
-        await self.send_outbox()
 
     # ------------------------------------------------------------------ the watchdog
     async def record_late(self, now: int) -> int:
@@ -327,232 +392,6 @@ class Watch:
             self._calendars, self._calendars_read = self.store.calendars(), clock
         found = {n: c for n in job.calendars if (c := self._calendars.get((job.namespace, n))) is not None}
         return timing_with(base, job.calendars, found)
-
-    # ------------------------------------------------------------------ summarising events
-    def summarise(self, now: int) -> int:
-        """Match new events against the rules, summarise, fill the outbox (one transaction);
-        returns how many notifications were queued."""
-        queued = 0
-        raw = self.engine.raw_connection()
-        try:
-            cur = raw.cursor()
-            cur.execute(
-                "SELECT id, namespace, job_id, event, floor(extract(epoch from at) * 1000)::bigint, detail "
-                "FROM notification_events ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
-                (_EVENTS_PER_PASS,),
-            )
-            events = cur.fetchall()
-            outbox: list[tuple[Any, ...]] = []
-            states: dict[tuple[str, str, str, str], Summary] = {}
-            if events:
-                rules = self._rules(cur, sorted({e[1] for e in events}))
-                labels = self._labels(cur, sorted({e[2] for e in events}))
-                keys = {
-                    (ns, r["name"], job, kind)
-                    for _, ns, job, kind, _, _ in events
-                    for r in rules.get(ns, [])
-                    if kind in r["events"] and r["match"](labels.get(job, {}))
-                }
-                states = self._states(cur, keys)
-                by_rule = {(ns, r["name"]): r for ns, rs in rules.items() for r in rs}
-                for _, ns, job, kind, at, detail in events:
-                    for r in rules.get(ns, []):
-                        key = (ns, r["name"], job, kind)
-                        if key not in keys:
-                            continue
-                        state, emit = on_event(states[key], int(at), detail or {}, now, r["interval_ms"])
-                        states[key] = state
-                        if emit is not None:
-                            outbox.append(self._outbox_row(key, emit, by_rule[(ns, r["name"])]["target"]))
-                cur.execute("DELETE FROM notification_events WHERE id = ANY(%s)", ([e[0] for e in events],))
-            for key, state, emit, target in self._due(cur, now):
-                if key in states:
-                    continue  # an event of this very pass has sent (or counted) it already
-                states[key] = state
-                outbox.append(self._outbox_row(key, emit, target))
-            if states:
-                execute_values(
-                    cur,
-                    "INSERT INTO notification_state AS s (namespace, rule, job_id, event, last_sent_at, pending, "
-                    "pending_first_at, pending_detail) SELECT v.ns, v.rule, v.job, v.ev, "
-                    "timestamptz 'epoch' + v.sent * interval '1 millisecond', v.pending, "
-                    "timestamptz 'epoch' + v.first * interval '1 millisecond', v.detail "
-                    "FROM (VALUES %s) AS v(ns, rule, job, ev, sent, pending, first, detail) "
-                    "ON CONFLICT (namespace, rule, job_id, event) DO UPDATE SET last_sent_at = excluded.last_sent_at, "
-                    "pending = excluded.pending, pending_first_at = excluded.pending_first_at, "
-                    "pending_detail = excluded.pending_detail",
-                    [
-                        (*k, st.last_sent_ms, st.pending, st.pending_first_ms, Json(st.pending_detail))
-                        for k, st in states.items()
-                    ],
-                    template="(%s, %s, %s, %s, %s::bigint, %s::int, %s::bigint, %s::jsonb)",
-                )
-            if outbox:
-                execute_values(
-                    cur,
-                    "INSERT INTO notification_outbox (event_id, namespace, rule, job_id, event, body, target) "
-                    "VALUES %s ON CONFLICT (event_id) DO NOTHING",
-                    outbox,
-                    template="(%s::uuid, %s, %s, %s, %s, %s, %s::jsonb)",
-                )
-                queued = len(outbox)
-            cur.close()
-            raw.commit()
-        except Exception:
-            raw.rollback()
-            raise
-        finally:
-            raw.close()
-        return queued
-
-    @staticmethod
-    def _rules(cur: Any, namespaces: list[str]) -> dict[str, list[dict[str, Any]]]:
-        cur.execute(
-            "SELECT namespace, name, events, selector, target, min_interval_seconds FROM notification_rules "
-            "WHERE namespace = ANY(%s)",
-            (namespaces,),
-        )
-        out: dict[str, list[dict[str, Any]]] = {}
-        for ns, name, events, selector, target, interval in cur.fetchall():
-            try:
-                match = parse_selector(selector).matches
-            except Exception:  # noqa: BLE001 - stored rules were validated; a bad one matches nothing
-                continue
-            out.setdefault(ns, []).append(
-                {"name": name, "events": set(events), "match": match, "target": target, "interval_ms": interval * 1000}
-            )
-        return out
-
-    @staticmethod
-    def _labels(cur: Any, job_ids: list[str]) -> dict[str, dict[str, str]]:
-        cur.execute("SELECT id, labels FROM jobs WHERE id = ANY(%s) AND deleted_at IS NULL", (job_ids,))
-        return {r[0]: r[1] or {} for r in cur.fetchall()}
-
-    @staticmethod
-    def _states(cur: Any, keys: set[tuple[str, str, str, str]]) -> dict[tuple[str, str, str, str], Summary]:
-        out = {k: Summary() for k in keys}
-        if not keys:
-            return out
-        ordered = sorted(keys)
-        cur.execute(
-            "SELECT s.namespace, s.rule, s.job_id, s.event, floor(extract(epoch from s.last_sent_at) * 1000)::bigint, "
-            "s.pending, floor(extract(epoch from s.pending_first_at) * 1000)::bigint, s.pending_detail "
-            "FROM notification_state s JOIN unnest(%s::text[], %s::text[], %s::text[], %s::text[]) "
-            "AS w(ns, rule, job, ev) ON (s.namespace, s.rule, s.job_id, s.event) = (w.ns, w.rule, w.job, w.ev) "
-            "FOR UPDATE OF s",
-            tuple([k[i] for k in ordered] for i in range(4)),
-        )
-        for ns, rule, job, ev, sent, pending, first, detail in cur.fetchall():
-            out[(ns, rule, job, ev)] = Summary(
-                None if sent is None else int(sent), int(pending), None if first is None else int(first), detail
-            )
-        return out
-
-    @staticmethod
-    def _due(cur: Any, now: int) -> list[tuple[tuple[str, str, str, str], Summary, Emit, dict[str, Any]]]:
-        """Summaries whose interval is over with events counted meanwhile."""
-        cur.execute(
-            "SELECT s.namespace, s.rule, s.job_id, s.event, floor(extract(epoch from s.last_sent_at) * 1000)::bigint, "
-            "s.pending, floor(extract(epoch from s.pending_first_at) * 1000)::bigint, s.pending_detail, "
-            "r.min_interval_seconds, r.target FROM notification_state s JOIN notification_rules r "
-            "ON r.namespace = s.namespace AND r.name = s.rule WHERE s.pending > 0 "
-            "AND s.last_sent_at <= timestamptz 'epoch' "
-            "+ (%s - r.min_interval_seconds * 1000) * interval '1 millisecond' "
-            "LIMIT 1000 FOR UPDATE OF s SKIP LOCKED",
-            (now,),
-        )
-        out = []
-        for ns, rule, job, ev, sent, pending, first, detail, interval, target in cur.fetchall():
-            state = Summary(int(sent), int(pending), None if first is None else int(first), detail)
-            new, emit = on_tick(state, now, interval * 1000)
-            if emit is not None:
-                out.append(((ns, rule, job, ev), new, emit, target))
-        return out
-
-    @staticmethod
-    def _outbox_row(key: tuple[str, str, str, str], emit: Emit, target: dict[str, Any]) -> tuple[Any, ...]:
-        ns, rule, job, kind = key
-        event_id = new_event_id()
-        return (event_id, ns, rule, job, kind, body(event_id, kind, ns, rule, job, emit).decode(), Json(target))
-
-    # ------------------------------------------------------------------ sending
-    async def send_outbox(self) -> int:
-        due = await self._io(self._due_sends)
-        if not due:
-            return 0
-        secrets = (await self.store.cluster_config()).secrets
-        now = self.now_ms()
-        futures: list[asyncio.Future[Outcome]] = []
-        for _, event_id, ns, rule, job, kind, text_body, target, attempts in due:
-            data = text_body.encode()
-            meta = (
-                ("Cronman-Event-Id", event_id),
-                ("Cronman-Event", kind),
-                ("Cronman-Notification", rule),
-                ("Cronman-Namespace", ns),
-                ("Cronman-Job-Id", job),
-                ("Cronman-Attempt", str(attempts + 1)),
-            )
-            keys = secrets.get(ns)
-            signature = signing.sign(keys, data, now // 1000, signing.Context.NOTIFICATION) if keys else None
-            delivery = Delivery(
-                job, event_id, iso(now), attempts + 1, data, signature=signature, namespace=ns, meta=meta
-            )
-            try:
-                doc = {
-                    **target,
-                    "timeout_seconds": min(
-                        float(target.get("timeout_seconds", 10)), self.s.notification_timeout_seconds
-                    ),
-                }
-                futures.append(self.senders.submit(self.senders.decode(doc), delivery))
-            except Exception as exc:  # noqa: BLE001 - a target that cannot be sent to is this attempt's failure
-                failed: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-                failed.set_result(Outcome(False, None, f"cannot send: {exc}"))
-                futures.append(failed)
-        outcomes = await asyncio.gather(*futures)
-        results = [(row[0], row[8], o) for row, o in zip(due, outcomes, strict=True)]
-        await self._io(self._mark_sent, results)
-        for _, _, o in results:
-            self.on_sent("sent" if o.ok else "failed")
-        return sum(1 for _, _, o in results if o.ok)
-
-    def _due_sends(self) -> list[tuple[Any, ...]]:
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                text(
-                    "SELECT id, event_id::text, namespace, rule, job_id, event, body, target, attempts "
-                    "FROM notification_outbox WHERE sent_at IS NULL AND given_up_at IS NULL "
-                    "AND next_attempt_at <= now() ORDER BY id LIMIT :n"
-                ),
-                {"n": _SENDS_PER_PASS},
-            )
-            return [tuple(r) for r in rows]
-
-    def _mark_sent(self, results: list[tuple[int, int, Outcome]]) -> None:
-        with self.engine.begin() as conn:
-            sent = [i for i, _, o in results if o.ok]
-            if sent:
-                conn.execute(
-                    text(
-                        "UPDATE notification_outbox SET sent_at = now(), attempts = attempts + 1 WHERE id = ANY(:ids)"
-                    ),
-                    {"ids": sent},
-                )
-            for i, attempts, o in results:
-                if o.ok:
-                    continue
-                delay = min(2 ** min(attempts, 10), 300)
-                error = (o.error or "failed")[:500]
-                log.warning("a notification could not be sent: %s", error, extra={"outbox_id": i})
-                conn.execute(
-                    text(
-                        "UPDATE notification_outbox SET attempts = attempts + 1, last_error = :e, "
-                        "next_attempt_at = now() + :d * interval '1 second', "
-                        "given_up_at = CASE WHEN attempts + 1 >= :max THEN now() END WHERE id = :id"
-                    ),
-                    {"e": error, "d": delay, "max": MAX_ATTEMPTS, "id": i},
-                )
 
 
 def _late_after_ms(text: str | None) -> int:

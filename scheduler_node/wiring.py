@@ -104,7 +104,13 @@ async def production_parts(node: Node) -> NodeParts:
                 if await client.set(keys.maintenance_lock, node.holder, nx=True, px=lease):
                     today = datetime.now(UTC).date()
                     report = await asyncio.get_running_loop().run_in_executor(
-                        executor, run_maintenance, engine, today, s.history_retention_days, s.partitions_ahead_days
+                        executor,
+                        run_maintenance,
+                        engine,
+                        today,
+                        s.history_retention_days,
+                        s.partitions_ahead_days,
+                        s.notification_retention_days,
                     )
                     log.info(
                         "maintenance done",

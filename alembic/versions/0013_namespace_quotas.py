@@ -6,6 +6,8 @@
 - ``backfills.change_xid``: the transaction that last created, cancelled or finished handing out a
   backfill; nodes read what changed since their last look, as they read jobs, instead of every
   running backfill and its timing document every second.
+- notifications taken namespace by namespace: the events, the summaries waiting and the outbox's
+  due notifications indexed by namespace first; the outbox by age, for its purge.
 
 Revision ID: 0013_namespace_quotas
 Revises: 0012
@@ -86,9 +88,38 @@ def upgrade() -> None:
         ),
     )
     op.create_index("ix_backfills_change_xid", "backfills", ["change_xid"])
+    op.create_index("ix_notification_events_namespace", "notification_events", ["namespace", "id"])
+    op.drop_index("ix_notification_state_pending", table_name="notification_state")
+    op.create_index(
+        "ix_notification_state_pending",
+        "notification_state",
+        ["namespace", "last_sent_at"],
+        postgresql_where=sa.text("pending > 0"),
+    )
+    op.drop_index("ix_notification_outbox_due", table_name="notification_outbox")
+    op.create_index(
+        "ix_notification_outbox_due",
+        "notification_outbox",
+        ["namespace", "next_attempt_at"],
+        postgresql_where=sa.text("sent_at IS NULL AND given_up_at IS NULL"),
+    )
+    op.create_index("ix_notification_outbox_created", "notification_outbox", ["created_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_notification_outbox_created", table_name="notification_outbox")
+    op.drop_index("ix_notification_outbox_due", table_name="notification_outbox")
+    op.create_index(
+        "ix_notification_outbox_due",
+        "notification_outbox",
+        ["next_attempt_at"],
+        postgresql_where=sa.text("sent_at IS NULL AND given_up_at IS NULL"),
+    )
+    op.drop_index("ix_notification_state_pending", table_name="notification_state")
+    op.create_index(
+        "ix_notification_state_pending", "notification_state", ["last_sent_at"], postgresql_where=sa.text("pending > 0")
+    )
+    op.drop_index("ix_notification_events_namespace", table_name="notification_events")
     op.drop_index("ix_backfills_change_xid", table_name="backfills")
     op.drop_column("backfills", "change_xid")
     op.execute("DROP TRIGGER jobs_count_delete ON jobs")
