@@ -20,6 +20,7 @@ import enum
 import json
 import re
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -301,34 +302,37 @@ def on_events(
 
 
 class RuleBudget:
-    """At most ``per_minute`` notifications per rule a minute (a window per rule, from its first
-    notification): what is over waits, counted in its summaries, and goes out when the rule's next
-    minute begins. Kept by the process leading the dispatcher (a new leader starts afresh)."""
+    """At most ``per_minute`` notifications per rule in any minute (the rule's last sends are
+    remembered): what is over waits, counted in its summaries, and goes out as the minute moves
+    on. Kept by the process leading the dispatcher (a new leader starts afresh)."""
 
     def __init__(self, per_minute: int) -> None:
         self.per_minute = per_minute
-        self._windows: dict[str, dict[str, tuple[int, int]]] = {}  # namespace -> rule -> (start ms, sent)
+        self._sent: dict[str, dict[str, deque[int]]] = {}  # namespace -> rule -> its last sends (ms)
+
+    def _recent(self, namespace: str, rule: str, now_ms: int) -> deque[int] | None:
+        sent = self._sent.get(namespace, {}).get(rule)
+        while sent and now_ms - sent[0] >= 60_000:
+            sent.popleft()
+        return sent
 
     def left(self, namespace: str, rule: str, now_ms: int) -> int:
-        start, sent = self._windows.get(namespace, {}).get(rule, (now_ms, 0))
-        return self.per_minute if now_ms - start >= 60_000 else max(0, self.per_minute - sent)
+        sent = self._recent(namespace, rule, now_ms)
+        return self.per_minute - (len(sent) if sent else 0)
 
     def take(self, namespace: str, rule: str, now_ms: int) -> bool:
-        rules = self._windows.setdefault(namespace, {})
-        start, sent = rules.get(rule, (now_ms, 0))
-        if now_ms - start >= 60_000:
-            start, sent = now_ms, 0
-        if sent >= self.per_minute:
+        if self.left(namespace, rule, now_ms) <= 0:
             return False
-        rules[rule] = (start, sent + 1)
+        self._sent.setdefault(namespace, {}).setdefault(rule, deque()).append(now_ms)
         return True
 
     def spent(self, namespace: str, now_ms: int) -> list[str]:
-        """The namespace's rules that have sent their share of the minute."""
-        rules = self._windows.get(namespace, {})
-        for rule in [r for r, (start, _) in rules.items() if now_ms - start >= 60_000]:
-            del rules[rule]  # (their minute is over)
-        return sorted(r for r, (_, sent) in rules.items() if sent >= self.per_minute)
+        """The namespace's rules that have sent their share of the last minute."""
+        rules = self._sent.get(namespace, {})
+        for rule in list(rules):
+            if not self._recent(namespace, rule, now_ms):
+                del rules[rule]
+        return sorted(r for r, sent in rules.items() if len(sent) >= self.per_minute)
 
 
 def on_tick(state: Summary, now_ms: int, interval_ms: int) -> tuple[Summary, Emit | None]:
