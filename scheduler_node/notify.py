@@ -441,9 +441,11 @@ class OutboxSender:
             state.in_flight -= 1
         if outcome.ok:
             state.failures = 0
-        else:
-            state.failures += 1
-            state.resume_at = asyncio.get_running_loop().time() + min(2 ** min(state.failures, 9), 300)
+        else:  # (sends that fail together, before the target backs off, count once)
+            now = asyncio.get_running_loop().time()
+            if state.resume_at <= now:
+                state.failures += 1
+                state.resume_at = now + min(2 ** min(state.failures, 9), 300)
         self.finished.append((row.id, row.attempts, outcome))
         self.wake.set()
 

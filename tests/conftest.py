@@ -50,6 +50,9 @@ SOLO = {
     # a failover's worst lag bounded by two leases and 2 s: beside the parallel pass the whole
     # cluster ran seconds late (lag p99 6.7 s over the whole window) and the bound failed twice
     "tests/cluster/test_node_loss.py",
+    # a namespace at its quotas beside 200 per-second jobs whose lag p99 is bounded by 100 ms: beside
+    # the parallel pass (load average 13 on two cores) it measured 108 ms, 47 ms with no neighbour
+    "tests/fleet/test_noisy_neighbour.py",
 }
 # Two groups of about equal length (the durations of `make test`, 2026-11-24: about 355 s and
 # 375 s of test time): each is one worker's queue.

@@ -507,3 +507,54 @@ class LedgerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class NeverAnswers:
+    """A TCP server that accepts connections and never answers (a target whose host is up and
+    whose service hangs)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1024)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/alerts"
+        self.held: list[socket.socket] = []
+        self.most_at_once = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                self._prune()
+                continue
+            self.held.append(conn)
+            self._prune()
+
+    def _prune(self) -> None:
+        alive = []
+        for c in self.held:
+            try:
+                c.setblocking(False)
+                if c.recv(65536) == b"":  # (what a request sends is read and dropped: only its end tells)
+                    c.close()
+                    continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                c.close()
+                continue
+            alive.append(c)
+        self.held = alive
+        self.most_at_once = max(self.most_at_once, len(alive))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        for c in self.held:
+            c.close()
+        self.sock.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 import tracemalloc
@@ -32,58 +31,7 @@ from scheduler_node.notify import FANOUT_PER_PASS
 from scheduler_node.store import PgNodeStore, bitmap
 from scheduler_node.watch import Watch, watch_senders
 from tests.clients import job, send
-from tests.helpers import wait_for
-
-
-class BlackHole:
-    """A TCP server that accepts connections and never answers (a target whose host is up and
-    whose service hangs)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(1024)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/alerts"
-        self.held: list[socket.socket] = []
-        self.most_at_once = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        self.sock.settimeout(0.1)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                self._prune()
-                continue
-            self.held.append(conn)
-            self._prune()
-
-    def _prune(self) -> None:
-        alive = []
-        for c in self.held:
-            try:
-                c.setblocking(False)
-                if c.recv(65536, socket.MSG_PEEK) == b"":
-                    c.close()
-                    continue
-            except BlockingIOError:
-                pass
-            except OSError:
-                c.close()
-                continue
-            alive.append(c)
-        self.held = alive
-        self.most_at_once = max(self.most_at_once, len(alive))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        for c in self.held:
-            c.close()
-        self.sock.close()
+from tests.helpers import NeverAnswers, wait_for
 
 
 class Running:
@@ -172,7 +120,7 @@ def test_a_noisy_namespace_and_a_black_holed_target_delay_no_one_else(
     assert send(client, "post", "/v1/jobs?namespace=late", late_job).status_code == 201
     with psycopg2.connect(database_url) as conn, conn.cursor() as cur:
         cur.execute("UPDATE jobs SET updated_at = now() - interval '10 minutes'")
-    hole = BlackHole()
+    hole = NeverAnswers()
     with Receiver() as alerts:
         for i in range(20):
             _rule(client, "noisy", f"r{i}", hole.url, min_interval_seconds=0)
