@@ -298,7 +298,9 @@ def on_events(
     quiet = state.last_sent_ms is None or now_ms - state.last_sent_ms >= interval_ms
     if quiet and may_send:
         return Summary(now_ms), Emit(state.pending + count, first, at_ms, detail)
-    return Summary(state.last_sent_ms, state.pending + count, first, {**detail, "at_ms": at_ms}), None
+    # (never sent, held back by the rule's share: "sent at 0", due as soon as the rule may send)
+    last = 0 if state.last_sent_ms is None else state.last_sent_ms
+    return Summary(last, state.pending + count, first, {**detail, "at_ms": at_ms}), None
 
 
 class RuleBudget:

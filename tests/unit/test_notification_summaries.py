@@ -20,10 +20,14 @@ def test_events_taken_together_go_out_as_one_after_a_quiet_interval() -> None:
 
 
 def test_a_rule_past_its_share_counts_instead_of_sending() -> None:
-    s, emit = on_events(Summary(), 2, 0, 10, {}, now_ms=100, interval_ms=0, may_send=False)
-    assert emit is None and s.pending == 2 and s.last_sent_ms is None
-    s, emit = on_events(s, 1, 20, 30, {}, now_ms=200, interval_ms=0)
-    assert emit is not None and (emit.count, emit.first_ms, emit.at_ms) == (3, 0, 30)
+    t = 1_790_000_000_000
+    s, emit = on_events(Summary(), 2, t, t + 10, {}, now_ms=t + 100, interval_ms=60_000, may_send=False)
+    assert emit is None and s.pending == 2
+    # never sent: due as soon as the rule may send again, whatever the interval
+    s2, emit = on_tick(s, t + 200, 60_000)
+    assert emit is not None and (emit.count, emit.first_ms, emit.at_ms) == (2, t, t + 10) and s2.pending == 0
+    s, emit = on_events(s, 1, t + 20, t + 30, {}, now_ms=t + 200, interval_ms=60_000)
+    assert emit is not None and (emit.count, emit.first_ms, emit.at_ms) == (3, t, t + 30)
 
 
 def test_a_budget_holds_over_any_minute_per_rule() -> None:
