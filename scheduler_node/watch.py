@@ -162,9 +162,9 @@ class Watch:
             try:
                 await self._io(self._lead)
             except TransientError as exc:
-                log.warning("watch: cannot reach the database: %s", exc)
+                log.warning("watch pass failed (the lead): %s", exc)
             except Exception:  # noqa: BLE001 - the next look tries again
-                log.exception("watch: taking the lead failed")
+                log.exception("watch pass failed (the lead)")
             await asyncio.sleep(self.s.watch_seconds)
 
     async def _watchdog_loop(self) -> None:
@@ -177,9 +177,9 @@ class Watch:
                         self.on_late(fresh)
                         log.warning("occurrences late: nobody took them up in time", extra={"count": fresh})
                 except TransientError as exc:
-                    log.warning("watchdog pass failed: %s", exc)
+                    log.warning("watch pass failed (the watchdog): %s", exc)
                 except Exception:  # noqa: BLE001 - the next pass tries again
-                    log.exception("watchdog pass failed")
+                    log.exception("watch pass failed (the watchdog)")
             await asyncio.sleep(self.s.watch_seconds)
 
     async def _notify_loop(self) -> None:
@@ -193,9 +193,9 @@ class Watch:
                     if queued:
                         self.outbox.wake.set()
                 except TransientError as exc:
-                    log.warning("notification pass failed: %s", exc)
+                    log.warning("watch pass failed (summaries): %s", exc)
                 except Exception:  # noqa: BLE001 - the next pass tries again
-                    log.exception("notification pass failed")
+                    log.exception("watch pass failed (summaries)")
             await asyncio.sleep(0 if more else every)
 
     async def _send_loop(self) -> None:
@@ -208,9 +208,9 @@ class Watch:
                 if self._leading and not self._ended.is_set():
                     await self.outbox.pump()
             except TransientError as exc:
-                log.warning("sending notifications failed: %s", exc)
+                log.warning("watch pass failed (sends): %s", exc)
             except Exception:  # noqa: BLE001 - the next round tries again
-                log.exception("sending notifications failed")
+                log.exception("watch pass failed (sends)")
             await wait_event(self.outbox.wake, every)
 
     async def pass_once(self) -> None:
