@@ -24,7 +24,7 @@ AROUND = [parse_iso(t) for t in ("2026-03-08T05:00:00Z", "2026-11-01T04:00:00Z",
 
 
 def _exact(schedule: dict[str, Any], lo: int, hi: int, limit: int) -> int:
-    return len(occurrences(timing_from_dict(schedule, "job-1"), lo, hi, limit))
+    return len(occurrences(timing_from_dict(schedule, "job-1", "default"), lo, hi, limit))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
@@ -45,7 +45,7 @@ def test_the_bound_is_never_below_the_count(
     schedule: dict[str, Any] = {"type": "cron", "expressions": texts, "timezone": tz, "dst_fold": fold, "dst_gap": gap}
     lo = around + start
     hi = lo + span
-    bound = most_occurrences(schedule, "j", "default", lo, hi)
+    bound = most_occurrences(schedule, "job-1", "default", lo, hi)
     assume(bound <= 5_000)
     assert _exact(schedule, lo, hi, bound + 1) <= bound
 
@@ -71,7 +71,7 @@ def test_intervals_are_counted_exactly_or_one_over(
         schedule["end_at"] = base + end_at
     if jitter is not None:
         schedule["jitter_seconds"] = jitter
-    bound = most_occurrences(schedule, "j", "default", base + lo, base + lo + span)
+    bound = most_occurrences(schedule, "job-1", "default", base + lo, base + lo + span)
     exact = _exact(schedule, base + lo, base + lo + span, bound + 2)
     assert exact <= bound <= exact + (1 if jitter is None else int(jitter * 1000) // (every * 1000) + 2)
 
@@ -93,7 +93,7 @@ NY_2_30 = {"type": "cron", "expression": "30 2 * * *", "timezone": "America/New_
     ],
 )
 def test_ordinary_schedules_are_counted_nearly_exactly(schedule: dict[str, Any], lo: str, hi: str) -> None:
-    bound = most_occurrences(schedule, "j", "default", parse_iso(lo), parse_iso(hi))
+    bound = most_occurrences(schedule, "job-1", "default", parse_iso(lo), parse_iso(hi))
     exact = _exact(schedule, parse_iso(lo), parse_iso(hi), bound + 1)
     assert exact <= bound <= exact + 2, (exact, bound)
 
@@ -104,6 +104,6 @@ def test_the_bound_costs_little_whatever_the_range() -> None:
     schedule = {"type": "cron", "expression": "* * * * * *", "timezone": "America/New_York", "dst_fold": "both"}
     lo = parse_iso("2026-10-01T00:00:00Z")
     started = time.perf_counter()
-    bound = most_occurrences(schedule, "j", "default", lo, lo + 45 * DAY)
+    bound = most_occurrences(schedule, "job-1", "default", lo, lo + 45 * DAY)
     took = time.perf_counter() - started
     assert bound >= 45 * 86_400 and took < 0.05, (bound, took)

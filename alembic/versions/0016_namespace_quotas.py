@@ -9,8 +9,8 @@
 - notifications taken namespace by namespace: the events, the summaries waiting and the outbox's
   due notifications indexed by namespace first; the outbox by age, for its purge.
 
-Revision ID: 0013_namespace_quotas
-Revises: 0012
+Revision ID: 0016
+Revises: 0015
 Create Date: 2026-11-28
 """
 
@@ -20,8 +20,8 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision = "0013_namespace_quotas"
-down_revision = "0012"
+revision = "0016"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
