@@ -89,7 +89,7 @@ jobs = Table(
     Index("ix_jobs_calendars", "namespace", postgresql_where=text("options ? 'calendars' AND deleted_at IS NULL")),
 )
 
-# Each namespace's live jobs, kept by statement triggers on jobs (migration 0013_namespace_quotas):
+# Each namespace's live jobs, kept by statement triggers on jobs (migration 0016):
 # the jobs quota is checked by key, not by counting.
 namespace_usage = Table(
     "namespace_usage",
