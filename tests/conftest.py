@@ -21,6 +21,7 @@ from pydantic import SecretStr
 
 from cronman.embedded import EmbeddedPostgres, EmbeddedRedis, LocalSqs
 from cronman.settings import Settings
+from tests.timings import FAST, Timings
 
 TEMPLATE_DB = "cronman_template"
 
@@ -70,6 +71,14 @@ PROCESS_GROUPS = {
     "tests/cluster/test_partition.py": "processes-b",
     "tests/cluster/test_power_cut.py": "processes-b",
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "timings(t): the node timings the test runs with, a tests.timings.Timings (DEFAULTS or FAST); "
+        "required with cluster",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -182,31 +191,39 @@ def sqs_endpoint(workdir: Path) -> Iterator[str]:
     server.stop()
 
 
-FAST: dict[str, Any] = {
-    "heartbeat_interval_seconds": 0.5,
-    "heartbeat_ttl_seconds": 3.0,
-    "membership_poll_seconds": 0.3,
-    "lease_seconds": 2.0,
-    "change_poll_seconds": 0.3,
-    "history_flush_seconds": 0.05,
-    "load_grace_seconds": 2.0,
-    "history_recover_after_seconds": 3.0,
-    "progress_seconds": 0.5,
-    "outage_after_seconds": 5.0,
-    "node_port": 0,
-    "dev_mode": True,
-}
+# Not timings: every test's nodes take a free port for health and metrics, and may call back to
+# the loopback receivers of the tests.
+HARNESS: dict[str, Any] = {"node_port": 0, "dev_mode": True}
 
 
 @pytest.fixture
-def settings(database_url: str, redis_server_url: str, redis_prefix: str) -> Settings:
+def timings(request: pytest.FixtureRequest) -> Timings:
+    """The timings the test names with ``@pytest.mark.timings(...)`` (tests/timings.py); FAST
+    when it names none, except for a test marked ``cluster``, which must name them."""
+    marker = request.node.get_closest_marker("timings")
+    if marker is not None:
+        chosen = marker.args[0]
+        assert isinstance(chosen, Timings), f"pytest.mark.timings takes a tests.timings.Timings, not {chosen!r}"
+        return chosen
+    if request.node.get_closest_marker("cluster") is not None:
+        pytest.fail(
+            "a cluster test names the timings it runs: @pytest.mark.timings(DEFAULTS) for an incident at the "
+            "shipped timings, @pytest.mark.timings(FAST) for mechanics (see tests/timings.py)",
+            pytrace=False,
+        )
+    return FAST
+
+
+@pytest.fixture
+def settings(database_url: str, redis_server_url: str, redis_prefix: str, timings: Timings) -> Settings:
     return Settings(
         database_url=database_url,
         redis_url=redis_server_url,
         redis_prefix=redis_prefix,
         node_id="node-a",
         api_key=ADMIN_KEY,
-        **FAST,
+        **HARNESS,
+        **timings.values,
     )
 
 

@@ -1,6 +1,19 @@
 """The cluster harness: real scheduler node processes, one real API process and a delivery ledger,
-against the per-test database and Redis prefix, with the fast timings of ``tests.conftest.FAST``
-(heartbeat TTL 3 s, lease 2 s, membership and change polls 0.3 s).
+against the per-test database and Redis prefix.
+
+Timings. Every cluster test names the timings its nodes run with (tests/timings.py), with
+``@pytest.mark.timings(...)``; the harness hands them to every process it starts, and
+``Cluster.timings`` gives the test its lease, TTL and bound:
+
+- ``DEFAULTS``, the shipped timings (heartbeat every 3 s, TTL 30 s, lease 5 s, polls 1 s: the
+  defaults of ``Settings``, which ``cronman dev`` and the chart use), for the incidents a user
+  meets: a crash, a join and a graceful leave inside a dead node's TTL, a Redis failover
+  (test_incidents_at_defaults.py, tests/engines/test_failover_under_load.py). A change that
+  broke the product at the timings it ships with fails there. They run a minute or more each.
+- ``FAST`` (heartbeat TTL 3 s, lease 2 s, polls 0.3 s) for the mechanics: a handover, a reload of
+  moved slots, a restart of Redis or PostgreSQL, a partition, a power cut. What they check does not
+  depend on how long a lease or a TTL is, only on the order of events, and at these timings a dead
+  node's TTL runs out inside a test of seconds.
 
 Node logs go to ``<workdir>/cluster-<test>/`` (or under ``$CRONMAN_CLUSTER_LOGS`` when set, which
 keeps them after the run); ``$CRONMAN_TEST_TRACE_JOBS`` (a job id pattern) logs every step of those
@@ -30,12 +43,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from cronman.embedded import Child
 from cronman.hashing import owned_slots, slot_of
 from tests.cluster.ledger import Figures, LedgerReceiver, analyse
-from tests.conftest import FAST
 from tests.helpers import start_api_process, start_node_process, wait_for
+from tests.timings import FAST, Timings
 
 REPLICAS = 2
-HEARTBEAT_TTL = float(FAST["heartbeat_ttl_seconds"])  # 3 s
-LEASE = float(FAST["lease_seconds"])  # 2 s
 
 
 SLOW_EXIT_SECONDS = 8.0  # a stopping node drains in well under this; its exit watchdog fires at 10 s
@@ -88,9 +99,18 @@ def _safe(name: str) -> str:
 class Cluster:
     """Everything one cluster test runs; ``close()`` stops it all (also called by the fixture)."""
 
-    def __init__(self, test_name: str, env: dict[str, str], logdir: Path, report_path: Path, database_url: str):
+    def __init__(
+        self,
+        test_name: str,
+        env: dict[str, str],
+        logdir: Path,
+        report_path: Path,
+        database_url: str,
+        timings: Timings = FAST,
+    ):
         self.test_name = test_name
-        self.env = dict(env)
+        self.timings = timings  # what ``env`` gives every process (from the settings fixture)
+        self.env = {**env, **timings.env()}
         # The API wants a key on /v1 requests: run with an admin key, as an operator would.
         self.api_key = env.get("CRONMAN_API_KEY") or f"cluster-admin-{uuid.uuid4().hex}"
         self.env["CRONMAN_API_KEY"] = self.api_key
@@ -324,7 +344,12 @@ class Cluster:
                 return round(v, 3)
             return v
 
-        record = {"test": self.test_name, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **plain(figures)}
+        record = {
+            "test": self.test_name,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "timings": self.timings.name,
+            **plain(figures),
+        }
         print(f"\n=== cluster figures: {self.test_name}\n{json.dumps(record, indent=2, default=str)}")
         self.report_path.parent.mkdir(parents=True, exist_ok=True)
         with self.report_path.open("a") as f:
@@ -358,7 +383,12 @@ def sleep_until(epoch: float, limit: float = 120.0) -> None:
 
 @pytest.fixture
 def cluster(
-    request: pytest.FixtureRequest, settings_env: dict[str, str], workdir: Path, database_url: str, redis_prefix: str
+    request: pytest.FixtureRequest,
+    settings_env: dict[str, str],
+    workdir: Path,
+    database_url: str,
+    redis_prefix: str,
+    timings: Timings,
 ) -> Iterator[Cluster]:
     name = _safe(request.node.name)
     base = Path(os.environ["CRONMAN_CLUSTER_LOGS"]) if os.environ.get("CRONMAN_CLUSTER_LOGS") else workdir
@@ -367,7 +397,7 @@ def cluster(
     report = Path(os.environ.get("CRONMAN_CLUSTER_REPORT") or workdir / "cluster-report.jsonl")
     if os.environ.get("CRONMAN_TEST_TRACE_JOBS"):  # follow some jobs' executions in the node logs
         settings_env = {**settings_env, "CRONMAN_TRACE_JOBS": os.environ["CRONMAN_TEST_TRACE_JOBS"]}
-    c = Cluster(request.node.name, settings_env, logdir, report, database_url)
+    c = Cluster(request.node.name, settings_env, logdir, report, database_url, timings)
     try:
         yield c
     finally:

@@ -15,6 +15,10 @@ from cronman.receiver import Receiver
 from cronman.timeutil import iso, parse_iso
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.helpers import wait_for
+from tests.timings import FAST
+
+# timings: a backfill's progress handed between node processes: mechanics
+pytestmark = pytest.mark.timings(FAST)
 
 RATE = 10
 HOURS = 6

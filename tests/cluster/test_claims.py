@@ -11,8 +11,12 @@ from typing import Any
 import pytest
 
 from cronman.timeutil import iso
-from tests.cluster.conftest import LEASE, Cluster, sleep_until
+from tests.cluster.conftest import Cluster, sleep_until
 from tests.helpers import wait_for
+from tests.timings import FAST
+
+# timings: the claim protocol between real processes (takeover after a lease, a stop's handover): mechanics
+pytestmark = pytest.mark.timings(FAST)
 
 TAKEN_OVER = ("cronman_claims_total", (("result", "taken_over"),))
 SUPERSEDED = ("cronman_claims_total", (("result", "superseded"),))
@@ -66,7 +70,7 @@ def test_winner_killed_between_claim_and_send(cluster: Cluster) -> None:
         return {x.job_id for x in cluster.receiver.snapshot()} >= set(cluster.schedules)
 
     wait_for(all_arrived, 15, "every job to be delivered by node-b", interval=0.1)
-    time.sleep(LEASE + 1)  # room for a second delivery to show up, if there were to be one
+    time.sleep(cluster.timings.lease + 1)  # room for a second delivery to show up, if there were to be one
     figures = cluster.analyse(due - 1, due + 1)
     b = cluster.nodes["node-b"].metrics()
     history = {j: cluster.executions(j) for j in cluster.schedules}
@@ -88,7 +92,8 @@ def test_winner_killed_between_claim_and_send(cluster: Cluster) -> None:
     assert figures.doubled == 0, f"delivered twice: {figures.doubled_sample}"
     assert all(n == 1 for n in figures.counts.values())
     # node-b fired what node-a had claimed, within about one lease of the scheduled time.
-    assert figures.worst_late_arrival_ms is not None and figures.worst_late_arrival_ms <= (LEASE + 2) * 1000
+    late = figures.worst_late_arrival_ms
+    assert late is not None and late <= (cluster.timings.lease + 2) * 1000
     assert b.get(TAKEN_OVER, 0.0) >= 1
     for job_id, rows in history.items():
         assert len(rows) == 1, (job_id, rows)
@@ -114,7 +119,7 @@ def test_sigstop_past_the_lease_then_sigcont(cluster: Cluster) -> None:
     try:
         # node-a is frozen, so this is exactly what it held (claimed, not finished) when it stopped.
         held = cluster.claims_held_by("node-a")
-        sleep_until(t_stop + 2 * LEASE + 1)
+        sleep_until(t_stop + 2 * cluster.timings.lease + 1)
     finally:
         t_cont = cluster.signal("node-a", signal.SIGCONT)
     sleep_until(t_cont + 8)

@@ -9,6 +9,11 @@ import pytest
 
 from cronman.hashing import SLOTS, owned_slots
 from tests.cluster.conftest import REPLICAS, Cluster, sleep_until
+from tests.timings import FAST
+
+# timings: which slots a join and a leave reload: mechanics (the incident at the shipped timings:
+# test_incidents_at_defaults.py)
+pytestmark = pytest.mark.timings(FAST)
 
 LOADED = ("cronman_slots_moved_total", (("direction", "loaded"),))
 DROPPED = ("cronman_slots_moved_total", (("direction", "dropped"),))

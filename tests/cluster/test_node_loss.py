@@ -8,7 +8,12 @@ import psycopg2
 import pytest
 
 from cronman.execution import execution_id
-from tests.cluster.conftest import HEARTBEAT_TTL, LEASE, Cluster, sleep_until
+from tests.cluster.conftest import Cluster, sleep_until
+from tests.timings import FAST
+
+# timings: a crash and the dead heartbeat's expiry inside one short test; the crash at the shipped timings:
+# test_incidents_at_defaults.py
+pytestmark = pytest.mark.timings(FAST)
 
 
 @pytest.mark.cluster
@@ -33,7 +38,7 @@ def test_kill_minus_9_one_of_three_nodes(cluster: Cluster) -> None:
     t1 = time.time() - 3.0
     figures = cluster.analyse(t0, t1)
     # The failover: from just before the kill until ownership has surely moved.
-    failover = cluster.analyse(t_kill - 1.0, t_kill + HEARTBEAT_TTL + 3.0)
+    failover = cluster.analyse(t_kill - 1.0, t_kill + cluster.timings.heartbeat_ttl + 3.0)
     metrics = {n: cluster.nodes[n].metrics() for n in survivors}
     taken_over = {n: m.get(("cronman_claims_total", (("result", "taken_over"),)), 0.0) for n, m in metrics.items()}
     cluster.stop_nodes()
@@ -61,7 +66,7 @@ def test_kill_minus_9_one_of_three_nodes(cluster: Cluster) -> None:
     assert figures.unexpected == 0
     assert failover.missed == 0
     # Whatever the dead node held is taken over after its lease: a few seconds late at worst.
-    assert failover.worst_lag_ms is not None and failover.worst_lag_ms <= (2 * LEASE + 2) * 1000
+    assert failover.worst_lag_ms is not None and failover.worst_lag_ms <= (2 * cluster.timings.lease + 2) * 1000
 
 
 @pytest.mark.cluster
@@ -84,7 +89,7 @@ def test_one_node_left_still_fires_everything(cluster: Cluster) -> None:
     # t_kill + TTL; node-a notices within a membership poll (plus its grace for absent nodes) and
     # loads what it lacked. Before that, occurrences of node-c's slots may wait for the takeover
     # of a lease; from t_kill + TTL + 2 s on, node-a alone must fire every occurrence of every job.
-    post0 = t_kill + HEARTBEAT_TTL + 2.0
+    post0 = t_kill + cluster.timings.heartbeat_ttl + 2.0
     sleep_until(post0 + 10)
     t1 = post0 + 7.0  # 3 s before stopping
     post = cluster.analyse(post0, t1)
@@ -120,6 +125,6 @@ def test_one_node_left_still_fires_everything(cluster: Cluster) -> None:
     # Before node-a was alone, the only double there may be is an occurrence node-c was delivering when
     # it was killed (sent, not yet marked done: taken over after its lease and sent again under the same
     # execution id). The graceful stop of node-b doubles nothing.
-    unexplained = [(j, ms) for j, ms in whole.doubled_set if not t_kill - LEASE < ms / 1000 <= t_kill]
+    unexplained = [(j, ms) for j, ms in whole.doubled_set if not t_kill - cluster.timings.lease < ms / 1000 <= t_kill]
     assert not unexplained, f"doubled outside the crash: {sorted(unexplained)[:10]}"
     assert whole.doubled <= 50, whole.doubled_sample

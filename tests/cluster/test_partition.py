@@ -10,8 +10,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.cluster.conftest import HEARTBEAT_TTL, LEASE, Cluster, sleep_until
+from tests.cluster.conftest import Cluster, sleep_until
 from tests.helpers import FreezingProxy, wait_for
+from tests.timings import FAST
+
+# timings: a node cut off from Redis until its heartbeat expires, inside one short test: mechanics
+pytestmark = pytest.mark.timings(FAST)
 
 CUT = 8.0  # seconds node-a cannot reach Redis
 
@@ -39,7 +43,7 @@ def test_a_node_cut_off_from_redis_loses_nothing_and_comes_back(cluster: Cluster
         def others_only() -> bool:
             return sorted(n["id"] for n in cluster.cluster_view()["nodes"]) == ids[1:]
 
-        wait_for(others_only, HEARTBEAT_TTL + 3, "the other nodes to see node-a gone", interval=0.1)
+        wait_for(others_only, cluster.timings.heartbeat_ttl + 3, "the other nodes to see node-a gone", interval=0.1)
         seen_gone_s = time.time() - t_cut
         sleep_until(t_cut + CUT)
         proxy.thaw()
@@ -72,7 +76,7 @@ def test_a_node_cut_off_from_redis_loses_nothing_and_comes_back(cluster: Cluster
     # At most a second delivery (same execution id) of what node-a was sending when it was cut
     # off, or claimed and could not renew: about one lease of its share of the jobs, once each.
     assert max(whole.counts.values()) <= 2
-    assert whole.doubled <= 100 * (LEASE + 2), f"doubled: {whole.doubled_sample}"
+    assert whole.doubled <= 100 * (cluster.timings.lease + 2), f"doubled: {whole.doubled_sample}"
     # The other owner of each of node-a's slots claims its occurrences on time all along.
-    assert cut.worst_lag_ms is not None and cut.worst_lag_ms <= (LEASE + 3) * 1000, cut
+    assert cut.worst_lag_ms is not None and cut.worst_lag_ms <= (cluster.timings.lease + 3) * 1000, cut
     assert after.doubled == 0, f"doubled after node-a came back: {after.doubled_sample}"

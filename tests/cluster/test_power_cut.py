@@ -16,6 +16,10 @@ from cronman.embedded import EmbeddedRedis, free_port
 from cronman.store import make_engine
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.helpers import wait_for
+from tests.timings import FAST
+
+# timings: Redis and every node lost at once, and what is claimed again after: mechanics
+pytestmark = pytest.mark.timings(FAST)
 
 DARK = 2.0  # seconds everything stays down
 

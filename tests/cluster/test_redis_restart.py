@@ -13,6 +13,10 @@ from cronman.store import make_engine
 from cronman.timeutil import iso
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.helpers import FreezingProxy, wait_for
+from tests.timings import FAST
+
+# timings: Redis restarted empty and what is claimed again after: mechanics
+pytestmark = pytest.mark.timings(FAST)
 
 OUTAGE = 1.5  # seconds Redis is gone before it is back, empty
 HANG_AFTER_LOSS = 10.0  # seconds PostgreSQL stays silent after Redis is back (the double fault)

@@ -22,10 +22,13 @@ import psycopg2
 import pytest
 
 from cronman.execution import execution_id
-from tests.cluster.conftest import HEARTBEAT_TTL, LEASE, Cluster, ClusterNode, sleep_until
+from tests.cluster.conftest import Cluster, ClusterNode, sleep_until
 from tests.helpers import scripted_ledger, start_node_process
+from tests.timings import FAST
 
-pytestmark = pytest.mark.cluster
+# timings: handovers on a rolling restart, and a crash whose heartbeat expires inside the test: mechanics
+# (the crash, join and leave at the shipped timings: test_incidents_at_defaults.py)
+pytestmark = [pytest.mark.cluster, pytest.mark.timings(FAST)]
 
 NODES = ["node-a", "node-b", "node-c"]
 RETRY = {"max_attempts": 5, "backoff_seconds": 1, "max_backoff_seconds": 2, "jitter": False}
@@ -144,7 +147,7 @@ def test_a_crash_then_a_join_and_a_graceful_leave_within_the_heartbeat_ttl(clust
     cluster.nodes["node-d"] = ClusterNode("node-d", child, port, cluster.logdir / "node-d.log")
     t_join = time.time()
     t_leave = cluster.signal("node-c", signal.SIGTERM)
-    assert t_leave - t_kill < HEARTBEAT_TTL - 1.0  # all three while node-b's heartbeat still counts
+    assert t_leave - t_kill < cluster.timings.heartbeat_ttl - 1.0  # all three while node-b's heartbeat still counts
     cluster.nodes["node-c"].child.proc.wait(30)
     left = time.time()
     remaining = ["node-a", "node-d"]
@@ -152,7 +155,7 @@ def test_a_crash_then_a_join_and_a_graceful_leave_within_the_heartbeat_ttl(clust
     sleep_until(t_kill + 15)
     t1 = time.time() - 3.0
     whole = cluster.analyse(t0, t1)
-    around = cluster.analyse(t_kill - 1.0, t_kill + HEARTBEAT_TTL + settle_s + 3.0)
+    around = cluster.analyse(t_kill - 1.0, t_kill + cluster.timings.heartbeat_ttl + settle_s + 3.0)
     leaver_exit = cluster.nodes["node-c"].child.proc.returncode
     cluster.stop_nodes()
 
@@ -175,4 +178,5 @@ def test_a_crash_then_a_join_and_a_graceful_leave_within_the_heartbeat_ttl(clust
     doubled_ids = {execution_id(job, ms) for job, ms in whole.doubled_set}
     assert doubled_ids <= held_at_kill, f"doubled without a claim held at the kill: {whole.doubled_sample}"
     # What the dead node held is taken over when its lease runs out; nothing waits for its heartbeat.
-    assert around.worst_lag_ms is not None and around.worst_lag_ms <= (2 * LEASE + HEARTBEAT_TTL + 2) * 1000
+    t = cluster.timings
+    assert around.worst_lag_ms is not None and around.worst_lag_ms <= (2 * t.lease + t.heartbeat_ttl + 2) * 1000

@@ -24,6 +24,10 @@ from cronman.bench.loader import JobTemplate, copy_jobs
 from cronman.hashing import SLOTS, owned_slots
 from tests.cluster.conftest import REPLICAS, Cluster
 from tests.helpers import FreezingProxy, wait_for
+from tests.timings import FAST
+
+# timings: a load paced by a slowed link against the load grace: mechanics
+pytestmark = pytest.mark.timings(FAST)
 
 JOBS = 60_000
 # bytes a second from PostgreSQL: node-c's share takes about 6 s to arrive, node-b's about 2.5 s

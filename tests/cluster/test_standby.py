@@ -11,6 +11,10 @@ import pytest
 
 from cronman.timeutil import iso
 from tests.cluster.conftest import Cluster, sleep_until
+from tests.timings import FAST
+
+# timings: the standby's hold-back between real processes: mechanics
+pytestmark = pytest.mark.timings(FAST)
 
 GRACE = 0.5
 STANDBY = {"CRONMAN_STANDBY_GRACE_SECONDS": str(GRACE)}  # off unless set

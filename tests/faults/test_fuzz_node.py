@@ -50,8 +50,11 @@ from tests.clients import keyed
 from tests.cluster.ledger import analyse
 from tests.conftest import ADMIN_KEY
 from tests.helpers import BlackHole, LedgerProcess, start_node_process, wait_for
+from tests.timings import FAST
 
-pytestmark = pytest.mark.cluster
+# timings: hostile jobs on one node: the lease and the recovery delay are the shipped ones
+# (PRODUCTION_TIMINGS), the polls fast
+pytestmark = [pytest.mark.cluster, pytest.mark.timings(FAST)]
 
 ORDINARY = 1000
 EVERY = 5

@@ -21,8 +21,10 @@ from cronman.receiver import Receiver
 from cronman.store import make_engine
 from tests.conftest import ADMIN_KEY
 from tests.helpers import FreezingProxy, start_api_process, start_node_process, wait_for
+from tests.timings import FAST
 
-pytestmark = pytest.mark.cluster
+# timings: PostgreSQL away or hanging under real processes: mechanics
+pytestmark = [pytest.mark.cluster, pytest.mark.timings(FAST)]
 
 
 @pytest.fixture

@@ -38,8 +38,10 @@ from tests.clients import keyed
 from tests.cluster.ledger import analyse
 from tests.conftest import ADMIN_KEY
 from tests.helpers import LedgerProcess, api_session, start_api_process, start_node_process, wait_for
+from tests.timings import FAST
 
-pytestmark = pytest.mark.cluster
+# timings: a resolver that never answers: the lease is the shipped one (TIMINGS), the polls fast
+pytestmark = [pytest.mark.cluster, pytest.mark.timings(FAST)]
 
 SLOW_HOSTS = 40
 HOSTILE_JOBS = 200

@@ -21,8 +21,10 @@ from cronman import signing
 from cronman.embedded import Child
 from cronman.receiver import Received, Receiver
 from tests.helpers import api_session, start_api_process, start_node_process, wait_for
+from tests.timings import FAST
 
-pytestmark = pytest.mark.cluster
+# timings: fleet features across real processes: mechanics
+pytestmark = [pytest.mark.cluster, pytest.mark.timings(FAST)]
 
 WATCH = {"CRONMAN_WATCH_SECONDS": "0.5"}
 
