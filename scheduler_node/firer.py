@@ -441,6 +441,11 @@ class Firer:
                 e.verify = True
         return out
 
+    def sweep_soon(self) -> None:
+        """Sweep now, not at the next interval: slots were just taken over, and what a holder gone
+        from them left (claims whose lease ran out) is taken at once."""
+        self._sweep_wake.set()
+
     def stop(self) -> None:
         """The timer and the sweeper end after the pass they are in."""
         self.stopping = True
@@ -1014,6 +1019,7 @@ class Firer:
         rows_at = loop.time() + rows_every
         while not self.stopping:
             await wait_event(self._sweep_wake, self.cfg.sweep_seconds * (0.75 + 0.5 * self.rng.random()))
+            self._sweep_wake.clear()
             if self.stopping or not ready() or not self.slots:
                 continue
             rows = loop.time() >= rows_at
