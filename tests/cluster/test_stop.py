@@ -25,36 +25,23 @@ import requests
 
 from cronman.embedded import EmbeddedRedis, free_port
 from cronman.hashing import owners, slot_of
-from cronman.settings import Settings
 from cronman.timeutil import iso
 from tests.cluster.conftest import Cluster
 from tests.cluster.ledger import Arrival
 from tests.helpers import FreezingProxy, history_rows, wait_for
+from tests.timings import DEFAULTS
 
-pytestmark = pytest.mark.cluster
+# timings: the shipped ones (a pause or a delete must stop a job at the timings users get), with the
+# change poll made 30 s in the long-poll cases so that only the notification can stop the job in time
+pytestmark = [pytest.mark.cluster, pytest.mark.timings(DEFAULTS)]
 
-SHIPPED = {
-    name: Settings.model_fields[name].default
-    for name in (
-        "heartbeat_interval_seconds",
-        "heartbeat_ttl_seconds",
-        "membership_poll_seconds",
-        "lease_seconds",
-        "change_poll_seconds",
-        "history_flush_seconds",
-        "load_grace_seconds",
-        "history_recover_after_seconds",
-        "progress_seconds",
-        "outage_after_seconds",
-    )
-}
+SHIPPED_POLL = DEFAULTS.values["change_poll_seconds"]
 LONG_POLL = 30.0
 WATCHED = 6.0  # seconds watched after the change: a lease, and six change polls at the shipped timing
 PAIR = ("node-a", "node-b")
 
 
 def at_shipped_timings(cluster: Cluster, change_poll: float) -> None:
-    cluster.env.update({f"CRONMAN_{k.upper()}": str(v) for k, v in SHIPPED.items()})
     cluster.env["CRONMAN_CHANGE_POLL_SECONDS"] = str(change_poll)
 
 
@@ -114,7 +101,7 @@ def timed(call: Callable[[], requests.Response], expect: int) -> float:
     return at
 
 
-POLLS = [pytest.param(SHIPPED["change_poll_seconds"], id="shipped-poll"), pytest.param(LONG_POLL, id="long-poll")]
+POLLS = [pytest.param(SHIPPED_POLL, id="shipped-poll"), pytest.param(LONG_POLL, id="long-poll")]
 
 
 @pytest.mark.parametrize("change_poll", POLLS)
@@ -168,7 +155,7 @@ def test_a_pause_stops_the_job_while_the_nodes_cannot_read_the_feed(cluster: Clu
     """The nodes' PostgreSQL hangs (the API's does not): they keep firing what they hold, and
     their read of the change feed waits. A pause answered meanwhile still stops the job at once:
     the notification names it, and the nodes need nothing from the database to stop it."""
-    at_shipped_timings(cluster, SHIPPED["change_poll_seconds"])
+    at_shipped_timings(cluster, SHIPPED_POLL)
     proxy = FreezingProxy.in_front_of(cluster.database_url)
     try:
         cluster.start_api()
@@ -220,7 +207,7 @@ def test_a_notification_lost_is_made_up_by_the_poll(cluster: Cluster) -> None:
     """The API's link to Redis hangs (the nodes' does not): its answer to a pause is held up at
     most briefly, the notification does not go out, and the nodes stop the job at their next read
     of the change feed."""
-    at_shipped_timings(cluster, SHIPPED["change_poll_seconds"])
+    at_shipped_timings(cluster, SHIPPED_POLL)
     where = urlsplit(cluster.redis_url)
     assert where.hostname and where.port
     proxy = FreezingProxy((where.hostname, where.port))
@@ -241,7 +228,7 @@ def test_a_notification_lost_is_made_up_by_the_poll(cluster: Cluster) -> None:
         late = after_the_change(cluster, {job_id: answered})[job_id]
     finally:
         proxy.thaw()
-    poll = SHIPPED["change_poll_seconds"]
+    poll = SHIPPED_POLL
     cluster.report(kind="pause, notification lost", answer_seconds=answered - asked, after_the_change=late)
     assert answered - asked < 2.0, "the API's answer waited for a Redis it cannot reach"
     # the last delivery: one the node sent before its next read of the feed applied the pause
@@ -251,7 +238,7 @@ def test_a_notification_lost_is_made_up_by_the_poll(cluster: Cluster) -> None:
 def test_a_retry_waiting_is_not_made(cluster: Cluster) -> None:
     """Attempt 1 of two jobs fails and attempt 2 waits 4 s for its time: a pause of one and a
     delete of the other meanwhile cancel it, recorded as such; it is not sent."""
-    _, group = start(cluster, SHIPPED["change_poll_seconds"])
+    _, group = start(cluster, SHIPPED_POLL)
     paused, deleted = group[:2]
     due_ms = math.ceil(time.time() + 4) * 1000
     specs = []

@@ -28,8 +28,10 @@ from cronman.embedded import Child
 from cronman.receiver import Receiver
 from cronman.timeutil import iso, parse_iso
 from tests.helpers import NeverAnswers, api_session, start_api_process, start_node_process, wait_for
+from tests.timings import DEFAULTS
 
-pytestmark = pytest.mark.cluster
+# timings: the shipped ones (nothing here fails a node; the neighbour is judged at what users run)
+pytestmark = [pytest.mark.cluster, pytest.mark.timings(DEFAULTS)]
 
 RULES = 20  # the rules quota set here (the product's default is 100)
 BACKFILL_RATE = 100  # executions a second, the namespace's backfill rate quota (the default)
