@@ -443,30 +443,49 @@ class FiringTiming:
     since_ms: int | None = None
 
     def next_after(self, after_ms: int) -> int | None:
+        return self.next_with_span(after_ms)[0]
+
+    def next_with_span(self, after_ms: int) -> tuple[int | None, tuple[int | None, int | None] | None]:
+        """``next_after``, and the bounds of the excluded span the occurrence is the first of
+        (None: it is due)."""
         base = self.due.base
         t = base.next_after(after_ms)
         if t is None or not self.due.calendars:
-            return t
+            return t, None
         span = _span(self.due._cals, t)
         if span is None:
-            return t
+            return t, None
         lo, hi, _ = span
         if lo is not None:
             origin = lo - 1 if self.since_ms is None else max(lo - 1, self.since_ms)
             if base.next_after(origin) == t:
-                return t  # the span's first occurrence: its summary
+                return t, (lo, hi)  # the span's first occurrence: its summary
         if hi is None:
-            return None
+            return None, None
         # The instant ``hi`` is excluded by no calendar: the next occurrence is due, or the first
         # occurrence of a span that starts after ``hi``.
-        return base.next_after(hi - 1)
+        t = base.next_after(hi - 1)
+        if t is None:
+            return None, None
+        after = _span(self.due._cals, t)
+        return t, None if after is None else (after[0], after[1])
 
-    def resume_after(self, after_ms: int) -> int | None:
+    def span_at(self, t: int) -> tuple[int | None, int | None] | None:
+        """The bounds of the excluded span ``t`` lies in (None: ``t`` is not excluded)."""
+        span = _span(self.due._cals, t) if self.due.calendars else None
+        return None if span is None else (span[0], span[1])
+
+    def resume_after(self, after_ms: int, recorded: tuple[int | None, int | None] | None = None) -> int | None:
         """The next occurrence to fire after ``after_ms`` when the calendars just changed: as
         ``next_after``, except that an occurrence in the middle of a span comes first (its row
-        says why nothing arrives for the rest of the span)."""
+        says why nothing arrives for the rest of the span), unless the span is ``recorded``, the
+        one whose row the timer fired already (a calendar written again and again while a job is in
+        a span it did not change costs no row each time)."""
         t = self.due.base.next_after(after_ms)
-        return t if t is not None and _span(self.due._cals, t) is not None else self.next_after(after_ms)
+        span = None if t is None else self.span_at(t)
+        if span is not None and span != recorded:
+            return t
+        return self.next_after(after_ms)
 
 
 class SkipSummary(NamedTuple):

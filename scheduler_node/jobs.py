@@ -153,7 +153,18 @@ class WithCalendars:
     The calendars are looked up in the node's book, again after any of them changed. Equal to
     another for the same schedule and names, whatever the calendars say."""
 
-    __slots__ = ("base", "namespace", "names", "job_id", "since_ms", "book", "_generation", "_firing", "__weakref__")
+    __slots__ = (
+        "base",
+        "namespace",
+        "names",
+        "job_id",
+        "since_ms",
+        "book",
+        "_generation",
+        "_firing",
+        "_recorded",
+        "__weakref__",
+    )
 
     def __init__(
         self,
@@ -168,6 +179,9 @@ class WithCalendars:
         self.since_ms = since_ms  # the job's last change: a span it began in has a row for the rest of it
         self._generation = -1
         self._firing: Timing = base
+        # the excluded span whose first occurrence the timer came to last (its row fired, here or
+        # by the other owner): a calendar changed while the job is in it does not fire another
+        self._recorded: tuple[int | None, int | None] | None = None
 
     def firing(self) -> Timing:
         book = self.book
@@ -181,7 +195,13 @@ class WithCalendars:
     def resume_after(self, after_ms: int) -> int | None:
         """The next occurrence to fire once its calendars changed (`FiringTiming.resume_after`)."""
         f = self.firing()
-        return f.resume_after(after_ms) if isinstance(f, FiringTiming) else f.next_after(after_ms)
+        if not isinstance(f, FiringTiming):
+            return f.next_after(after_ms)
+        t = f.resume_after(after_ms, self._recorded)
+        span = None if t is None else f.span_at(t)
+        if span is not None:
+            self._recorded = span
+        return t
 
     def due(self) -> Timing:
         """The occurrences that are due (`cronman.calendars.timing_with`)."""
@@ -189,7 +209,13 @@ class WithCalendars:
         return f.due if isinstance(f, FiringTiming) else f
 
     def next_after(self, after_ms: int) -> int | None:
-        return self.firing().next_after(after_ms)
+        f = self.firing()
+        if not isinstance(f, FiringTiming):
+            return f.next_after(after_ms)
+        t, span = f.next_with_span(after_ms)
+        if span is not None:
+            self._recorded = span
+        return t
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, WithCalendars):

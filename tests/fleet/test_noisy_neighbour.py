@@ -2,18 +2,18 @@
 watch, and two scheduler nodes), PostgreSQL, Redis and HTTP receivers.
 
 Namespace noisy: as many notification rules as its quota allows, every one to a target that never
-answers; 50 jobs failing every second; backfills of a per-second job at its whole backfill rate.
-Namespace calm: 200 jobs every second and one notification rule. Calm's deliveries stay on time,
-and the notification of its failing job arrives within seconds, while noisy's storm goes on; no
-process grows past a bound.
-
-(Calendars and skipped rows of a noisy namespace are the calendar quotas' own tests.) Figures are
-printed (run with -s)."""
+answers; 50 jobs failing every second; backfills of a per-second job at its whole backfill rate;
+as many calendars as its quota allows, each of the most entries allowed, one of them written again
+every second; a per-second job on days its calendar excludes. Namespace calm: 200 jobs every second
+and one notification rule. Calm's deliveries stay on time, and the notification of its failing job
+arrives within seconds, while noisy's storm goes on; the excluded job costs one history row a span;
+no process grows past a bound. Figures are printed (run with -s)."""
 
 from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,6 +39,8 @@ CALM_JOBS = 200
 MEASURE_S = 30
 ALONE_S = 20
 RSS_BOUND = 600 * 2**20  # no process past this
+CALENDARS = 10  # the calendars quota set here (the product's default is 100)
+ENTRIES = 10_000  # dates in each: the entries quota's default
 
 
 class Stack:
@@ -77,6 +79,7 @@ def stack(settings_env: dict[str, str], workdir: Path) -> Iterator[Stack]:
         "CRONMAN_NOTIFICATION_TIMEOUT_SECONDS": "10",
         "CRONMAN_QUOTA_NOTIFICATION_RULES_PER_NAMESPACE": str(RULES),
         "CRONMAN_QUOTA_BACKFILL_RATE_PER_NAMESPACE": str(BACKFILL_RATE),
+        "CRONMAN_CALENDARS_PER_NAMESPACE": str(CALENDARS),
     }
     s = Stack(env, logs)
     try:
@@ -151,6 +154,29 @@ def test_a_namespace_at_its_quotas_costs_another_nothing_visible(stack: Stack) -
             for _ in range(5):
                 stack.call("POST", "/v1/jobs/noisy-bf/backfill", json={**span, "max_per_second": BACKFILL_RATE / 5})
             stack.call("POST", "/v1/jobs/noisy-bf/backfill", expect=(409,), json={**span, "max_per_second": 1})
+            # noisy's calendars: as many as its quota, of the most entries, and a per-second job on
+            # days one of them excludes (today and tomorrow, UTC)
+            today = now.date()
+            for c in range(CALENDARS - 1):
+                dates = [(today + timedelta(days=400 + c * ENTRIES + d)).isoformat() for d in range(ENTRIES)]
+                stack.call("PUT", f"/v1/calendars/big-{c}?namespace=noisy", json={"exclude": {"dates": dates}})
+            days_off = {"exclude": {"dates": [today.isoformat(), (today + timedelta(days=1)).isoformat()]}}
+            stack.call("PUT", "/v1/calendars/off?namespace=noisy", json=days_off)
+            stack.call("PUT", "/v1/calendars/extra?namespace=noisy", expect=(409,), json=days_off)
+            off_job = _every_second("noisy-off", f"{noisy_hook.url}/off", calendars=["off", "big-0"])
+            _jobs(stack, "noisy", [off_job])
+            rewrite = threading.Event()
+
+            def rewriting() -> None:  # one big calendar written again every second: every node reloads it
+                dates = [(today - timedelta(days=400 + d)).isoformat() for d in range(ENTRIES)]
+                flip = 0
+                while not rewrite.wait(1.0):
+                    flip ^= 1
+                    doc = {"exclude": {"dates": dates[flip:]}}
+                    stack.s.put(f"{stack.url}/v1/calendars/big-0?namespace=noisy", json=doc, timeout=30)
+
+            rewriter = threading.Thread(target=rewriting, daemon=True)
+            rewriter.start()
             wait_for(lambda: hole.most_at_once >= 1, 30, "noisy's notifications to reach the black hole")
             time.sleep(10)  # the storm under way
 
@@ -166,7 +192,10 @@ def test_a_namespace_at_its_quotas_costs_another_nothing_visible(stack: Stack) -
                 rss_most = max(rss_most, *(p.memory_info().rss for p in procs))
                 time.sleep(1)
             ended = time.time()
+            rewrite.set()
+            rewriter.join(30)
             time.sleep(2)
+            off_rows = stack.call("GET", "/v1/jobs/noisy-off/executions?namespace=noisy&limit=100")["executions"]
             lags = _lags(calm_hook, started, ended)
             backfilled = [r for r in noisy_hook.snapshot() if r.path == "/bf" and started <= r.at < ended]
             failed = [r for r in noisy_hook.snapshot() if r.path == "/n" and started <= r.at < ended]
@@ -184,6 +213,7 @@ def test_a_namespace_at_its_quotas_costs_another_nothing_visible(stack: Stack) -
                 "noisy_failures_per_s": round(len(failed) / (ended - started), 1),
                 "black_hole_connections_at_most": hole.most_at_once,
                 "rss_most_mb": round(rss_most / 2**20),
+                "excluded_job_history_rows": [(e["status"], e.get("occurrences")) for e in off_rows],
             }
         ),
     )
@@ -192,4 +222,7 @@ def test_a_namespace_at_its_quotas_costs_another_nothing_visible(stack: Stack) -
     assert len(backfilled) <= BACKFILL_RATE * (ended - started) * 1.1  # the namespace's backfill rate holds
     assert hole.most_at_once <= 4
     assert rss_most < RSS_BOUND, rss_most
+    assert not [r for r in noisy_hook.snapshot() if r.path == "/off"]  # nothing on its excluded days
+    # one row a span (each owner may record one when a calendar changes mid-span), not one a second
+    assert 1 <= len(off_rows) <= 4 and all(e["status"] == "skipped" for e in off_rows), off_rows
     assert p99 <= 0.100, f"calm's lag p99 {p99 * 1000:.0f} ms (alone: {_p(alone, 0.99) * 1000:.0f} ms)"
