@@ -49,7 +49,7 @@ RENEW_SECONDS = 1.0  # how often leases are renewed and cursors recorded (and ne
 MAX_PER_TICK = 500  # occurrences handed out per backfill per tick at most
 _DROPPED_AFTER_S = 5.0  # handed out, never claimed, and no longer queued: the firer dropped it
 _VERIFY_SECONDS = 10.0  # a new driver checks history for what its predecessor may have handed out lately
-_BURST_SECONDS = 0.1  # the most a driver hands out at once: a tenth of a second's worth (or one)
+_BURST_SECONDS = 0.1  # the most a driver hands out at once: a tenth of a second's worth (or one), and one more
 
 
 @dataclass
@@ -291,7 +291,10 @@ class BackfillDriver:
             if job is None or job.paused or job.incarnation != drive.row.incarnation:
                 continue
             rate = drive.rate
-            drive.tokens = min(max(1.0, rate * _BURST_SECONDS), drive.tokens + (now - drive.paced_at) * rate)
+            # (one more than the burst: what a tick leaves short of a whole execution is kept; capped
+            # at one, a rate below one a tick lost a third of itself to rounding)
+            burst = max(1.0, rate * _BURST_SECONDS) + 1.0
+            drive.tokens = min(burst, drive.tokens + (now - drive.paced_at) * rate)
             drive.paced_at = now
             for _ in range(MAX_PER_TICK):
                 if drive.tokens < 1 or drive.exhausted or len(out) >= room:
