@@ -40,6 +40,7 @@ BACKGROUND = {
 SOLO = {
     "tests/faults/test_fuzz_node.py",
     "tests/bench/test_bench_smoke.py",
+    "tests/bench/test_bench_yardsticks.py",
     "tests/engines/test_ownership_bench.py",
     "tests/ui/test_bench_ui.py",
     # firing at a fixed rate through a Redis or PostgreSQL failover, with lag bounds: beside the

@@ -8,6 +8,11 @@ Modules:
 - :mod:`cronman.bench.stack` - the processes of one bench run;
 - :mod:`cronman.bench.ceiling` - the bare HTTP client (the machine's practical ceiling);
 - :mod:`cronman.bench.peer` - APScheduler 3 firing the same job set (the peer);
+- :mod:`cronman.bench.celery_peer`, :mod:`cronman.bench.celery_app` - Celery beat with RedBeat and
+  Celery workers firing the same job set (the peer a Python team would deploy);
+- :mod:`cronman.bench.limit`, :mod:`cronman.bench.floor` - wrk's rate on the receiver, and the
+  design's floor: one delivery's irreducible work by C tools (wrk, redis-benchmark, COPY);
+- :mod:`cronman.bench.apifloor` - a minimal Flask + psycopg2 create endpoint (the API's floor);
 - :mod:`cronman.bench.scenarios` - steady, ceiling, peer, burst, failover, scale, crud;
 - :mod:`cronman.bench.report` - targets, the table and the JSON document;
 - :mod:`cronman.bench.profiling` - py-spy on one node, and a summary of where it spends its time.

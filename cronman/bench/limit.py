@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,8 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from cronman.bench.scenarios import Bench
-
-INSTALL = "apt-get update && apt-get install -y wrk"
 
 _SCRIPT = """-- a cronman delivery, as a node sends it
 wrk.method = "POST"
@@ -34,19 +33,33 @@ wrk.headers["Cronman-Event-Index"] = "0"
 """
 
 
-def wrk_path() -> str:
-    """The wrk binary, installed from Debian's package if need be (root only)."""
-    found = shutil.which("wrk")
+def debian_tool(binary: str, package: str) -> str:
+    """A C tool from Debian's ``package``, installed with apt-get if need be (root only); stops
+    with the command to run otherwise."""
+    found = shutil.which(binary)
     if found:
         return found
+    install = f"apt-get update && apt-get install -y {package}"
     if os.geteuid() == 0 and shutil.which("apt-get"):
         subprocess.run(["apt-get", "update", "-qq"], check=False, capture_output=True, timeout=300)
-        done = subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], capture_output=True, text=True, timeout=600)
-        found = shutil.which("wrk")
+        done = subprocess.run(["apt-get", "install", "-y", "-qq", package], capture_output=True, text=True, timeout=600)
+        found = shutil.which(binary)
         if found:
             return found
-        raise RuntimeError(f"could not install wrk ({done.stderr.strip()[-300:]}); run: {INSTALL}")
-    raise RuntimeError(f"the limit scenario needs wrk; run: {INSTALL}")
+        raise RuntimeError(f"could not install {binary} ({done.stderr.strip()[-300:]}); run: {install}")
+    raise RuntimeError(f"the bench needs {binary}; run: {install}")
+
+
+def wrk_path() -> str:
+    """The wrk binary, installed from Debian's package if need be (root only)."""
+    return debian_tool("wrk", "wrk")
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's children that have ended and been waited for: read before
+    and after one tool runs (the bench waits for no other child meanwhile), its own CPU time."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 _RATE = re.compile(r"Requests/sec:\s+([\d.]+)")
@@ -60,7 +73,9 @@ def run_wrk(url: str, workdir: Path, seconds: float, connections: int, threads: 
     script = workdir / "cronman-delivery.lua"
     script.write_text(_SCRIPT)
     argv = [wrk_path(), f"-t{threads}", f"-c{connections}", f"-d{int(seconds)}s", "-s", str(script), url]
+    cpu0 = children_cpu_s()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+    client_cpu = children_cpu_s() - cpu0
     if done.returncode != 0:
         raise RuntimeError(f"wrk failed: {done.stderr.strip()[-500:]}")
     out = done.stdout
@@ -79,22 +94,33 @@ def run_wrk(url: str, workdir: Path, seconds: float, connections: int, threads: 
         "threads": threads,
         "seconds": seconds,
         "tool": "wrk",
+        "client_cpu_s": round(client_cpu, 3),
         "report": out.strip().splitlines()[-12:],
     }
 
 
 def run_limit(b: Bench) -> dict[str, Any]:
-    """The ``limit`` scenario: wrk against the ledger receiver, with no node running."""
+    """The ``limit`` scenario: wrk against the ledger receiver, with no node running. Besides the
+    rate, the CPU time one request costs wrk and the receiver (the ``floor`` yardstick's request)."""
+    from cronman.bench.stack import CpuMeter
+
     stack = b.stack
     assert stack.receiver is not None
     stack.stop_nodes()
     stack.receiver.reset()
     seconds, connections = b.p("limit.seconds"), b.i("limit.connections")
+    meter = CpuMeter({"receiver": [stack.receiver.pid]}).start()
     result = run_wrk(b.receiver_url, stack.logs, seconds, connections)
+    cpu = meter.stop()
     counted = stack.receiver.count()
     stack.receiver.reset()
     result["receiver_counted"] = counted
     result["receiver_loop"] = stack.receiver.loop_kind
+    requests = max(1, result["requests"])
+    result["cpu_us_per_request"] = {
+        "wrk": round(result["client_cpu_s"] * 1e6 / requests, 2),
+        "receiver": round(cpu["cores_used"]["receiver"] * cpu["seconds"] * 1e6 / requests, 2),
+    }
     b.say(
         f"  limit: wrk, 1 thread, {connections} keep-alive connections, {seconds:g}s: "
         f"{result['requests_per_s']:,.0f} requests/s ({result['errors']} errors; the receiver counted {counted:,})"

@@ -19,21 +19,39 @@ from cronman.bench.stack import BenchStack, background_load
 
 ORDER = (
     "limit",
+    "floor",
     "steady",
     "ceiling",
     "peer",
+    "celery",
     "burst",
     "failover",
     "scale",
     "scale10m",
     "crud",
+    "api-floor",
     "ui",
     "ownership",
     "footprint",
 )
-RATIOS = ("ratio_to_limit", "ratio_to_ceiling", "ratio_to_ceiling_at_max", "ratio_to_peer")
+RATIOS = (
+    "ratio_to_limit",
+    "ratio_to_ceiling",
+    "ratio_to_ceiling_at_max",
+    "ratio_to_peer",
+    "ratio_to_floor",
+    "ratio_to_celery",
+    "ratio_to_api_floor",
+)
+
+
+def key(name: str) -> str:
+    """A scenario's key in the JSON document (``api-floor``: ``api_floor``)."""
+    return name.replace("-", "_")
+
+
 # Keys the JSON document always has (null for a scenario that did not run).
-TOP_KEYS = ORDER + RATIOS
+TOP_KEYS = tuple(key(n) for n in ORDER) + RATIOS
 
 
 def parse_scenarios(text: str) -> list[str]:
@@ -71,7 +89,7 @@ def _ratio(a: Any, b: Any) -> float | None:
 def assemble(results: dict[str, Any], **meta: Any) -> dict[str, Any]:
     doc: dict[str, Any] = dict.fromkeys(TOP_KEYS)
     for name in ORDER:
-        doc[name] = results.get(name)
+        doc[key(name)] = results.get(key(name))
     steady, ceiling, peer, burst = doc["steady"], doc["ceiling"], doc["peer"], doc["burst"]
     ceiling_rate = ceiling["requests_per_s"] if ceiling else None
     doc["ratio_to_ceiling"] = _ratio(steady and steady["fires_per_s"], ceiling_rate)
@@ -80,6 +98,11 @@ def assemble(results: dict[str, Any], **meta: Any) -> dict[str, Any]:
     sustained = [r for r in (steady and steady["fires_per_s"], burst and burst.get("max_rate_per_s")) if r]
     doc["ratio_to_limit"] = _ratio(max(sustained, default=None), doc["limit"] and doc["limit"]["requests_per_s"])
     doc["ratio_to_peer"] = _ratio(steady and steady["fires_per_s"], peer and peer["fires_per_s"])
+    # the yardsticks of the same run: the design's floor, the Celery peer, the minimal endpoint
+    floor, celery, crud, api_floor = doc["floor"], doc["celery"], doc["crud"], doc["api_floor"]
+    doc["ratio_to_floor"] = _ratio(steady and steady["fires_per_s"], floor and floor["rate_per_s"])
+    doc["ratio_to_celery"] = _ratio(steady and steady["fires_per_s"], celery and celery["fires_per_s"])
+    doc["ratio_to_api_floor"] = _ratio(crud and crud["single_per_s"], api_floor and api_floor["creates_per_s"])
     doc.update(meta)
     doc["targets"] = evaluate(doc, bool(meta.get("quick")))
     return doc
@@ -155,7 +178,7 @@ def run_bench(
             say(f"[{name}]")
             t = time.monotonic()
             try:
-                bench.results[name] = SCENARIOS[name](bench)
+                bench.results[key(name)] = SCENARIOS[name](bench)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:  # noqa: BLE001 - the other scenarios still run

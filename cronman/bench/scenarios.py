@@ -19,6 +19,9 @@ from typing import Any
 import psycopg2
 import requests
 
+from cronman.bench.apifloor import run_api_floor
+from cronman.bench.celery_peer import run_celery
+from cronman.bench.floor import run_floor
 from cronman.bench.ledger import analyse
 from cronman.bench.limit import run_limit
 from cronman.bench.loader import JobTemplate, copy_jobs
@@ -43,6 +46,15 @@ DEFAULTS: dict[str, float] = {
     "peer.warmup": 10,
     "peer.measure": 30,
     "peer.tail": 3,
+    # the Celery peer fires steady's job set (steady.jobs, steady.every); cronman/bench/celery_peer.py
+    "celery.warmup": 10,
+    "celery.measure": 30,
+    "celery.tail": 5,
+    "celery.workers": 2,  # worker processes (one a core)
+    "celery.concurrency": 100,  # greenlets (gevent) or children (prefork) per worker
+    "celery.prefetch": 4,  # worker_prefetch_multiplier
+    "celery.gevent": 1,  # 0: the prefork pool
+    "celery.standby": 1,  # a second beat waiting on RedBeat's lock
     "burst.jobs": 100_000,
     "burst.lead": 30,  # seconds from the start of loading to the due second
     "burst.bound": 90,  # give up waiting this long after the due second
@@ -67,6 +79,11 @@ DEFAULTS: dict[str, float] = {
     "footprint.loaded": 200_000,
     "limit.seconds": 10,
     "limit.connections": 100,
+    # cronman/bench/floor.py; a batch of 0: what a node sends at steady's load
+    "floor.claim_batch": 0,
+    "floor.done_batch": 0,
+    "floor.executions": 300_000,
+    "floor.rows": 200_000,
     "scale10m.jobs": 10_000_000,
     "scale10m.probes": 2000,
     "scale10m.ready_timeout": 900,
@@ -83,6 +100,9 @@ QUICK: dict[str, float] = {
     "peer.jobs": 500,
     "peer.warmup": 4,
     "peer.measure": 8,
+    "celery.warmup": 4,
+    "celery.measure": 8,
+    "celery.tail": 3,
     "burst.jobs": 10_000,
     "burst.lead": 12,
     "burst.bound": 40,
@@ -102,6 +122,8 @@ QUICK: dict[str, float] = {
     "footprint.rows": 5_000,
     "footprint.loaded": 20_000,
     "limit.seconds": 3,
+    "floor.executions": 50_000,
+    "floor.rows": 20_000,
     "scale10m.jobs": 100_000,
     "scale10m.probes": 300,
     "scale10m.ready_timeout": 120,
@@ -762,8 +784,11 @@ def run_crud(b: Bench) -> dict[str, Any]:
     else:
         b.say(f"  crud: POST /v1/jobs:batch is not available here ({batch.get('probe_status')})")
     single["cpu"] = single_cpu
+    per_s = single["per_s"]
     return {
-        "single_per_s": single["per_s"],
+        "single_per_s": per_s,
+        "api_cpu_us_per_create": cpu_us_per(single_cpu, "api", per_s),
+        "postgres_cpu_us_per_create": cpu_us_per(single_cpu, "postgres", per_s),
         "batch_jobs_per_s": batch.get("jobs_per_s"),
         "single": single,
         "batch": batch,
@@ -793,14 +818,17 @@ SCENARIOS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "steady": run_steady,
     "ceiling": run_ceiling,
     "peer": run_peer,
+    "celery": run_celery,
     "burst": run_burst,
     "failover": run_failover,
     "scale": run_scale,
     "crud": run_crud,
+    "api-floor": run_api_floor,
     "ui": run_ui,
     "ownership": run_ownership,
     "footprint": run_footprint,
     "limit": run_limit,
+    "floor": run_floor,
     "scale10m": run_scale10m,
 }
 # Scenarios that need no PostgreSQL, Redis or receiver: a run of only these starts none.
