@@ -43,8 +43,12 @@ app.conf.update(
     redbeat_redis_url=REDIS_URL,
     redbeat_key_prefix=KEY_PREFIX,
     # Beat looks again at least once a second (seconds-level schedules; changes picked up within a
-    # second), and RedBeat's lock lasts five of those: a standby beat takes over within 5 s.
+    # second). RedBeat's lock is extended once a tick, and a tick sends everything due: at 15,000
+    # jobs a second one outlasted the default lock (5 loop intervals), the standby took over while
+    # the leader was still sending, and the leader died on its next extend. 30 s: a standby takes
+    # over within 30 s of the leader's death.
     beat_max_loop_interval=1,
+    redbeat_lock_timeout=30,
     timezone="UTC",
     enable_utc=True,
     # Fire-and-forget webhook calls: no result backend, no events, acknowledged when received

@@ -79,6 +79,7 @@ CONTEXT = (
     ("floor.per_delivery_us.history_row", "floor: a history row by COPY (us)"),
     ("floor.rate_per_s", "floor: deliveries/s on this machine's cores"),
     ("celery.fires_per_s", "celery: beat + RedBeat + workers, fires/s"),
+    ("celery.arrivals_per_s", "celery: deliveries arriving a second, late ones included"),
     ("celery.lag_ms.p99", "celery: lag p99 (ms)"),
     ("celery.lag_ms_own_due.p99", "celery: lag p99 after the instant beat meant (ms)"),
     ("celery.missed", "celery: missed"),
