@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from functools import cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
+from pydantic_core import PydanticUndefined
 
 from api.batch import MAX_BATCH
 from api.jobs import MAX_SEARCH
@@ -16,18 +18,8 @@ from cronman.apikeys import NAMESPACE_PATTERN
 from cronman.commands import COMMAND_ID_PATTERN
 from cronman.health import HealthState
 from cronman.labels import MAX_SELECTOR
-from cronman.misfire import MisfirePolicy
 from cronman.notifications import EventKind, NotificationSpec
-from cronman.spec import (
-    JOB_ID_PATTERN,
-    THROTTLE_NAME_PATTERN,
-    FailurePolicy,
-    JobSpec,
-    OverlapPolicy,
-    RetryPolicy,
-    Schedule,
-    Target,
-)
+from cronman.spec import JOB_ID_PATTERN, THROTTLE_NAME_PATTERN, JobSpec, PlainStr, Target
 from cronman.throttles import ThrottlePolicySpec
 
 
@@ -64,29 +56,24 @@ class PausedReason(_Out):
     consecutive_failures: int | None = None
 
 
-class Job(_Out):
+def _as_shown(name: str, **changes: Any) -> Any:
+    """A field of JobSpec as an answer shows it (``changes``: its FieldInfo attributes that differ)."""
+    shown = copy.copy(JobSpec.model_fields[name])
+    for attribute, value in changes.items():
+        setattr(shown, attribute, value)
+    return shown
+
+
+class Job(JobSpec):
     """A job as the API returns it: the definition plus read-only fields."""
 
-    id: str
+    # Every field of the definition is in an answer (an option with its default when the job does not
+    # set it), but the name of a job that has none.
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+    id: str = _as_shown("id", default=PydanticUndefined)
+    name: PlainStr | None = _as_shown("name", exclude_if=lambda name: name is None)
     namespace: str
-    name: str | None = None
-    labels: dict[str, str]
-    schedule: Schedule
-    target: Target
-    payload: Any
-    retry: RetryPolicy
-    paused: bool
-    events_per_trigger: int
-    throttle: str | None
-    calendars: list[str]
-    misfire_policy: MisfirePolicy
-    catchup_window_seconds: int
-    overlap_policy: OverlapPolicy
-    delete_after_completion: bool
-    dead_letter_queue_url: str | None
-    failure_policy: FailurePolicy | None
-    late_after_seconds: int
-    capture_response_bytes: int
     state: Literal["active", "paused", "completed"]
     health: JobHealth
     paused_reason: PausedReason | None = Field(description="Why and since when the job is paused; null if it is not.")

@@ -27,7 +27,7 @@ from cronman.calendars import Calendar
 from cronman.db import backfills, jobs
 from cronman.errors import Conflict, NotFound, QuotaExceeded
 from cronman.execution import backfill_trigger
-from cronman.spec import options_with_defaults
+from cronman.spec import OPTION_DEFAULTS, options_with_defaults
 from cronman.store import JobRecord
 from cronman.timeutil import from_ms, iso
 
@@ -178,8 +178,9 @@ class BackfillStore:
         again where it is written."""
         limits = limits or BackfillLimits()
         check_rate(spec, limits)
-        names = list(options_with_defaults(record.options)["calendars"])
-        events = int(record.options.get("events_per_trigger") or 1)
+        options = options_with_defaults(record.options)
+        names = list(options["calendars"])
+        events = int(options["events_per_trigger"] or OPTION_DEFAULTS.events_per_trigger)
         document = timing_document(record.schedule, names, found)
         with self.engine.connect() as conn:
             _check_limits(conn, record, spec, limits)

@@ -24,12 +24,12 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote
 
 import requests
 import urllib3.exceptions
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
@@ -45,7 +45,7 @@ from cronman.errors import (
     Unauthorized,
 )
 from cronman.labels import Selector
-from cronman.spec import JobSpec, invalid_input, parse_job
+from cronman.spec import JobOptions, JobSpec, invalid_input, parse_job
 from cronman.timeutil import iso_dt
 
 DEFAULT_TIMEOUT = (5.0, 30.0)  # seconds to connect, seconds to wait for an answer
@@ -145,10 +145,16 @@ class _Answer(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-class Job(_Answer):
-    """A job as the API shows it. ``schedule``, ``target`` and ``retry`` are the stored documents
-    (header values show as ``"<redacted>"``); :meth:`spec` gives them typed."""
+def _as_answer(model: type[BaseModel]) -> dict[str, Any]:
+    """The fields of one of the API's own models as an answer takes them: the same types and
+    defaults, without the limits and checks a request is held to (a newer API may allow more)."""
+    return {
+        name: (f.annotation, Field(default_factory=f.default_factory) if f.default_factory else f.default)
+        for name, f in model.model_fields.items()
+    }
 
+
+class _JobDefinition(_Answer):
     id: str
     namespace: str
     name: str | None = None
@@ -158,17 +164,22 @@ class Job(_Answer):
     payload: Any = None
     retry: dict[str, Any]
     paused: bool
-    events_per_trigger: int = 1
-    throttle: str | None = None
-    calendars: list[str] = Field(default_factory=list)
-    misfire_policy: str = "fire_once"
-    catchup_window_seconds: int = 3600
-    overlap_policy: str = "allow"
-    delete_after_completion: bool = False
-    dead_letter_queue_url: str | None = None
-    failure_policy: dict[str, Any] | None = None
-    late_after_seconds: int = 60
-    capture_response_bytes: int = 0
+
+
+if TYPE_CHECKING:
+
+    class _JobOptions(_JobDefinition, JobOptions):
+        pass
+
+else:  # the options, and their defaults, are those of cronman.spec.JobOptions
+    _JobOptions = create_model("_JobOptions", __base__=_JobDefinition, **_as_answer(JobOptions))
+
+
+class Job(_JobOptions):
+    """A job as the API shows it. ``schedule``, ``target`` and ``retry`` are the stored documents
+    (header values show as ``"<redacted>"``); :meth:`spec` gives them typed. The options
+    (``misfire_policy``, ``late_after_seconds`` ...) are those of :class:`cronman.spec.JobOptions`."""
+
     state: str
     health: dict[str, Any] = Field(default_factory=dict)
     paused_reason: dict[str, Any] | None = None

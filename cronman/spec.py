@@ -83,13 +83,16 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+MAX_JITTER_SECONDS = 3600
+
+
 class _Bounds(_Model):
     start_at: Instant | None = Field(None, description=f"No occurrence before this instant ({INSTANT_RANGE}).")
     end_at: Instant | None = Field(None, description=f"No occurrence after this instant ({INSTANT_RANGE}).")
     jitter_seconds: float | None = Field(
         None,
         gt=0,
-        le=3600,
+        le=MAX_JITTER_SECONDS,
         allow_inf_nan=False,
         description="Moves each occurrence later by a fixed-per-occurrence offset in [0, jitter_seconds), derived "
         "from the job id and the occurrence, so many jobs due at one instant spread out and every node agrees. At "
@@ -238,6 +241,9 @@ class OnceSchedule(_Bounds):
 Schedule = Annotated[CronSchedule | IntervalSchedule | OnceSchedule, Field(discriminator="type")]
 
 
+MAX_TIMEOUT_SECONDS = 300
+
+
 class HttpTarget(_Model):
     type: Literal["http"]
     url: str = Field(
@@ -259,7 +265,7 @@ class HttpTarget(_Model):
             "additionalProperties": {"type": "string", "maxLength": MAX_HEADER_VALUE, "pattern": r"^[\t -~]*$"},
         },
     )
-    timeout_seconds: float = Field(10.0, gt=0, le=300, allow_inf_nan=False)
+    timeout_seconds: float = Field(10.0, gt=0, le=MAX_TIMEOUT_SECONDS, allow_inf_nan=False)
 
     @field_validator("url")
     @classmethod
@@ -390,29 +396,15 @@ class FailurePolicy(_Model):
     )
 
 
-class JobSpec(_Model):
-    """A job as written by a user (POST/PUT body)."""
+MIN_LATE_AFTER_SECONDS = 5
 
-    id: str | None = Field(None, pattern=JOB_ID_PATTERN, description="Letters, digits, . _ : - ; at most 128.")
-    name: PlainStr | None = Field(None, max_length=200)
-    labels: dict[str, str] = Field(
-        default_factory=dict,
-        description=f"Kubernetes-style labels, for selecting jobs (GET /v1/jobs?selector=team=payments). At most "
-        f"{MAX_LABELS}; a key is an optional DNS-subdomain prefix (at most {MAX_PREFIX} characters) and '/' and a "
-        f"name of at most {MAX_NAME} letters, digits, '-', '_' or '.', starting and ending with a letter or digit; "
-        "a value is empty or follows the rules of a name.",
-        json_schema_extra={
-            "maxProperties": MAX_LABELS,
-            "propertyNames": {"pattern": KEY_PATTERN, "maxLength": MAX_KEY},
-            "additionalProperties": {"type": "string", "pattern": VALUE_PATTERN, "maxLength": MAX_NAME},
-        },
-        examples=[{"team": "payments", "env": "prod"}],
-    )
-    schedule: Schedule
-    target: Target
-    payload: Any = Field(default_factory=dict, description="Any JSON; delivered verbatim as the body.")
-    retry: RetryPolicy = Field(default_factory=lambda: RetryPolicy())
-    paused: bool = False
+
+class JobOptions(_Model):
+    """What a job may set besides its definition's core (schedule, target, payload, retry policy):
+    kept together in the job's ``options`` document, which stores only those that differ from their
+    defaults. A field here is the one place an option and its default are written: the API's
+    answers and description, the Python client and the scheduler nodes take both from it."""
+
     events_per_trigger: int = Field(
         1, ge=1, le=100, description="Distinct events delivered per occurrence, each with its own event index."
     )
@@ -449,7 +441,7 @@ class JobSpec(_Model):
     failure_policy: FailurePolicy | None = Field(None, description="What repeated failures do to the job.")
     late_after_seconds: int = Field(
         60,
-        ge=5,
+        ge=MIN_LATE_AFTER_SECONDS,
         le=7 * 86400,
         description="An occurrence no scheduler has taken up this long after its due time is recorded late (a "
         "history row with status late), health.state is late until one is delivered, and execution.late "
@@ -477,6 +469,31 @@ class JobSpec(_Model):
                     "invalid_value", "calendar {name!r} is named twice", {"name": name, "field": str(i)}
                 )
         return v
+
+
+class _JobCore(_Model):
+    """A job's identity and the core of its definition, each kept in a column of its own."""
+
+    id: str | None = Field(None, pattern=JOB_ID_PATTERN, description="Letters, digits, . _ : - ; at most 128.")
+    name: PlainStr | None = Field(None, max_length=200)
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description=f"Kubernetes-style labels, for selecting jobs (GET /v1/jobs?selector=team=payments). At most "
+        f"{MAX_LABELS}; a key is an optional DNS-subdomain prefix (at most {MAX_PREFIX} characters) and '/' and a "
+        f"name of at most {MAX_NAME} letters, digits, '-', '_' or '.', starting and ending with a letter or digit; "
+        "a value is empty or follows the rules of a name.",
+        json_schema_extra={
+            "maxProperties": MAX_LABELS,
+            "propertyNames": {"pattern": KEY_PATTERN, "maxLength": MAX_KEY},
+            "additionalProperties": {"type": "string", "pattern": VALUE_PATTERN, "maxLength": MAX_NAME},
+        },
+        examples=[{"team": "payments", "env": "prod"}],
+    )
+    schedule: Schedule
+    target: Target
+    payload: Any = Field(default_factory=dict, description="Any JSON; delivered verbatim as the body.")
+    retry: RetryPolicy = Field(default_factory=lambda: RetryPolicy())
+    paused: bool = False
 
     @field_validator("labels")
     @classmethod
@@ -506,20 +523,17 @@ class JobSpec(_Model):
         return v
 
 
+# (pydantic takes the last base's fields first: the core's, then the options; the order validation
+# checks them in, and so the error a request is answered with, and the order the description lists)
+class JobSpec(JobOptions, _JobCore):
+    """A job as written by a user (POST/PUT body)."""
+
+
 # Fields kept together in the job's `options` document.
-OPTION_FIELDS = (
-    "events_per_trigger",
-    "throttle",
-    "calendars",
-    "misfire_policy",
-    "catchup_window_seconds",
-    "overlap_policy",
-    "delete_after_completion",
-    "dead_letter_queue_url",
-    "failure_policy",
-    "late_after_seconds",
-    "capture_response_bytes",
-)
+OPTION_FIELDS = tuple(JobOptions.model_fields)
+# Every option at its default, and a retry policy at its defaults (what a stored document leaves out).
+OPTION_DEFAULTS = JobOptions()
+RETRY_DEFAULTS = RetryPolicy()
 
 
 def options_of(spec: JobSpec) -> dict[str, Any]:
@@ -531,12 +545,7 @@ def options_of(spec: JobSpec) -> dict[str, Any]:
 
 def options_with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
     """A stored options document with every option present (jobs stored before an option existed)."""
-    out = {}
-    for k in OPTION_FIELDS:
-        model_field = JobSpec.model_fields[k]
-        default = model_field.get_default(call_default_factory=True)
-        out[k] = stored.get(k, default.value if isinstance(default, enum.Enum) else default)
-    return out
+    return {k: stored.get(k, default) for k, default in OPTION_DEFAULTS.model_dump(mode="json").items()}
 
 
 _TAGS = {"cron", "interval", "once", "http", "sqs"}

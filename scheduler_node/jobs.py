@@ -15,7 +15,11 @@ from cronman.calendars import Calendar, FiringTiming, firing_timing
 from cronman.hashing import SLOTS
 from cronman.misfire import MisfirePolicy
 from cronman.schedule import LAZY_PHASE_MIN_MS, IdPhasedInterval, Timing, TimingMaker, id_phased, timing_maker
+from cronman.spec import OPTION_DEFAULTS, RETRY_DEFAULTS, OverlapPolicy
 from scheduler_node.parts import Target
+
+_OPTION = OPTION_DEFAULTS  # a job's options (and its retry policy) where its stored documents leave them out
+_RETRY = RETRY_DEFAULTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,21 +27,21 @@ class Retry:
     max_attempts: int
     backoff_seconds: float
     max_backoff_seconds: float
-    jitter: bool = True
+    jitter: bool = _RETRY.jitter
     max_age_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    events: int = 1
-    throttle: str | None = None
-    misfire: MisfirePolicy = MisfirePolicy.FIRE_ONCE
-    catchup_ms: int = 3_600_000
-    overlap_skip: bool = False
-    delete_after: bool = False
-    dead_letter: str | None = None
-    capture: int = 0  # bytes of the receiver's answer kept in history
-    calendars: tuple[str, ...] = ()  # names of calendars of the job's namespace
+    events: int = _OPTION.events_per_trigger
+    throttle: str | None = _OPTION.throttle
+    misfire: MisfirePolicy = _OPTION.misfire_policy
+    catchup_ms: int = _OPTION.catchup_window_seconds * 1000
+    overlap_skip: bool = _OPTION.overlap_policy == OverlapPolicy.SKIP
+    delete_after: bool = _OPTION.delete_after_completion
+    dead_letter: str | None = _OPTION.dead_letter_queue_url
+    capture: int = _OPTION.capture_response_bytes  # bytes of the receiver's answer kept in history
+    calendars: tuple[str, ...] = tuple(_OPTION.calendars)  # names of calendars of the job's namespace
 
 
 class OwnedJob:
@@ -310,10 +314,10 @@ class Decoder:
             d = json.loads(text)
             age = d.get("max_event_age_seconds")
             r = Retry(
-                int(d.get("max_attempts", 1)),
-                float(d.get("backoff_seconds", 1.0)),
-                float(d.get("max_backoff_seconds", 60.0)),
-                bool(d.get("jitter", True)),
+                int(d.get("max_attempts", _RETRY.max_attempts)),
+                float(d.get("backoff_seconds", _RETRY.backoff_seconds)),
+                float(d.get("max_backoff_seconds", _RETRY.max_backoff_seconds)),
+                bool(d.get("jitter", _RETRY.jitter)),
                 int(age * 1000) if age else None,
             )
             self._retries[text] = r
@@ -324,15 +328,15 @@ class Decoder:
         if o is None:
             d = json.loads(text or "{}")
             o = Options(
-                events=int(d.get("events_per_trigger") or 1),
-                throttle=d.get("throttle") or None,
-                misfire=MisfirePolicy(d.get("misfire_policy") or MisfirePolicy.FIRE_ONCE),
-                catchup_ms=int(d.get("catchup_window_seconds") or 3600) * 1000,
-                overlap_skip=d.get("overlap_policy") == "skip",
-                delete_after=bool(d.get("delete_after_completion")),
-                dead_letter=d.get("dead_letter_queue_url") or None,
-                capture=int(d.get("capture_response_bytes") or 0),
-                calendars=tuple(d.get("calendars") or ()),
+                events=int(d.get("events_per_trigger") or _OPTION.events_per_trigger),
+                throttle=d.get("throttle") or _OPTION.throttle,
+                misfire=MisfirePolicy(d.get("misfire_policy") or _OPTION.misfire_policy),
+                catchup_ms=int(d.get("catchup_window_seconds") or _OPTION.catchup_window_seconds) * 1000,
+                overlap_skip=(d.get("overlap_policy") or _OPTION.overlap_policy) == OverlapPolicy.SKIP,
+                delete_after=bool(d.get("delete_after_completion", _OPTION.delete_after_completion)),
+                dead_letter=d.get("dead_letter_queue_url") or _OPTION.dead_letter_queue_url,
+                capture=int(d.get("capture_response_bytes") or _OPTION.capture_response_bytes),
+                calendars=tuple(d.get("calendars") or _OPTION.calendars),
             )
             if len(self._options) > 10_000:
                 self._options.clear()

@@ -38,6 +38,7 @@ from cronman.changes import Stop
 from cronman.errors import TransientError
 from cronman.partitions import day_of_ms, ensure_partitions
 from cronman.pgarray import array_columns, array_literal
+from cronman.spec import MAX_TIMEOUT_SECONDS, RETRY_DEFAULTS
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, Loaded
 from scheduler_node.outcomes import record_outcomes
@@ -954,8 +955,9 @@ class PgNodeStore(NodeStore):
 # job's retries (each wait at most max_backoff_seconds, each attempt at most 300 s). Only a running
 # one's timing is needed.
 _RETRY_SPAN = (
-    "(GREATEST(COALESCE((j.retry->>'max_attempts')::int, 3) - 1, 0) "
-    "* (COALESCE((j.retry->>'max_backoff_seconds')::float, 60) + 300)) * interval '1 second'"
+    f"(GREATEST(COALESCE((j.retry->>'max_attempts')::int, {RETRY_DEFAULTS.max_attempts:d}) - 1, 0) "
+    f"* (COALESCE((j.retry->>'max_backoff_seconds')::float, {RETRY_DEFAULTS.max_backoff_seconds!r}) "
+    f"+ {MAX_TIMEOUT_SECONDS:d})) * interval '1 second'"
 )
 _CALENDAR_VERSIONS = text("SELECT namespace, name, version FROM calendars")
 _CALENDAR_DOCUMENTS = text(

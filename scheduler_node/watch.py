@@ -52,6 +52,7 @@ from cronman.late import LateSpan, late_span
 from cronman.notifications import RuleBudget
 from cronman.schedule import Timing
 from cronman.settings import Settings
+from cronman.spec import MIN_LATE_AFTER_SECONDS, OPTION_DEFAULTS
 from cronman.timeutil import iso
 from scheduler_node.firer import wait_event
 from scheduler_node.history import HistoryRow
@@ -265,7 +266,7 @@ class Watch:
         if cluster_mark is None:
             return 0  # no node has ever run: nothing was owed yet
         slack = int((self.s.progress_seconds + self.s.watch_seconds) * 1000)
-        behind = now - slack - 5000  # (5 s: the least late_after_seconds)
+        behind = now - slack - MIN_LATE_AFTER_SECONDS * 1000  # no job is late sooner
         stalled = sorted(s for s, m in marks.items() if m < behind)
         # A slot no node has a mark for stands with the cluster's mark; when even that is behind,
         # no node is firing at all, and every job is looked at.
@@ -399,16 +400,17 @@ def _late_after_ms(text: str | None) -> int:
     anything else stored there counts as the default, so one row never stops the watchdog. The
     same rule as ``_LATE_AFTER_MS_SQL``."""
     if text is None or not _WHOLE.fullmatch(text) or int(text) == 0:
-        return 60_000
+        return _DEFAULT_LATE_AFTER_MS
     return int(text) * 1000
 
 
+_DEFAULT_LATE_AFTER_MS = OPTION_DEFAULTS.late_after_seconds * 1000
 _WHOLE = re.compile(r"[0-9]{1,9}")
 # (nested CASEs: PostgreSQL does not promise to test the pattern before the cast in one AND)
 _LATE_AFTER_MS_SQL = (
     "(CASE WHEN options->>'late_after_seconds' ~ '^[0-9]{1,9}$' THEN "
     "CASE WHEN (options->>'late_after_seconds')::bigint > 0 THEN (options->>'late_after_seconds')::bigint * 1000 "
-    "ELSE 60000 END ELSE 60000 END)"
+    f"ELSE {_DEFAULT_LATE_AFTER_MS:d} END ELSE {_DEFAULT_LATE_AFTER_MS:d} END)"
 )
 
 

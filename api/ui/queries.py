@@ -48,6 +48,7 @@ from cronman.errors import InvalidInput
 from cronman.health import Health, health_of
 from cronman.labels import Selector
 from cronman.schedule import timing_from_dict
+from cronman.spec import MAX_JITTER_SECONDS
 from cronman.store import (
     _CURRENT_XID,
     _NEXT_VERSION,
@@ -66,7 +67,7 @@ MIN_FAILED_SHARE = 500  # ... or, across namespaces (the admin), an equal share 
 MAX_FAILED_NAMESPACES = MAX_FAILED_READ // MIN_FAILED_SHARE  # ... of at most this many namespaces
 MAX_SCAN = 5000  # jobs examined for one page when a state is decided in Python
 SORT_LIMIT = 1000  # matching jobs sorted by next fire or last result in one request
-MAX_JITTER_MS = 3600 * 1000  # the largest jitter a schedule may have (cronman.spec)
+MAX_JITTER_MS = MAX_JITTER_SECONDS * 1000  # the largest jitter a schedule may have
 _BATCH = 500
 
 
