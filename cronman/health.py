@@ -92,13 +92,13 @@ def paused_reason_of(paused: bool, stored: dict[str, Any] | None, updated_at: st
     return stored or {"reason": "paused", "message": "paused in the job's definition", "by": None, "since": updated_at}
 
 
-def auto_paused(failures: int, since: str) -> dict[str, Any]:
-    """``paused_reason`` of a job that paused itself (the SQL in scheduler_node.outcomes builds the same)."""
+def auto_paused(failures: int) -> dict[str, Any]:
+    """``paused_reason`` of a job that paused itself after ``failures`` permanent failures in a
+    row, but for ``since``: the statement that pauses it (scheduler_node.outcomes) adds its own time."""
     return {
         "reason": AUTO_PAUSE_REASON,
         "message": f"{failures} executions in a row ended permanently_failed",
         "by": "scheduler",
-        "since": since,
         "consecutive_failures": failures,
     }
 

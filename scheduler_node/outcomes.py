@@ -13,7 +13,7 @@ from typing import Any
 from psycopg2.extras import Json, execute_values
 
 from cronman.changes import Stop
-from cronman.health import LATE, HealthDelta, fold
+from cronman.health import LATE, HealthDelta, auto_paused, fold
 from cronman.notifications import EventKind
 from cronman.pgarray import array_columns
 from cronman.timeutil import iso
@@ -69,17 +69,14 @@ WHERE failures_toward_pause > 0 OR before > 0
 
 # Jobs whose failures in a row reached their failure_policy pause themselves: the same change a
 # pause through the API makes (a new version on the change feed, a job event), with the reason.
+# The reason is cronman.health's; the time it gives is the transaction's (the job's updated_at).
 _PAUSE = """
-WITH v(job_id, incarnation, n) AS (VALUES %s),
+WITH v(job_id, incarnation, n, reason) AS (VALUES %s),
 p AS (
     UPDATE jobs j SET paused = true, version = nextval('jobs_version_seq'),
         change_xid = pg_current_xact_id()::text::bigint, updated_at = now(),
-        paused_reason = jsonb_build_object(
-            'reason', 'consecutive_failures',
-            'message', v.n || ' executions in a row ended permanently_failed',
-            'by', 'scheduler',
-            'since', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'),
-            'consecutive_failures', v.n)
+        paused_reason = v.reason || jsonb_build_object(
+            'since', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))
     FROM v
     WHERE j.id = v.job_id AND j.incarnation = v.incarnation AND j.deleted_at IS NULL AND NOT j.paused
         AND v.n >= (j.options -> 'failure_policy' ->> 'pause_after_consecutive_failures')::int
@@ -92,6 +89,7 @@ e AS (
 r AS (UPDATE job_health h SET failures_toward_pause = 0 FROM p WHERE h.job_id = p.id)
 SELECT id, namespace, n, paused_reason, version FROM p
 """
+_PAUSE_TEMPLATE = "(%s, %s, %s, %s::jsonb)"
 
 # Only events some rule of the namespace asks for are kept (rules are few; the selector is the
 # dispatcher's to apply).
@@ -119,17 +117,18 @@ def record_outcomes(cur: Any, rows: list[HistoryRow]) -> list[Stop]:
     cur.execute(_HEALTH, array_columns(_values(d) for d in deltas))
     changed = cur.fetchall()
     events = execution_events(rows)
-    pause: list[tuple[str, int, int]] = []
+    pause: list[tuple[str, int, int, Json]] = []
     for job_id, incarnation, toward_pause, before in changed:
         d = by_job[job_id]
         if d.succeeded and before > 0:
             detail = {"consecutive_failures": before, "last_success_at": iso(d.last_success_ms or 0)}
             events.append((d.namespace, job_id, EventKind.JOB_RECOVERED.value, d.last_success_ms or 0, Json(detail)))
         if d.failures and toward_pause > 0:
-            pause.append((job_id, incarnation, toward_pause))
+            pause.append((job_id, incarnation, toward_pause, Json(auto_paused(toward_pause))))
     if pause:
-        pause.sort()
-        for job_id, namespace, n, reason, version in execute_values(cur, _PAUSE, pause, fetch=True):
+        pause.sort(key=lambda p: p[:3])
+        paused_now = execute_values(cur, _PAUSE, pause, template=_PAUSE_TEMPLATE, fetch=True)
+        for job_id, namespace, n, reason, version in paused_now:
             paused.append(Stop(job_id, int(version)))
             at = by_job[job_id].last_failure_ms or 0
             detail = {"consecutive_failures": n, "paused_reason": reason}

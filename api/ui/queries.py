@@ -37,12 +37,9 @@ from sqlalchemy import (
     select,
     text,
     tuple_,
-    update,
 )
 from sqlalchemy.types import Text
 
-from cronman import audit
-from cronman.audit import Actor, audited
 from cronman.db import jobs, scheduled_jobs
 from cronman.errors import InvalidInput
 from cronman.health import Health, health_of
@@ -50,9 +47,6 @@ from cronman.labels import Selector
 from cronman.schedule import timing_from_dict
 from cronman.spec import MAX_JITTER_SECONDS
 from cronman.store import (
-    _CURRENT_XID,
-    _NEXT_VERSION,
-    _NOW,
     decode_cursor,
     encode_cursor,
     search_clause,
@@ -546,35 +540,6 @@ def failures(
     return out, next_cursor
 
 
-# -- bulk pause and resume -----------------------------------------------------------------------
-
-
-def set_paused_many(
-    engine: Engine, ids: Sequence[str], namespace: str | None, paused: bool, actor: Actor
-) -> list[tuple[str, int]]:
-    """Pause (or resume) the live jobs among ``ids`` in ``namespace`` that are not so already, in one
-    statement that also records a job event for each; returns the ids changed, each with its new
-    version, in id order."""
-    if not ids:
-        return []
-    cond = and_(
-        jobs.c.id.in_(list(ids)),
-        jobs.c.deleted_at.is_(None),
-        jobs.c.paused.is_(not paused),
-    )
-    if namespace is not None:
-        cond = and_(cond, jobs.c.namespace == namespace)
-    stmt = (
-        update(jobs)
-        .where(cond)
-        .values(paused=paused, version=_NEXT_VERSION, change_xid=_CURRENT_XID, updated_at=_NOW)
-        .returning(jobs.c.id, jobs.c.namespace, jobs.c.version)
-    )
-    action = audit.PAUSE if paused else audit.RESUME
-    with engine.begin() as conn:
-        return sorted((r.id, int(r.version)) for r in conn.execute(audited(stmt, action, actor, {"bulk": True})))
-
-
 __all__ = [
     "FAILED",
     "Attempt",
@@ -592,5 +557,4 @@ __all__ = [
     "group_attempts",
     "history",
     "list_jobs",
-    "set_paused_many",
 ]

@@ -230,7 +230,7 @@ def bulk() -> Response:
     sep = "&" if "?" in back else "?"
     if not ids:
         return redirect(f"{back}{sep}done=bulk-none")  # type: ignore[return-value]
-    changed = queries.set_paused_many(_engine(), ids, namespace(), action == "pause", actor())
+    changed = services().store.set_paused_many(ids, namespace(), action == "pause", actor())
     if changed:
         services().notify_change([Stop(i, v) for i, v in changed] if action == "pause" else [])
     done = "bulk-paused" if action == "pause" else "bulk-resumed"

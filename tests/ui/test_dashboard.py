@@ -5,6 +5,7 @@ filters, sorts and pages, bulk changes, failures and the polled history. The bro
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,7 @@ from sqlalchemy import Engine, text
 
 from api.ui import queries
 from cronman.apikeys import ApiKeyStore
+from cronman.health import auto_paused
 from cronman.partitions import ensure_partitions
 from cronman.settings import Settings
 from tests.conftest import ADMIN_KEY
@@ -334,6 +336,32 @@ def test_bulk_pause_and_resume_record_who_did_it(
     ]
     assert events[0]["detail"] == {"via": "ui", "bulk": True}
     assert b.post("/ui/jobs/bulk", {"action": "explode", "id": ["j-0"]}).status_code == 400
+
+
+def test_bulk_pause_and_resume_keep_paused_reason_as_the_api_s_pause_and_resume_do(
+    app: Flask, engine: Engine, key_store: ApiKeyStore, browser: Callable[[], Browser]
+) -> None:
+    """A bulk pause records who paused each job; a bulk resume clears the reason, so that an
+    auto-pause's reason does not come back when the job is paused again in its definition."""
+    record, key = key_store.create("team-a", "bulk")
+    api = keyed(app, key)
+    for i in range(2):
+        send(api, "post", "/v1/jobs", job(f"r-{i}", failure_policy={"pause_after_consecutive_failures": 3}))
+    with engine.begin() as conn:  # r-1 paused itself, as a node's history writer pauses a job
+        conn.execute(
+            text("UPDATE jobs SET paused = true, paused_reason = CAST(:r AS jsonb) WHERE id = 'r-1'"),
+            {"r": json.dumps({**auto_paused(3), "since": _at(0)})},
+        )
+    b = browser()
+    b.login(key)
+    b.post("/ui/jobs/bulk", {"action": "pause", "id": ["r-0", "r-1"]})
+    reasons = [send(api, "get", f"/v1/jobs/r-{i}").json["paused_reason"] for i in range(2)]
+    assert reasons[0]["reason"] == "paused" and reasons[0]["by"] == f"key:{record.prefix}" and reasons[0]["since"]
+    assert reasons[1]["reason"] == "consecutive_failures"  # paused already: untouched
+    b.post("/ui/jobs/bulk", {"action": "resume", "id": ["r-0", "r-1"]})
+    assert [send(api, "get", f"/v1/jobs/r-{i}").json["paused_reason"] for i in range(2)] == [None, None]
+    paused_again = send(api, "patch", "/v1/jobs/r-1", {"paused": True}).json["paused_reason"]
+    assert paused_again["reason"] == "paused" and paused_again["message"] == "paused in the job's definition"
 
 
 # -- a job, its history, failures -----------------------------------------------------------------------
