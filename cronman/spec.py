@@ -265,7 +265,15 @@ class HttpTarget(_Model):
             "additionalProperties": {"type": "string", "maxLength": MAX_HEADER_VALUE, "pattern": r"^[\t -~]*$"},
         },
     )
-    timeout_seconds: float = Field(10.0, gt=0, le=MAX_TIMEOUT_SECONDS, allow_inf_nan=False)
+    timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=MAX_TIMEOUT_SECONDS,
+        allow_inf_nan=False,
+        description="Bounds an attempt once on a connection: the request and its answer. A delivery queued "
+        "behind others to the same receiver waits its turn while the receiver answers them, and fails unsent "
+        "only if the receiver answered nothing for this long.",
+    )
 
     @field_validator("url")
     @classmethod

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import enum
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -163,6 +163,7 @@ class Delivery(NamedTuple):
     traceparent: str | None = None  # W3C trace context (scheduler_node.tracing)
     capture: int = 0  # bytes of the answer to keep (capture_response_bytes)
     meta: tuple[tuple[str, str], ...] | None = None  # not an execution (a notification): its own metadata
+    waited: float = 0.0  # seconds it waited in the node for a place at its receiver (see Sender.route)
 
     def metadata(self) -> dict[str, str]:
         if self.meta is not None:
@@ -232,6 +233,24 @@ class Sender(abc.ABC):
 
     @abc.abstractmethod
     def submit(self, target: Any, delivery: Delivery) -> asyncio.Future[Outcome]: ...
+
+    # For a sender that takes a limited number of deliveries to each receiver at once (the node
+    # queues the rest: scheduler_node.gates.PerHost), the type of its receivers' keys (its own).
+    route_type: type | None = None
+
+    def route(self, target: Any) -> Hashable | None:
+        """The receiver ``target``'s deliveries go to (of ``route_type``); None: no limit. May raise
+        ValueError where ``submit`` would fail."""
+        return None
+
+    def places(self, route: Hashable) -> int:
+        """How many deliveries to ``route`` (from :meth:`route`) it takes at once now."""
+        return 1 << 30
+
+    def answering(self, route: Hashable, seconds: float) -> bool:
+        """Whether the receiver answered a delivery in the last ``seconds``: those waiting for it
+        wait on (see scheduler_node.firer.Firer._waited)."""
+        return False
 
 
 # --------------------------------------------------------------------------- membership

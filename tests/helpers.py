@@ -12,14 +12,18 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import requests
 
 from cronman.embedded import Child, free_port
 from cronman.settings import Settings
 from scheduler_node.node import Node
+
+if TYPE_CHECKING:
+    from tests.cluster.ledger import Arrival
 
 T = TypeVar("T")
 
@@ -216,6 +220,99 @@ class BlackHole:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SmallServer:
+    """A real HTTP server (the standard library's threaded one) whose listen backlog is 5, the
+    default of ``http.server``, as many small services have. ``keep_alive``: it answers HTTP/1.1
+    and keeps connections open (each answer about 40 ms late: it writes the head and the body
+    apart, and the second waits for the client's delayed ACK); otherwise HTTP/1.0 and closes each
+    connection after its answer, as ``python -m http.server`` does. ``hold``: seconds each answer
+    waits. Records every request as the cluster ledger does."""
+
+    def __init__(self, keep_alive: bool, hold: float = 0.0) -> None:
+        from tests.cluster.ledger import Arrival
+
+        self.arrivals: list[Arrival] = []
+        self.connections = 0
+        self.peak_connections = 0
+        self.requests = 0  # being answered (read, not yet answered)
+        self.peak_requests = 0
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
+            def setup(self) -> None:
+                super().setup()
+                with server._lock:
+                    server.connections += 1
+                    server.peak_connections = max(server.peak_connections, server.connections)
+
+            def finish(self) -> None:
+                with server._lock:
+                    server.connections -= 1
+                super().finish()
+
+            def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+                with server._lock:
+                    server.requests += 1
+                    server.peak_requests = max(server.peak_requests, server.requests)
+                try:
+                    self._answer()
+                finally:
+                    with server._lock:
+                        server.requests -= 1
+
+            def _answer(self) -> None:
+                at = time.time()
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                h = self.headers
+                server.arrivals.append(
+                    Arrival(
+                        h.get("Cronman-Job-Id", ""),
+                        h.get("Cronman-Scheduled-For", ""),
+                        h.get("Cronman-Execution-Id", ""),
+                        int(h.get("Cronman-Attempt") or 0),
+                        at,
+                        self.client_address[1],
+                    )
+                )
+                if hold:
+                    time.sleep(hold)
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 5  # (the default, said out loud: it is the point of this server)
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a sender that gave up on a request closed its connection: its attempt says so
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def __enter__(self) -> SmallServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 class FreezingProxy:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 from scheduler_node.parts import Delivery, Outcome, Sender, Target
@@ -17,6 +17,8 @@ log = logging.getLogger("cronman.node.send")
 class Senders:
     def __init__(self, senders: Iterable[Sender]) -> None:
         self.by_kind: dict[str, Sender] = {s.kind: s for s in senders}
+        # who answers for a route, by the type of its key (an HTTP origin: the HTTP sender)
+        self._routes: dict[type, Sender] = {s.route_type: s for s in self.by_kind.values() if s.route_type}
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -41,6 +43,23 @@ class Senders:
             future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
             future.set_result(Outcome(False, None, f"cannot send: {type(exc).__name__}: {exc}"[:500]))
             return future
+
+    def route(self, target: Target) -> Hashable | None:
+        """The receiver a delivery to ``target`` waits for a place at (see Sender.route); None for
+        none, or for a target that cannot be sent (its submit says why)."""
+        sender = self.by_kind.get(target.kind)
+        if sender is None or sender.route_type is None:
+            return None
+        try:
+            return sender.route(target)
+        except Exception:  # noqa: BLE001 - one job's data never reaches beyond its attempt: submit reports it
+            return None
+
+    def places(self, route: Hashable) -> int:
+        return self._routes[type(route)].places(route)
+
+    def answering(self, route: Hashable, seconds: float) -> bool:
+        return self._routes[type(route)].answering(route, seconds)
 
     async def start(self) -> None:
         for s in self.by_kind.values():

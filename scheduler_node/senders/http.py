@@ -5,8 +5,14 @@ it needs a fraction of the CPU per request (docs/performance.md), which is what 
 Only what a callback needs: one request per connection at a time, a body of known length, the
 status code and the start of the body for the error message. Connections go only to addresses the
 callback guard (:mod:`cronman.netguard`) allows: the host is resolved here, and the address checked
-is the address connected to. A request's timeout bounds the whole attempt: waiting for a
-connection, DNS, connecting, TLS, sending and the response.
+is the address connected to.
+
+A request's timeout bounds the attempt once it has a connection: sending it and reading the
+answer. Before that, it may wait for a connection (queued behind the origin's other requests, in
+the node and here, or while one is opened: DNS, connect, TLS) as long as the receiver keeps
+answering: a burst queues, it does not time out. Only when the receiver has answered nothing for a
+whole timeout (it is down, black-holed, or hangs every request) does a request that waited that
+long for a connection fail, without being sent.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +38,9 @@ _SNIPPET = 200
 _MAX_BODY = 1 << 20  # read at most this much of a response; beyond it, drop the connection
 _MAX_HEAD = 64 << 10  # a status line and headers longer than this: an invalid response
 _IDLE_SECONDS = 30.0
+# New connections opened to one origin at once, until they answer: what the accept queue of a small
+# server takes (Python's http.server listens with a backlog of 5: six connections wait in it).
+OPENING = 6
 _PRUNE_SECONDS = 5.0
 
 
@@ -40,6 +49,9 @@ class Origin:
     scheme: str
     host: str
     port: int
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{f'[{self.host}]' if ':' in self.host else self.host}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +87,8 @@ def prepare(method: str, url: str, headers: tuple[tuple[str, str], ...]) -> Prep
 
 
 class _Request:
-    """One request: its bytes, its future, the timer bounding the whole attempt, and the
-    connection it is on once sent."""
+    """One request: its bytes, its future, the timer bounding its wait (for a connection, then
+    for the answer on it), and the connection it is on once sent."""
 
     __slots__ = ("data", "future", "timeout", "timer", "conn", "capture")
 
@@ -94,8 +106,6 @@ class _Request:
             return
         if self.conn is not None:
             self.conn.timed_out(self.timeout)
-        else:
-            self.future.set_result(Outcome(False, None, f"timed out after {self.timeout:g}s (connecting)"))
 
 
 class _Connection(asyncio.Protocol):
@@ -118,6 +128,7 @@ class _Connection(asyncio.Protocol):
         "head_done",
         "feeding",
         "spare",
+        "fresh",
     )
 
     def __init__(self, pool: Pool) -> None:
@@ -140,6 +151,7 @@ class _Connection(asyncio.Protocol):
         # the request sent next on it. None: nothing to hand on; True: reusable; False: drop it.
         self.feeding = False
         self.spare: bool | None = None
+        self.fresh = True  # opened, and no answer on it yet (see Pool)
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -200,6 +212,7 @@ class _Connection(asyncio.Protocol):
         if 100 <= status < 200 and status != 101:  # informational (103 Early Hints): the answer follows
             self.snippet, self.body_bytes, self.head_done = b"", 0, False
             return
+        self.pool.answered(self)
         self._finish(self._result(), reusable=self.parser.should_keep_alive())
 
     # -- requests
@@ -260,17 +273,30 @@ class _Connection(asyncio.Protocol):
 
 
 class _OriginPool:
-    __slots__ = ("idle", "busy", "connecting", "waiting")
+    __slots__ = ("idle", "busy", "connecting", "fresh", "waiting", "answered")
 
     def __init__(self) -> None:
         self.idle: list[_Connection] = []
         self.busy = 0
         self.connecting = 0
+        self.fresh = 0  # connections connecting or on their first request
         self.waiting: deque[_Request] = deque()
+        self.answered = float("-inf")  # when a response last arrived (the pool's clock)
+
+    def proven(self) -> int:
+        """Open connections that have answered a request and were kept."""
+        return len(self.idle) + self.busy + self.connecting - self.fresh
 
 
 class Pool:
-    """Connections per origin, up to ``per_origin`` each; requests beyond that wait their turn."""
+    """Connections per origin, up to ``per_origin`` each; requests beyond that wait their turn.
+
+    New connections to an origin are opened ``opening`` at a time (or as many as it has proven
+    connections, if more), and a connection counts as new until it has answered: a receiver with
+    a small accept queue (Python's http.server keeps 5) is never sent more connections at once
+    than it can queue, however large the burst, and one that closes each connection after its
+    answer gets ``opening`` requests at a time. One that keeps its connections gets more as they
+    prove themselves, doubling every round trip, up to ``per_origin``."""
 
     def __init__(
         self,
@@ -278,9 +304,11 @@ class Pool:
         per_origin: int = 256,
         clock: Callable[[], float] = time.monotonic,
         lookup: Lookup | None = None,
+        opening: int = OPENING,
     ) -> None:
         self.policy = policy
         self.per_origin = per_origin
+        self.opening = max(1, opening)
         self.clock = clock
         self.loop = asyncio.get_running_loop()
         self.resolver = Resolver(lookup, clock)
@@ -290,14 +318,21 @@ class Pool:
         self._tls = ssl.create_default_context()
 
     def request(
-        self, prepared: Prepared, extra_head: bytes, body: bytes, timeout: float, capture: int = 0
+        self,
+        prepared: Prepared,
+        extra_head: bytes,
+        body: bytes,
+        timeout: float,
+        capture: int = 0,
+        waited: float = 0.0,
     ) -> asyncio.Future[Outcome]:
         """Send ``prepared.head + extra_head`` (per-request headers, CRLF-terminated) and the body;
-        keep the first ``capture`` bytes of the answer in the outcome."""
+        keep the first ``capture`` bytes of the answer in the outcome. ``timeout`` bounds the wait
+        for a connection (``waited`` seconds of it spent already, queued in the node) and then,
+        afresh, the request on it."""
         future: asyncio.Future[Outcome] = self.loop.create_future()
         data = b"".join((prepared.head, extra_head, b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body))
         request = _Request(data, future, timeout, capture)
-        request.timer = self.loop.call_later(timeout, request.expire)
         origin = prepared.origin
         op = self._origins.get(origin)
         if op is None:
@@ -307,11 +342,51 @@ class Pool:
             if not conn.closed:
                 conn.busy = True
                 op.busy += 1
-                conn.send(request)
+                self._send(conn, request)
                 return future
+        request.timer = self.loop.call_later(max(0.0, timeout - waited), self._waited, origin, op, request)
         op.waiting.append(request)
         self._refill(origin, op)
         return future
+
+    def _send(self, conn: _Connection, request: _Request) -> None:
+        if request.timer is not None:
+            request.timer.cancel()
+        request.timer = self.loop.call_later(request.timeout, request.expire)
+        conn.send(request)
+
+    def _waited(self, origin: Origin, op: _OriginPool, request: _Request) -> None:
+        """A request waited its timeout for a connection: it waits on while the receiver answers
+        others, and fails if it answered nothing in that time (it stays in the queue, skipped)."""
+        request.timer = None
+        if request.future.done():
+            return
+        if self.clock() - op.answered < request.timeout:
+            request.timer = self.loop.call_later(request.timeout, self._waited, origin, op, request)
+            return
+        if op.busy or op.idle:
+            reason = f"timed out after {request.timeout:g}s waiting for a connection to {origin}"
+        else:
+            reason = f"timed out after {request.timeout:g}s (connecting)"
+        request.future.set_result(Outcome(False, None, reason))
+
+    def answered(self, conn: _Connection) -> None:
+        origin = self._owner.get(conn)
+        op = self._origins.get(origin) if origin is not None else None
+        if op is not None:
+            op.answered = self.clock()
+
+    def answering(self, origin: Origin, seconds: float) -> bool:
+        """Whether the origin answered a request in the last ``seconds``."""
+        op = self._origins.get(origin)
+        return op is not None and self.clock() - op.answered < seconds
+
+    def places(self, origin: Origin) -> int:
+        """How many requests to ``origin`` can be on a connection at once now: its proven
+        connections and the new ones it may open (see the class)."""
+        op = self._origins.get(origin)
+        proven = op.proven() if op is not None else 0
+        return min(self.per_origin, proven + max(self.opening, proven))
 
     async def _connect(self, origin: Origin, op: _OriginPool, timeout: float) -> None:
         conn: _Connection | None = None
@@ -335,6 +410,7 @@ class Pool:
         finally:
             op.connecting -= 1
         if error is not None or conn is None:
+            op.fresh -= 1
             if conn is not None:
                 conn.close()
             # Fail one waiting request per failed connection; the rest try connections of their own.
@@ -356,7 +432,7 @@ class Pool:
                 if not conn.busy:
                     conn.busy = True
                     op.busy += 1
-                conn.send(request)
+                self._send(conn, request)
                 return
         if conn.busy:
             conn.busy = False
@@ -365,21 +441,32 @@ class Pool:
         op.idle.append(conn)
 
     def _refill(self, origin: Origin, op: _OriginPool) -> None:
-        """Open connections for waiting requests, up to the origin's limit."""
+        """Open connections for waiting requests, up to the origin's limits (see the class)."""
         waiting = op.waiting
         while waiting and waiting[0].future.done():  # expired while waiting
             waiting.popleft()
-        while op.connecting < len(waiting) and op.busy + op.connecting < self.per_origin:
+        while (
+            op.connecting < len(waiting)
+            and op.busy + op.connecting < self.per_origin
+            and op.fresh < max(self.opening, op.proven())
+        ):
             op.connecting += 1
+            op.fresh += 1
             self.loop.create_task(self._connect(origin, op, waiting[0].timeout))
 
     def release(self, conn: _Connection) -> None:
+        """A connection answered and is kept: the next request waiting takes it."""
         origin = self._owner.get(conn)
         op = self._origins.get(origin) if origin is not None else None
         if op is None:
             conn.close()
             return
+        if conn.fresh:  # proven: one more new connection may be opened
+            conn.fresh = False
+            op.fresh -= 1
         self._hand(conn, op)
+        if op.waiting:
+            self._refill(origin, op)  # type: ignore[arg-type]
 
     def forget(self, conn: _Connection) -> None:
         origin = self._owner.pop(conn, None)
@@ -393,6 +480,9 @@ class Pool:
         if conn.busy:
             conn.busy = False
             op.busy -= 1
+        if conn.fresh:
+            conn.fresh = False
+            op.fresh -= 1
         self._refill(origin, op)
 
     async def address(self, origin: Origin) -> tuple[int, str]:
@@ -473,9 +563,10 @@ class HttpSender(Sender):
     prepared once."""
 
     kind = "http"
+    route_type = Origin
 
-    def __init__(self, max_connections: int, *, dev_mode: bool = False, allowlist: str = "") -> None:
-        self._per_origin = max(1, min(max_connections, 1024))
+    def __init__(self, connections_per_host: int, *, dev_mode: bool = False, allowlist: str = "") -> None:
+        self._per_origin = max(1, min(connections_per_host, 1024))
         self._policy = CallbackPolicy(dev_mode, parse_allowlist(allowlist))
         self._pool: Pool | None = None
         self._prepared: dict[HttpCall, Prepared] = {}
@@ -496,12 +587,30 @@ class HttpSender(Sender):
         headers = tuple(sorted((str(k), str(v)) for k, v in (doc.get("headers") or {}).items()))
         return HttpCall(doc.get("method", "POST"), doc["url"], headers, float(doc.get("timeout_seconds", 10.0)))
 
-    def submit(self, target: HttpCall, delivery: Delivery) -> asyncio.Future[Outcome]:
-        assert self._pool is not None
+    def _prepare(self, target: HttpCall) -> Prepared:
         prepared = self._prepared.get(target)
         if prepared is None:
             if len(self._prepared) > 100_000:
                 self._prepared.clear()
             prepared = self._prepared[target] = prepare(target.method, target.url, target.headers)
+        return prepared
+
+    def route(self, target: HttpCall) -> Origin:
+        return self._prepare(target).origin
+
+    def places(self, route: Hashable) -> int:
+        """Twice the requests the pool can have on connections to the origin now: one on each, and
+        one queued behind each, sent the moment that connection answers (handed over by the node,
+        it would wait for a turn of the node's event loop)."""
+        if self._pool is None:  # (not started: its submit says so)
+            return 1
+        return 2 * self._pool.places(route)  # type: ignore[arg-type]
+
+    def answering(self, route: Hashable, seconds: float) -> bool:
+        return self._pool is not None and self._pool.answering(route, seconds)  # type: ignore[arg-type]
+
+    def submit(self, target: HttpCall, delivery: Delivery) -> asyncio.Future[Outcome]:
+        assert self._pool is not None
+        prepared = self._prepare(target)
         head = delivery.http_head().encode("ascii")
-        return self._pool.request(prepared, head, delivery.body, target.timeout, delivery.capture)
+        return self._pool.request(prepared, head, delivery.body, target.timeout, delivery.capture, delivery.waited)
