@@ -4,10 +4,12 @@ job's slot rebuild it from the slot's index of open claims (a handover needs not
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable
 from typing import NamedTuple
 
 from cronman.execution import Trigger, execution_id
 from cronman.misfire import MisfirePlan
+from scheduler_node.gates import Place
 from scheduler_node.jobs import OwnedJob
 from scheduler_node.parts import Ticket
 
@@ -61,6 +63,9 @@ class Execution:
         "verify",
         "taken",
         "due_ms",
+        "host",
+        "place",
+        "waited",
     )
 
     def __init__(self, job: OwnedJob, d: Descriptor, *, guarded: bool = False) -> None:
@@ -80,6 +85,9 @@ class Execution:
         self.verify = False  # check history before sending (the claim store had lost its record)
         self.taken = False  # taken over from another holder's claim: a node claimed it in time
         self.due_ms = d.scheduled_ms  # when the next step is due (a retry's time)
+        self.host: Hashable | None = None  # the receiver it is sent to (its sender's route), once sent
+        self.place: Place[Execution] | None = None  # while it waits for a place at its host
+        self.waited = 0.0  # seconds its attempt waited for that place
 
     @classmethod
     def of(

@@ -40,7 +40,7 @@ from cronman.misfire import MisfirePlan
 from cronman.schedule import Timing
 from cronman.timeutil import iso
 from scheduler_node.execution import Descriptor, Execution, Stage
-from scheduler_node.gates import InFlight
+from scheduler_node.gates import InFlight, PerHost
 from scheduler_node.history import HistoryRow, HistoryWriter, clean_text, row_from_text, row_to_text
 from scheduler_node.jobs import OwnedJob
 from scheduler_node.metrics import NodeMetrics
@@ -210,6 +210,7 @@ class Firer:
         self.parked: dict[str, Execution] = {}  # by index member
         self.taking: set[str] = set()  # index members whose take is out
         self.gate: InFlight[Execution] = InFlight(cfg.max_in_flight, cfg.namespace_share)
+        self.hosts: PerHost[Execution] = PerHost(senders.places)
         self.sending: dict[asyncio.Future[Outcome], tuple[Execution, int]] = {}
         self._reverify: list[Execution] = []
         self._done_pending: list[tuple[Execution, str, str]] = []
@@ -1146,6 +1147,7 @@ class Firer:
                 if self.throttle is not None:
                     await self.throttle.renew(self.clock())
                 self.senders.maintain()
+                self.metrics.waiting_for_connection.set(self.hosts.queued)
             except TransientError as exc:
                 log.warning("lease renewal failed: %s", exc)
 
@@ -1237,20 +1239,85 @@ class Firer:
         self._start(e)
 
     def _start(self, e: Execution) -> None:
-        if self.gate.admit(e.job.namespace, e) and not self._send(e):
-            self._pump(e.job.namespace)
+        """Send when its host has a connection place free (and the node a delivery slot), or wait
+        in its host's queue, in due order, holding nothing another host's deliveries need, for as
+        long as the host answers the deliveries ahead of it (see _waited)."""
+        host = e.host = self.senders.route(e.job.target)
+        e.waited = 0.0
+        if host is not None:
+            place = self.hosts.admit(host, e.job.namespace, e.due_ms, e)
+            if place is not None:
+                e.place = place
+                loop = asyncio.get_running_loop()
+                place.since = loop.time()
+                place.timer = loop.call_later(e.job.target.timeout, self._waited, e)
+                return
+        self._flow([e], [])
 
-    def _pump(self, namespace: str) -> None:
-        """A delivery slot of ``namespace`` is free: start whoever waits for one."""
-        ready = self.gate.release(namespace)
-        while ready:
-            e = ready.pop()
-            if not self._send(e):
-                ready.extend(self.gate.release(e.job.namespace))
+    def _flow(self, asking: list[Execution], done: list[Execution]) -> None:
+        """``asking``: executions that hold their host's place (or need none) and ask for a
+        delivery slot; ``done``: executions giving back what they hold (their attempt is over, or
+        it could not be sent). Whoever that lets go is sent; one that cannot be gives back in turn."""
+        gate = self.gate
+        while asking or done:
+            if asking:
+                e = asking.pop()
+                if e.stage is not Stage.WAITING or e.superseded:  # left while it waited for its host
+                    self._next_at(e, asking)
+                elif gate.admit(e.job.namespace, e) and not self._send(e):
+                    done.append(e)
+                continue
+            e = done.pop()
+            for ready in gate.release(e.job.namespace):
+                if not self._send(ready):
+                    done.append(ready)
+            self._next_at(e, asking)
+
+    def _next_at(self, e: Execution, asking: list[Execution]) -> None:
+        """``e`` gives its host's place back: the next waiting for that host take it."""
+        host, e.host = e.host, None
+        if host is None:
+            return
+        places = self.hosts.release(host)
+        if places:
+            now = asyncio.get_running_loop().time()
+            for place in places:
+                if place.timer is not None:
+                    place.timer.cancel()
+                nxt = place.item
+                nxt.place = None
+                nxt.waited = now - place.since
+                asking.append(nxt)
+
+    def _waited(self, e: Execution) -> None:
+        """``e`` waited its target's timeout for a place at its host. While the host answers the
+        deliveries ahead of it, it waits on: a burst queues, it does not time out. A host that
+        answered nothing in that time (down, black-holed, hanging every request) fails it, unsent,
+        like an attempt that timed out: it is retried like any."""
+        place = e.place
+        if place is None or not place.live:
+            return
+        timeout = e.job.target.timeout
+        host = e.host
+        if host is not None and self.senders.answering(host, timeout):
+            place.timer = asyncio.get_running_loop().call_later(timeout, self._waited, e)
+            return
+        e.place, e.host = None, None
+        self.hosts.withdraw(place)
+        if e.stage is not Stage.WAITING or e.superseded:
+            return
+        error = f"timed out after {timeout:g}s waiting for a connection to {host}"
+        now = self.clock()
+        self._outcome(e, Outcome(False, None, error), now, now)
 
     def _unwait(self, e: Execution) -> None:
         if self.throttle is not None:
             self.throttle.release(e)
+        place, e.place = e.place, None
+        if place is not None and self.hosts.withdraw(place):
+            e.host = None
+            if place.timer is not None:
+                place.timer.cancel()
 
     def _send(self, e: Execution) -> bool:
         """Send an execution that holds a delivery slot; False when it was not sent (the caller
@@ -1290,6 +1357,10 @@ class Firer:
             outcome = future.result()
         except Exception as exc:  # noqa: BLE001 - a sender broke its contract: still this attempt's failure
             outcome = Outcome(False, None, f"{type(exc).__name__}: {exc}")
+        self._outcome(e, outcome, fired, finished)
+        self._flow([], [e])
+
+    def _outcome(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
         if self.throttle is not None and self.throttle.release(e) and self.throttle.waiting:
             self._wake.set()  # a permit is free: hand it out now, not at the next pass
         try:
@@ -1297,7 +1368,6 @@ class Firer:
         except Exception as exc:  # noqa: BLE001 - one execution's data never stops the others
             log.exception("recording an outcome failed", extra={"job_id": e.d.job_id, "execution_id": e.id})
             self._finish_with(e, Status.FAILED, f"cronman could not record the outcome: {type(exc).__name__}")
-        self._pump(e.job.namespace)
 
     def _delivery(self, e: Execution, now_ms: int) -> Delivery:
         job = e.job
@@ -1317,6 +1387,7 @@ class Firer:
             job.namespace,
             trace,
             job.opts.capture,
+            waited=e.waited,
         )
 
     # ------------------------------------------------------------------ outcomes
@@ -1735,7 +1806,10 @@ class Firer:
         waiting = [e for e in self.held.values() if e.stage is Stage.WAITING and which(e)]
         if not waiting:
             return
-        self.gate.remove_waiting(lambda e: not which(e))
+        # (one waiting for a slot holds its host's place: the next for that host takes it)
+        moved: list[Execution] = []
+        for e in self.gate.remove_waiting(lambda e: not which(e)):
+            self._next_at(e, moved)
         if self.throttle is not None:
             self.throttle.forget(lambda e: not which(e))
         self._reverify = [e for e in self._reverify if not which(e)]
@@ -1745,6 +1819,7 @@ class Firer:
             self._unwait(e)
             self.held.pop(e.ticket.name, None)
             e.stage = Stage.OVER
+        self._flow(moved, [])
         self._spawn(self._release(waiting, patience))
 
     async def _release_moved(self) -> None:

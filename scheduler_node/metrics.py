@@ -60,6 +60,11 @@ class NodeMetrics:
         self.history_dropped = Counter("cronman_history_rows_dropped", "History rows dropped (buffer full)", registry=r)
         self.history_buffered = Gauge("cronman_history_rows_buffered", "History rows waiting to be written", registry=r)
         self.in_flight = Gauge("cronman_in_flight", "Executions held by this node", registry=r)
+        self.waiting_for_connection = Gauge(
+            "cronman_waiting_for_connection",
+            "Executions waiting in this node for a connection to their receiver (its connections all busy)",
+            registry=r,
+        )
         self.backlog = Gauge(
             "cronman_backlog", "Late occurrences queued (a catch-up) waiting for delivery to keep up", registry=r
         )

@@ -63,7 +63,7 @@ async def production_parts(node: Node) -> NodeParts:
     claims = RedisClaims(client, keys, node.holder, int(s.done_ttl_seconds * 1000), sharded=sharded)
     senders = Senders(
         [
-            HttpSender(s.max_in_flight, dev_mode=s.dev_mode, allowlist=s.callback_allowlist),
+            HttpSender(s.http_connections_per_host, dev_mode=s.dev_mode, allowlist=s.callback_allowlist),
             SqsSender(s.sqs_endpoint_url, s.sqs_region, executor, _queue_refusal(s)),
         ]
     )

@@ -269,6 +269,11 @@ def test_every_pod_gets_the_configmap_and_secret(helm: Path) -> None:
     assert config["CRONMAN_LOG_LEVEL"] == "INFO"
     assert config["CRONMAN_HISTORY_RETENTION_DAYS"] == "45"
     assert config["CRONMAN_REPLICATION_FACTOR"] == "2"
+    # the connections per receiver the chart sets are the program's own default
+    from cronman.settings import Settings
+
+    per_host = Settings.model_fields["http_connections_per_host"].default
+    assert config["CRONMAN_HTTP_CONNECTIONS_PER_HOST"] == str(per_host)
     assert all(k.startswith("CRONMAN_") for k in config)
     # Nothing secret in the ConfigMap; empty URLs are left out of the Secret.
     assert not {"CRONMAN_DATABASE_URL", "CRONMAN_REDIS_URL", "CRONMAN_API_KEY"} & set(config)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_node.gates import InFlight
+from scheduler_node.gates import InFlight, PerHost, Place
 
 NAMESPACES = [f"ns{i}" for i in range(5)]
 # more starts than ends: the node fills up, which is where the promises are tested
@@ -56,3 +56,103 @@ def test_two_namespaces_that_fill_the_node_give_way_to_a_third() -> None:
     assert gate.release("a") == []
     assert gate.release("c") == ["c3"]
     assert gate.out == {"a": 3, "b": 5, "c": 3}
+
+
+# ------------------------------------------------------------------------------- places per host
+HOSTS = ["a", "b", "c"]
+HOST_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "admit", "admit", "release", "withdraw", "grow", "shrink"]),
+        st.sampled_from(HOSTS),
+        st.sampled_from(NAMESPACES[:3]),
+        st.integers(0, 50),  # due
+    ),
+    max_size=200,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=HOST_OPS)
+def test_any_mix_of_hosts_keeps_the_places_promises(ops: list) -> None:  # type: ignore[type-arg]
+    """Never more out to a host than it had places when they left; nothing waits for a host with
+    a place free; what leaves a host's queue leaves it due first within its namespace, and a host's
+    queue holds nothing of another's."""
+    places = dict.fromkeys(HOSTS, 2)
+    gate: PerHost[tuple[str, str, int, int]] = PerHost(lambda h: places[h])
+    out: dict[str, list[tuple[str, str, int, int]]] = {h: [] for h in HOSTS}
+    waiting: dict[tuple[str, str, int, int], Place[tuple[str, str, int, int]]] = {}
+    n = 0
+    for op, host, ns, due in ops:
+        if op == "admit":
+            n += 1
+            item = (host, ns, due, n)
+            place = gate.admit(host, ns, due, item)
+            if place is None:
+                out[host].append(item)
+                assert len(out[host]) <= places[host]
+            else:
+                waiting[item] = place
+        elif op == "release" and out[host]:
+            out[host].pop(0)
+            started = [p.item for p in gate.release(host)]
+            for item in started:
+                assert item[0] == host
+                del waiting[item]
+                # due first within its namespace: nothing left waiting there is due before it
+                assert all(w[2] >= item[2] for w in waiting if w[0] == host and w[1] == item[1]), (item, waiting)
+            out[host] += started
+            if started:  # (the places may have shrunk below what is out: then none starts)
+                assert len(out[host]) <= places[host]
+        elif op == "withdraw" and any(w[0] == host for w in waiting):
+            item = next(w for w in waiting if w[0] == host)
+            assert gate.withdraw(waiting.pop(item))
+        elif op == "grow":
+            places[host] += 1
+        elif op == "shrink" and places[host] > 1:
+            places[host] -= 1
+        for h in HOSTS:
+            live = [w for w in waiting if w[0] == h]
+            assert gate.live.get(h, 0) == len(live)
+            assert gate.out.get(h, 0) == len(out[h])
+            if live:  # work-conserving: whatever waits, waits for a host that is busy
+                assert out[h], (h, live)
+
+
+def test_a_host_serves_its_namespaces_in_turn_each_due_first() -> None:
+    gate: PerHost[str] = PerHost(lambda h: 1)
+    assert gate.admit("h", "x", 0, "first") is None
+    for ns, due in (("x", 30), ("x", 10), ("x", 20), ("y", 50), ("y", 40)):
+        assert gate.admit("h", ns, due, f"{ns}{due}") is not None
+    order = []
+    while True:
+        started = gate.release("h")
+        if not started:
+            break
+        order += [p.item for p in started]
+    assert order == ["x10", "y40", "x20", "y50", "x30"]
+    assert gate.out == {} and gate.waiting == {} and gate.queued == 0
+
+
+def test_a_host_takes_more_at_once_as_its_places_grow() -> None:
+    places = {"h": 1}
+    gate: PerHost[int] = PerHost(lambda h: places[h])
+    assert gate.admit("h", "x", 0, 0) is None
+    for i in range(1, 6):
+        assert gate.admit("h", "x", i, i) is not None
+    places["h"] = 4  # its connection answered and is kept: it may open more
+    assert [p.item for p in gate.release("h")] == [1, 2, 3, 4]
+    assert gate.out == {"h": 4}
+
+
+def test_an_item_withdrawn_leaves_no_trace_that_holds_up_its_host() -> None:
+    gate: PerHost[int] = PerHost(lambda h: 1)
+    assert gate.admit("h", "x", 0, 0) is None
+    place = gate.admit("h", "x", 1, 1)
+    assert place is not None and gate.withdraw(place) and not gate.withdraw(place)
+    assert gate.release("h") == []
+    assert gate.admit("h", "x", 2, 2) is None  # nothing waits: it goes at once
+    kept = gate.admit("h", "x", 3, 3)
+    gone = gate.admit("h", "y", 4, 4)
+    assert kept is not None and gone is not None
+    assert [p.item for p in gate.remove_waiting(lambda item: item != 4)] == [4]
+    assert [p.item for p in gate.release("h")] == [3]
