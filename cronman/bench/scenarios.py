@@ -242,6 +242,7 @@ def run_steady(b: Bench) -> dict[str, Any]:
         stores.stop()
     sleep_until(t1 + tail)
     counters = node_counters(nodes)
+    connections = stack.receiver.stats()["max_connections"]  # the nodes' to the receiver, at most at once
     arrivals = stack.receiver.snapshot()
     fig = analyse(dict.fromkeys(ids, template.schedule), arrivals, t0, t1)
     rss = {n.node_id: round(n.rss_mb(), 1) for n in nodes if n.alive()}
@@ -274,6 +275,7 @@ def run_steady(b: Bench) -> dict[str, Any]:
         ),
         rss_mb=rss,
         node_counters=counters,
+        receiver_connections=connections,
     )
     if profile is not None:
         out["profile"] = profile
