@@ -236,7 +236,7 @@ class SmallServer:
         self.arrivals: list[Arrival] = []
         self.connections = 0
         self.peak_connections = 0
-        self.requests = 0  # being answered (read, not yet answered)
+        self.requests = 0  # read and not yet answered
         self.peak_requests = 0
         self._lock = threading.Lock()
         server = self
@@ -260,12 +260,16 @@ class SmallServer:
                     server.requests += 1
                     server.peak_requests = max(server.peak_requests, server.requests)
                 try:
-                    self._answer()
-                finally:
+                    self._read()
+                finally:  # (before the answer: its sender may send the next at once)
                     with server._lock:
                         server.requests -= 1
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
 
-            def _answer(self) -> None:
+            def _read(self) -> None:
                 at = time.time()
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
@@ -283,10 +287,6 @@ class SmallServer:
                 )
                 if hold:
                     time.sleep(hold)
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
 
             def log_message(self, *args: object) -> None:
                 pass
