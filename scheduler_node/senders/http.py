@@ -39,7 +39,8 @@ _MAX_BODY = 1 << 20  # read at most this much of a response; beyond it, drop the
 _MAX_HEAD = 64 << 10  # a status line and headers longer than this: an invalid response
 _IDLE_SECONDS = 30.0
 # New connections opened to one origin at once, until they answer: what the accept queue of a small
-# server takes (Python's http.server listens with a backlog of 5: six connections wait in it).
+# server takes (Python's http.server listens with a backlog of 5: six connections wait in it), and
+# the number of connections browsers keep to one host.
 OPENING = 6
 _PRUNE_SECONDS = 5.0
 
