@@ -24,23 +24,16 @@ from typing import Any
 import pytest
 
 from cronman.bench.loader import JobTemplate, copy_jobs
-from cronman.settings import Settings
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.cluster.ledger import Arrival, Figures, analyse
-from tests.conftest import FAST
 from tests.helpers import BlackHole, SmallServer, wait_for
+from tests.timings import DEFAULTS
+
+# timings: the shipped ones, as a user gets them (nothing here fails a node)
+pytestmark = pytest.mark.timings(DEFAULTS)
 
 BURST = 500  # jobs, all in one phase, every second
 WINDOW = 20.0  # seconds of firing measured
-
-
-def shipped_defaults() -> dict[str, str]:
-    """The settings the suite's fast timings override, back at their shipped values (the node's
-    port and the loopback callbacks of dev mode aside)."""
-    fields = Settings.model_fields
-    return {
-        f"CRONMAN_{name.upper()}": str(fields[name].default) for name in FAST if name not in ("node_port", "dev_mode")
-    }
 
 
 def one_phase(url: str, start: float, **target: Any) -> JobTemplate:
@@ -88,7 +81,7 @@ def twice(arrivals: list[Arrival]) -> int:
 
 def start_node(cluster: Cluster) -> None:
     """One node at the shipped defaults, ready with every job loaded."""
-    (node,) = cluster.start_nodes(["node-a"], extra={"node-a": shipped_defaults()})
+    (node,) = cluster.start_nodes(["node-a"])
     wait_for(lambda: node.readyz()["jobs"] == len(cluster.schedules), 60, "the node to load every job")
 
 
