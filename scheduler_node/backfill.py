@@ -191,16 +191,17 @@ class BackfillDriver:
     # ------------------------------------------------------------------ leases
     async def _consider(self, row: BackfillRow) -> None:
         if row.live_incarnation != row.incarnation:
-            await self._end(row, "the job was deleted")
+            await self._end_orphaned(row)
             return
         job = self.firer.jobs.get(row.job_id)
         if job is None or job.incarnation != row.incarnation:
             # Deleted (or created again) since the row was read, as this node's jobs say once its
-            # job feed was read after the row: the job's changes before the backfill are in it.
+            # job feed was read after the row, or its slot taken over and still loading here (the
+            # firer owns a slot before its jobs are installed): the database tells which.
             read = self.firer.feed_read_ms
             mine = slot_of(row.job_id, self.firer.cfg.slots) in self.firer.slots
             if mine and read is not None and read > self._seen.get(row.id, read):
-                await self._end(row, "the job was deleted")
+                await self._end_orphaned(row)
             return  # (or not loaded yet)
         if job.slot not in self.firer.slots:
             return  # not this node's to drive
@@ -226,6 +227,15 @@ class BackfillDriver:
         drive.sure_until = now + self.lease_ms / 2000
         self.drives[row.id] = drive
         log.info("driving a backfill", extra={"backfill_id": row.id, "job_id": row.job_id, "dispatched": got[1]})
+
+    async def _end_orphaned(self, row: BackfillRow) -> None:
+        """End a backfill whose job looks gone, if the database says it is; if it lives (its slot
+        is still loading here), look again a third of a lease later."""
+        if await self.store.end_orphaned_backfill(row.id):
+            log.info("backfill ended: the job was deleted", extra={"backfill_id": row.id, "job_id": row.job_id})
+            self._forget(row.id)
+        else:
+            self._retry[row.id] = asyncio.get_running_loop().time() + self.lease_ms / 3000
 
     async def _end(self, row: BackfillRow, reason: str) -> None:
         await self.store.end_backfill(row.id, reason)

@@ -270,7 +270,13 @@ class NodeStore(abc.ABC):
 
     @abc.abstractmethod
     async def end_backfill(self, backfill_id: str, reason: str) -> None:
-        """Cancel a running backfill (its job is gone)."""
+        """Cancel a running backfill (its occurrences cannot be computed)."""
+
+    @abc.abstractmethod
+    async def end_orphaned_backfill(self, backfill_id: str) -> bool:
+        """Cancel a running backfill if its job is gone (deleted, or deleted and created again),
+        as the database says and not as a node's loaded jobs do (a slot taken over is owned
+        before its jobs are loaded); False: its job lives, or the backfill is not running."""
 
     @abc.abstractmethod
     def write_history(self, rows: list[HistoryRow]) -> int:
@@ -884,6 +890,13 @@ class PgNodeStore(NodeStore):
                 {"id": backfill_id, "r": reason},
             )
 
+    async def end_orphaned_backfill(self, backfill_id: str) -> bool:
+        return await self._call(self._end_orphaned_backfill, backfill_id)
+
+    def _end_orphaned_backfill(self, backfill_id: str) -> bool:
+        with self.engine.begin() as conn:
+            return conn.execute(_END_ORPHANED_BACKFILL, {"id": backfill_id}).first() is not None
+
     # -- history
     def write_history(self, rows: list[HistoryRow]) -> int:
         try:
@@ -1012,6 +1025,12 @@ _RENEW_BACKFILL = text(
     "ELSE change_xid END, "
     "driver = CASE WHEN :release OR state <> 'running' THEN NULL ELSE driver END, updated_at = now() "
     "WHERE id = :id AND driver = :h RETURNING state = 'running' OR :done"
+)
+_END_ORPHANED_BACKFILL = text(
+    "UPDATE backfills b SET state = 'cancelled', reason = 'the job was deleted', driver = NULL, updated_at = now(), "
+    "change_xid = pg_current_xact_id()::text::bigint WHERE b.id = :id AND b.state = 'running' AND NOT EXISTS "
+    "(SELECT 1 FROM jobs j WHERE j.id = b.job_id AND j.deleted_at IS NULL AND j.incarnation = b.incarnation) "
+    "RETURNING b.id"
 )
 _TRIGGERS = (
     f"SELECT t.id, t.job_id, {_MS.format('t.requested_at')}, t.kind, {_MS.format('t.scheduled_for')}, "

@@ -685,6 +685,18 @@ class SimStore(NodeStore):
         if b is not None and b.row.state == "running":
             b.row = replace(b.row, state="cancelled")
 
+    @_answered
+    async def end_orphaned_backfill(self, backfill_id: str) -> bool:
+        await self.db.call(self.node)
+        b = self.db.backfills.get(backfill_id)
+        if b is None or b.row.state != "running":
+            return False
+        job = self.db.jobs.get(b.row.job_id)
+        if job is not None and not job.deleted and job.incarnation == b.row.incarnation:
+            return False
+        b.row, b.driver = replace(b.row, state="cancelled"), None
+        return True
+
     def write_history(self, rows: list[HistoryRow]) -> int:
         return self.db.write(rows, self.node)
 
