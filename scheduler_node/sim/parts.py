@@ -330,6 +330,7 @@ class SimDb:
     answers_lost: int = 0
     polls: dict[str, list[float]] = field(default_factory=dict)  # holder -> when its feed reads succeeded
     change: int = 1
+    backfill_change: int = 1  # the backfills' change feed (their change_xid)
     version: int = 1
     incarnations: int = 1
     trigger_ids: int = 1
@@ -382,9 +383,28 @@ class SimDb:
         events = int(job.options.get("events_per_trigger") or 1)
         timing = json.dumps({"schedule": job.schedule, "calendars": []})
         row = BackfillRow(
-            backfill_id, job_id, job.incarnation, from_ms, to_ms, rate, events, timing, "running", None, 0, None
+            backfill_id,
+            job_id,
+            job.incarnation,
+            from_ms,
+            to_ms,
+            rate,
+            events,
+            timing,
+            "running",
+            None,
+            0,
+            None,
+            job.namespace,
         )
         self.backfills[backfill_id] = SimBackfill(row)
+        self.backfill_changed(backfill_id, "running")
+
+    def backfill_changed(self, backfill_id: str, state: str) -> None:
+        """A backfill created, cancelled or all handed out: its row moves in the change feed."""
+        b = self.backfills[backfill_id]
+        self.backfill_change += 1
+        b.row, b.change = replace(b.row, state=state), self.backfill_change
 
     def trigger(self, job_id: str) -> TriggerRow:
         job = self.jobs[job_id]
@@ -443,6 +463,7 @@ class SimBackfill:
     row: BackfillRow
     driver: str | None = None
     lease_until: int = 0
+    change: int = 0  # when it was created, cancelled or all handed out (SimDb.backfill_change)
 
 
 def _answered(
@@ -644,6 +665,25 @@ class SimStore(NodeStore):
         return out
 
     @_answered
+    async def backfill_changes(self, cursor: int | None) -> tuple[int, list[BackfillRow], bool]:
+        """As PostgreSQL serves them: without a cursor the running and the cancelled backfills,
+        then those changed since; light rows (no timing document), the job's liveness as of now."""
+        await self.db.call(self.node)
+        out = []
+        for b in self.db.backfills.values():
+            if (b.row.state in ("running", "cancelled")) if cursor is None else b.change >= cursor:
+                job = self.db.jobs.get(b.row.job_id)
+                live = None if job is None or job.deleted else job.incarnation
+                out.append(replace(b.row, timing="", live_incarnation=live))
+        return self.db.backfill_change + 1, out, cursor is None
+
+    @_answered
+    async def backfill_timing(self, backfill_id: str) -> str | None:
+        await self.db.call(self.node)
+        b = self.db.backfills.get(backfill_id)
+        return None if b is None else b.row.timing
+
+    @_answered
     async def lease_backfill(self, backfill_id: str, holder: str, lease_ms: int) -> tuple[int | None, int] | None:
         await self.db.call(self.node)
         b = self.db.backfills.get(backfill_id)
@@ -671,8 +711,9 @@ class SimStore(NodeStore):
             return False
         running = b.row.state == "running"
         cursor = b.row.cursor_ms if cursor_ms is None else max(cursor_ms, b.row.cursor_ms or cursor_ms)
-        state = "dispatched" if done and running else b.row.state
-        b.row = replace(b.row, cursor_ms=cursor, dispatched=max(dispatched, b.row.dispatched), state=state)
+        b.row = replace(b.row, cursor_ms=cursor, dispatched=max(dispatched, b.row.dispatched))
+        if done and running:
+            self.db.backfill_changed(backfill_id, "dispatched")
         b.lease_until = self.db.now_ms() + (0 if release else lease_ms)
         if release or not running or done:
             b.driver = None
@@ -683,7 +724,8 @@ class SimStore(NodeStore):
         await self.db.call(self.node)
         b = self.db.backfills.get(backfill_id)
         if b is not None and b.row.state == "running":
-            b.row = replace(b.row, state="cancelled")
+            b.driver = None
+            self.db.backfill_changed(backfill_id, "cancelled")
 
     @_answered
     async def end_orphaned_backfill(self, backfill_id: str) -> bool:
@@ -694,7 +736,8 @@ class SimStore(NodeStore):
         job = self.db.jobs.get(b.row.job_id)
         if job is not None and not job.deleted and job.incarnation == b.row.incarnation:
             return False
-        b.row, b.driver = replace(b.row, state="cancelled"), None
+        b.driver = None
+        self.db.backfill_changed(backfill_id, "cancelled")
         return True
 
     def write_history(self, rows: list[HistoryRow]) -> int:
