@@ -171,6 +171,10 @@ class Error(_Out):
 class ClusterNode(_Out):
     id: str
     heartbeat_age_seconds: float
+    overdue: bool = Field(
+        description="Its heartbeat is older than two heartbeat intervals and 1 s: the other nodes route around it "
+        "(it owns no slot) until it beats again or its heartbeat's TTL runs out."
+    )
     slots_owned: int
     jobs_owned: int | None
     ready: bool

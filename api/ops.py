@@ -52,4 +52,5 @@ def openapi() -> Response:
 @bp.get("/v1/cluster")
 def cluster() -> Response:
     svc = current_app.extensions["cronman"]
-    return jsonify(cluster_view(svc.redis, svc.keys, svc.settings.replication_factor))
+    s = svc.settings
+    return jsonify(cluster_view(svc.redis, svc.keys, s.replication_factor, s.heartbeat_interval_seconds))

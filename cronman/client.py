@@ -323,6 +323,7 @@ class BatchResult(_Answer):
 class ClusterNode(_Answer):
     id: str
     heartbeat_age_seconds: float
+    overdue: bool = False  # routed around by the others (its heartbeat is overdue)
     slots_owned: int
     jobs_owned: int | None = None
     ready: bool

@@ -13,6 +13,16 @@ from cronman.hashing import SLOTS, shared_ownership
 from cronman.keys import Keys, lua
 from cronman.redisconn import SyncRedis
 
+# A heartbeat not refreshed for two intervals and this much more is overdue: its node is routed
+# around (its slots go to the others) while its heartbeat lives on until its TTL runs out.
+OVERDUE_MARGIN_SECONDS = 1.0
+
+
+def overdue_after(heartbeat_interval_seconds: float) -> float:
+    """Seconds after its last heartbeat that a node counts as overdue (docs/architecture.md,
+    "Membership"): two missed beats and a margin, however long the heartbeat's TTL."""
+    return 2 * heartbeat_interval_seconds + OVERDUE_MARGIN_SECONDS
+
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
@@ -46,9 +56,14 @@ def slot_counts(members: frozenset[str], replication_factor: int) -> Mapping[str
     return MappingProxyType(shared_ownership(replication_factor).table(members))
 
 
-def cluster_view(client: SyncRedis, keys: Keys, replication_factor: int) -> dict[str, Any]:
+def cluster_view(
+    client: SyncRedis, keys: Keys, replication_factor: int, heartbeat_interval_seconds: float
+) -> dict[str, Any]:
+    """The live nodes and the slots each owns. A node whose heartbeat is overdue (see
+    overdue_after) is listed as such, owning none: the others route around it."""
     nodes = live_nodes(client, keys)
-    counts = slot_counts(frozenset(n.node_id for n in nodes), replication_factor)
+    late = overdue_after(heartbeat_interval_seconds)
+    counts = slot_counts(frozenset(n.node_id for n in nodes if n.heartbeat_age_seconds <= late), replication_factor)
     return {
         "replication_factor": replication_factor,
         "slots": SLOTS,
@@ -56,6 +71,7 @@ def cluster_view(client: SyncRedis, keys: Keys, replication_factor: int) -> dict
             {
                 "id": n.node_id,
                 "heartbeat_age_seconds": n.heartbeat_age_seconds,
+                "overdue": n.heartbeat_age_seconds > late,
                 "slots_owned": counts.get(n.node_id, 0),
                 "jobs_owned": n.info.get("jobs"),
                 "ready": n.info.get("ready", False),

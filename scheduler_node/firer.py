@@ -1020,7 +1020,8 @@ class Firer:
         rows_at = loop.time() + rows_every
         while not self.stopping:
             await wait_event(self._sweep_wake, self.cfg.sweep_seconds * (0.75 + 0.5 * self.rng.random()))
-            self._sweep_wake.clear()
+            if not self.stopping:
+                self._sweep_wake.clear()
             if self.stopping or not ready() or not self.slots:
                 continue
             rows = loop.time() >= rows_at

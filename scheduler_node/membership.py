@@ -70,5 +70,17 @@ class RedisMembership(Membership):
         return {_str(k): _str(v) for k, v in everyone.items()}
 
 
+def overdue(members: list[Member], me: str, after_s: float, reached_for_s: float) -> frozenset[str]:
+    """The members whose heartbeat is overdue (older than ``after_s``): ownership routes around
+    them at once instead of waiting for their heartbeat's TTL (a node killed, its heartbeat living
+    on 30 s, and the other owner of its slots gone too: nobody fired them for that long). Judged
+    only once this node has read the live set for ``after_s`` without a failure (``reached_for_s``):
+    Redis away makes every heartbeat old at once, and the nodes beat again within an interval of
+    its return. A node is never overdue to itself."""
+    if reached_for_s < after_s:
+        return frozenset()
+    return frozenset(m.node_id for m in members if m.age_s > after_s and m.node_id != me)
+
+
 def _str(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value

@@ -40,6 +40,7 @@ from cronman import misfire
 from cronman.calendars import CalendarTiming, SkipSummary, skip_summary, timing_with
 from cronman.changes import Stop
 from cronman.changes import decode as decode_changes
+from cronman.cluster import overdue_after
 from cronman.errors import TransientError
 from cronman.execution import Status, Trigger, backfill_of
 from cronman.hashing import shared_ownership
@@ -52,6 +53,7 @@ from scheduler_node.execution import Descriptor, Execution
 from scheduler_node.firer import Firer, FirerConfig, wait_event
 from scheduler_node.history import HistoryRow, HistoryWriter
 from scheduler_node.jobs import CalendarBook, Decoder, JobRow, OwnedJob, WithCalendars
+from scheduler_node.membership import overdue
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import Claims, Membership
 from scheduler_node.senders import Senders
@@ -183,7 +185,9 @@ class Node:
                 lease_ms=self.lease_ms,
                 max_in_flight=s.max_in_flight,
                 namespace_share=s.namespace_inflight_share,
-                sweep_seconds=max(0.2, s.lease_seconds / 2),
+                # half a lease, and at most a heartbeat: a claim whose holder died is taken over
+                # within a lease and a heartbeat of it, whatever the lease (see the guarantee)
+                sweep_seconds=max(0.2, min(s.lease_seconds / 2, s.heartbeat_interval_seconds)),
                 tick_seconds=s.timer_tick_seconds,
                 unrecorded_after_ms=int(s.history_recover_after_seconds * 1000),
                 faults=s.faults,
@@ -536,22 +540,31 @@ class Node:
         removal_grace = s.heartbeat_interval_seconds + s.membership_poll_seconds
         settle_until = loop.time() + min(s.heartbeat_interval_seconds, 1.0)
         settled = False
+        late_after = overdue_after(s.heartbeat_interval_seconds)
+        reached: float | None = None  # since when this node has read the live set without a failure
         while not self._stopping:
             try:
                 members = await self.parts.membership.live()
                 now = loop.time()
+                reached = now if reached is None else reached
                 for m in members:  # (a dead node's heartbeat stays listed until its TTL runs out)
                     self._seen[str(m.info.get("incarnation", ""))] = now - m.age_s
                 if len(self._seen) > 4 * len(members) + 100:  # forget the long gone
                     ttl = s.heartbeat_ttl_seconds
                     self._seen = {i: t for i, t in self._seen.items() if now - t <= 2 * ttl}
-                seen = {m.node_id: m.ready for m in members}
+                # Routed around at once, without the grace of a node missing from a read: silent for
+                # two beats already (see membership.overdue).
+                late = overdue(members, self.node_id, late_after, now - reached)
+                seen = {m.node_id: m.ready for m in members if m.node_id not in late}
                 moved = {m.node_id: m.info.get("loading") for m in members}
                 seen[self.node_id] = self.ready
                 for n in seen:
                     self._absent_since.pop(n, None)
+                for n in late:
+                    self._absent_since.pop(n, None)
+                    self._loading.pop(n, None)
                 for n in self._members:
-                    if n not in seen:
+                    if n not in seen and n not in late:
                         self._absent_since.setdefault(n, now)
                 for n, t in list(self._absent_since.items()):
                     if now - t >= removal_grace:
@@ -582,6 +595,7 @@ class Node:
                 self.metrics.live_nodes.set(len(view))
             except TransientError as exc:
                 log.warning("could not read the cluster membership: %s", exc)
+                reached = None
             await asyncio.sleep(s.membership_poll_seconds)
 
     async def _wanted(self) -> frozenset[int]:

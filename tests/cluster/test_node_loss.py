@@ -128,3 +128,42 @@ def test_one_node_left_still_fires_everything(cluster: Cluster) -> None:
     unexplained = [(j, ms) for j, ms in whole.doubled_set if not t_kill - cluster.timings.lease < ms / 1000 <= t_kill]
     assert not unexplained, f"doubled outside the crash: {sorted(unexplained)[:10]}"
     assert whole.doubled <= 50, whole.doubled_sample
+
+
+@pytest.mark.cluster
+def test_both_owners_of_slots_killed_within_the_heartbeat_ttl(cluster: Cluster) -> None:
+    """Two nodes of three killed a second apart, their heartbeats living on 30 s: the slots they
+    shared have no live owner until node-c stops counting them. It routes around a heartbeat not
+    refreshed for two intervals and 1 s (2 s here), so every occurrence arrives within a lease, two
+    heartbeat intervals and 2 s of its due time (5 s), not after the TTL (30 s)."""
+    interval = 0.5  # FAST
+    cluster.env["CRONMAN_HEARTBEAT_TTL_SECONDS"] = "30"
+    cluster.start_api()
+    specs = [cluster.interval_job(f"ttl-{i:03d}", 1) for i in range(200)]
+    cluster.create_jobs(specs)
+    ids = ["node-a", "node-b", "node-c"]
+    cluster.start_nodes(ids)
+    cluster.wait_settled(ids)
+
+    t0 = time.time() + 1.0
+    sleep_until(t0 + 3)
+    t_a = cluster.kill("node-a")
+    held = cluster.claims_held_by("node-a")
+    sleep_until(t_a + 1.0)
+    cluster.kill("node-b")
+    held |= cluster.claims_held_by("node-b")
+    sleep_until(t_a + 12)
+    view = {n["id"]: n for n in cluster.cluster_view()["nodes"]}  # still listed: their heartbeats live on
+    t1 = time.time() - 3.0
+    figures = cluster.analyse(t0, t1)
+    cluster.stop_nodes()
+
+    cluster.report(jobs=len(specs), victims_claims_held=len(held), whole=figures, view=view)
+    assert view["node-a"]["overdue"] and view["node-b"]["overdue"] and not view["node-c"]["overdue"], view
+    assert view["node-c"]["slots_owned"] == 4096 and view["node-a"]["slots_owned"] == 0, view
+    assert figures.expected >= 200 * 8
+    assert figures.missed == 0, f"missed (job, scheduled ms): {figures.missed_sample}"
+    doubled_ids = {execution_id(job, ms) for job, ms in figures.doubled_set}
+    assert doubled_ids <= held, f"doubled without a claim held at a kill: {figures.doubled_sample}"
+    bound_ms = (LEASE + 2 * interval + 2) * 1000
+    assert figures.worst_lag_ms is not None and figures.worst_lag_ms <= bound_ms, figures.worst_lag_ms

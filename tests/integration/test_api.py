@@ -476,3 +476,19 @@ def test_a_once_job_in_the_past_is_refused(client: FlaskClient, db) -> None:  # 
     r = post(client, {"schedule": {"at": "2026-01-01T00:00:01Z"}}, "/v1/jobs/done", "patch")
     assert r.status_code == 400 and r.json["error"]["field"] == "schedule.at", r.json
     assert post(client, {"schedule": {"at": soon}}, "/v1/jobs/done", "patch").status_code == 200
+
+
+def test_the_cluster_view_lists_an_overdue_node_as_such_owning_no_slot(client: FlaskClient) -> None:
+    """A node whose heartbeat was not refreshed for two intervals and 1 s (2 s at the test's
+    0.5 s interval) still has a live heartbeat until its TTL: listed, overdue, owning nothing."""
+    svc = client.application.extensions["cronman"]
+    r = svc.redis
+    now_s, now_us = r.time()
+    now = int(now_s) * 1000 + int(now_us) // 1000
+    info = json.dumps({"ready": True, "jobs": 3})
+    r.hset(svc.keys.members, "node-fresh", f"{now + 30_000}|{now - 100}|{info}")
+    r.hset(svc.keys.members, "node-late", f"{now + 30_000}|{now - 2_500}|{info}")
+    nodes = {n["id"]: n for n in client.get("/v1/cluster").json["nodes"]}
+    assert set(nodes) == {"node-fresh", "node-late"}
+    assert nodes["node-late"]["overdue"] and nodes["node-late"]["slots_owned"] == 0
+    assert not nodes["node-fresh"]["overdue"] and nodes["node-fresh"]["slots_owned"] == 4096
