@@ -854,6 +854,11 @@ class Node:
         # Not past what the loaded slots still owe: a node that dies before claiming its catch-up
         # (or holding it back for a slot's leader) must not have recorded it as fired.
         self.firer.progress_ms = self.firer.claimed_through(now)
+        # Worked out after their catch-up was queued, it speaks for the slots just loaded: they
+        # count in it at once. (Left out until the catch-up was claimed, the first owners of a slot
+        # at a cold start recorded no mark for it if they died before their next save, PostgreSQL
+        # away: its next owner caught up from a lease ago, not from their start, seed 7500088.)
+        self._unsettled.clear()
         await self._save_progress()
 
     # ------------------------------------------------------------------ leading and standing by
