@@ -104,6 +104,7 @@ class FirerConfig:
     idle_seconds: float = 0.1  # and at most this far apart when nothing is due
     sweep_seconds: float = 1.0
     unrecorded_after_ms: int = 30_000  # a delivered row not written by then: an owner writes it
+    done_ttl_ms: int = 60_000  # how long a finished claim stays in the claim store (done_ttl_seconds)
     faults: frozenset[str] = frozenset()
     slots: int = 4096  # how many slots job ids hash to (cronman.hashing.SLOTS)
     # Late occurrences queued (a catch-up, a loss's claims again) wait in the backlog while this
@@ -717,6 +718,7 @@ class Firer:
             raise
         if unanswered:
             unanswered.difference_update(names)
+        stale = self.clock() - self.cfg.done_ttl_ms // 2
         m = self.metrics
         won = lost = 0  # counted here, added to the metrics once (each inc takes a lock)
         try:
@@ -734,6 +736,12 @@ class Firer:
                     continue
                 if r is ClaimResult.WON:
                     won += 1
+                    if e.scheduled_ms < stale and e.d.trigger == Trigger.SCHEDULE and not e.d.suffix:
+                        # Claimed so late that a finished claim of it may have expired (a catch-up
+                        # queued in the backlog for minutes): the claim proves nothing, history does
+                        # (seed 7601620: occurrences a node had delivered, queued again by its timer
+                        # behind a backlog, won 72 s later and delivered again).
+                        e.verify = True
                     self._hold(e, asked)
                     self._won(e)
                 elif r is ClaimResult.SKIPPED:

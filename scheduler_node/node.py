@@ -190,6 +190,7 @@ class Node:
                 sweep_seconds=max(0.2, min(s.lease_seconds / 2, s.heartbeat_interval_seconds)),
                 tick_seconds=s.timer_tick_seconds,
                 unrecorded_after_ms=int(s.history_recover_after_seconds * 1000),
+                done_ttl_ms=int(s.done_ttl_seconds * 1000),
                 faults=s.faults,
                 slots=self.slot_count,
                 **self.tuning,
