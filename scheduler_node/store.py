@@ -193,7 +193,12 @@ class NodeStore(abc.ABC):
         fired stays as it was. The point is ``since_ms``, or earlier: the least progress recorded
         in ``epoch`` after ``reach_ms`` by an incarnation not in ``live`` (a node gone since, whose
         claims made after its last record may have been lost before anyone took them over), and
-        not before ``reach_ms``. Returns the point (the earliest any node that noticed gave)."""
+        not before ``reach_ms``; and no later than the point of another loss recorded after
+        ``reach_ms`` (not before it either): the data lost held the claims made again after that
+        loss, which nodes gone since may have held unresolved (seed 7602338: a fire_once outage's
+        carrier, claimed again in the data after one loss, held through a hang of PostgreSQL by a
+        node that never recorded progress in that data, handed over as it stopped, and lost with
+        the next loss). Returns the point (the earliest any node that noticed gave)."""
 
     @abc.abstractmethod
     async def unnoticed_losses(
@@ -666,10 +671,28 @@ class PgNodeStore(NodeStore):
         return await self._call(self._lose_epoch, epoch, current, since_ms, node_id, reach_ms, sorted(live))
 
     def _lose_epoch(
-        self, epoch: str, current: str, since_ms: int, node_id: str, reach_ms: int | None, live: list[str]
+        self,
+        epoch: str,
+        current: str,
+        since_ms: int,
+        node_id: str,
+        reach_ms: int | None,
+        live: list[str],
+        after_ms: int | None = None,
     ) -> int:
         since = "timestamptz 'epoch' + :ms * interval '1 millisecond'"
         with self.engine.begin() as conn:
+            reach = reach_ms if reach_ms is not None else after_ms
+            if reach is not None and reach < since_ms:
+                earlier = conn.execute(
+                    text(
+                        f"SELECT {_MS.format('min(since)')} FROM lost_epochs WHERE epoch <> :e "
+                        "AND noticed_at > timestamptz 'epoch' + :r * interval '1 millisecond'"
+                    ),
+                    {"e": epoch, "r": reach},
+                ).scalar()
+                if earlier is not None:
+                    since_ms = min(since_ms, max(reach, int(earlier)))
             if reach_ms is not None and reach_ms < since_ms:
                 least = conn.execute(
                     text(
@@ -720,7 +743,7 @@ class PgNodeStore(NodeStore):
         out = []
         for epoch, last, least in rows:
             since = max(reach_ms, min(int(last) - margin_ms, int(least)))
-            out.append((str(epoch), self._lose_epoch(str(epoch), current, since, node_id, None, [])))
+            out.append((str(epoch), self._lose_epoch(str(epoch), current, since, node_id, None, [], reach_ms)))
         found = {e for e, _ in out}
         with self.engine.connect() as conn:
             recorded = conn.execute(

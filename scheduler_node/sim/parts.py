@@ -576,6 +576,7 @@ class SimStore(NodeStore):
     ) -> int:
         await self.db.call(self.node)
         db = self.db
+        since_ms = self._after_earlier(epoch, since_ms, reach_ms)
         if reach_ms is not None and reach_ms < since_ms:
             gone = [
                 p.fired_through
@@ -585,6 +586,14 @@ class SimStore(NodeStore):
             if gone:
                 since_ms = max(reach_ms, min(since_ms, *gone))
         return self._lose(epoch, current, since_ms)
+
+    def _after_earlier(self, epoch: str, since_ms: int, reach_ms: int | None) -> int:
+        """No later than another loss recorded after ``reach_ms`` (see NodeStore.lose_epoch)."""
+        if reach_ms is None or reach_ms >= since_ms:
+            return since_ms
+        db = self.db
+        earlier = [t for e, t in db.lost_epochs.items() if e != epoch and db.lost_at.get(e, 0) > reach_ms]
+        return min(since_ms, max(reach_ms, min(earlier))) if earlier else since_ms
 
     def _lose(self, epoch: str, current: str, since_ms: int) -> int:
         db = self.db
@@ -610,7 +619,7 @@ class SimStore(NodeStore):
         out = []
         for epoch, (last, least) in sorted(epochs.items()):
             since = max(reach_ms, min(last - margin_ms, least))
-            out.append((epoch, self._lose(epoch, current, since)))
+            out.append((epoch, self._lose(epoch, current, self._after_earlier(epoch, since, reach_ms))))
         found = {e for e, _ in out}
         for epoch, since in sorted(self.db.lost_epochs.items()):
             if epoch != current and epoch not in found and self.db.lost_at.get(epoch, 0) > reach_ms:

@@ -118,9 +118,14 @@ def test_the_simulations_store_agrees() -> None:
     assert _steps(store, legacy_row) == EXPECTED
 
 
-def _reach_steps(store: NodeStore, age: Callable[[str, int], None]) -> list[tuple[int, dict[int, int]]]:
+def _reach_steps(
+    store: NodeStore, age: Callable[[str, int], None], age_losses: Callable[[], None]
+) -> list[tuple[int, dict[int, int]]]:
     """A node gone before the loss had recorded less progress than the recent past: the loss
-    reaches back to its record, no further than asked, and not for a node still heartbeating."""
+    reaches back to its record, no further than asked, and not for a node still heartbeating. A
+    loss within the reach of another reaches back as far as that one (the data lost held the
+    claims made again after it: seed 7602338); the steps before the last age each loss out of the
+    next one's reach."""
     now = int(time.time() * 1000)
 
     def save(node: str, ms: int, slot: int, epoch: str) -> None:
@@ -135,16 +140,25 @@ def _reach_steps(store: NodeStore, age: Callable[[str, int], None]) -> list[tupl
     save("a", -1_000, 1, "e1")  # heartbeating at the loss
     save("gone", -20_000, 2, "e1")  # stuck 20 s behind, then died
     seen.append(lose("e1", -60_000, {"a-1"}))  # its record reaches back: from -20 s
+    age_losses()
     save("a", -1_000, 1, "e2")
     save("gone", -20_000, 2, "e2")
     seen.append(lose("e2", -60_000, {"a-1", "gone-1"}))  # heartbeating too: the recent past only
+    age_losses()
     save("a", -1_000, 1, "e3")
     save("gone", -20_000, 2, "e3")
     seen.append(lose("e3", -15_000, set()))  # no further than the reach asked (nobody heartbeating)
+    age_losses()
     save("a", -1_000, 1, "e4")
     save("gone", -20_000, 2, "e4")
     age("gone-1", 90_000)  # recorded longer ago than the reach: not counted
     seen.append(lose("e4", -60_000, {"a-1"}))
+    age_losses()
+    save("a", -1_000, 1, "e5")
+    save("later", -20_000, 3, "e5")  # stuck 20 s behind, then died
+    seen.append(lose("e5", -60_000, {"a-1"}))  # from -20 s
+    save("a", -1_000, 1, "e6")
+    seen.append(lose("e6", -60_000, {"a-1"}))  # only a heartbeating, but e5 was lost within the reach
     return seen
 
 
@@ -153,6 +167,8 @@ REACH_EXPECTED = [
     (-8_000, {1: -8_000, 2: -20_000}),
     (-15_000, {1: -15_000, 2: -20_000}),
     (-8_000, {1: -8_000, 2: -20_000}),
+    (-20_000, {1: -20_000, 2: -20_000, 3: -20_000}),
+    (-20_000, {1: -20_000, 2: -20_000, 3: -20_000}),
 ]
 
 
@@ -169,7 +185,11 @@ def test_a_loss_reaches_back_to_the_record_of_a_node_gone_on_both_stores(db) -> 
                 {"ms": ms, "i": incarnation},
             )
 
-    assert _reach_steps(store, age) == REACH_EXPECTED
+    def age_losses() -> None:
+        with db.begin() as conn:
+            conn.execute(text("UPDATE lost_epochs SET noticed_at = noticed_at - interval '120 seconds'"))
+
+    assert _reach_steps(store, age, age_losses) == REACH_EXPECTED
 
     sim = SimDb(World(time.time()), SLOTS)
 
@@ -178,7 +198,10 @@ def test_a_loss_reaches_back_to_the_record_of_a_node_gone_on_both_stores(db) -> 
             if i == incarnation:
                 p.updated_ms -= ms
 
-    assert _reach_steps(SimStore(sim), sim_age) == REACH_EXPECTED
+    def sim_age_losses() -> None:
+        sim.lost_at = {e: t - 120_000 for e, t in sim.lost_at.items()}
+
+    assert _reach_steps(SimStore(sim), sim_age, sim_age_losses) == REACH_EXPECTED
 
 
 def _unnoticed_steps(store: NodeStore) -> list[Any]:
