@@ -81,14 +81,17 @@ class Settings(BaseSettings):
     node_id: str = Field(default_factory=_default_node_id, min_length=1, max_length=200, pattern=r"^[^|/\s]+$")
     node_host: str = "0.0.0.0"
     node_port: int = Field(9090, ge=-1, le=65535)  # health and metrics; 0: any free port; -1: none
-    heartbeat_interval_seconds: float = Field(3.0, gt=0)
-    heartbeat_ttl_seconds: float = Field(30.0, gt=0)
-    membership_poll_seconds: float = Field(1.0, gt=0)
-    lease_seconds: float = Field(5.0, gt=0)
+    # The timings of membership, leases and progress accept the ranges the simulation draws them
+    # from (scheduler_node.sim.world.draw_timings reads these bounds), with the rules between them
+    # checked below (_timings_agree). docs/operations.md, "Settings", says both.
+    heartbeat_interval_seconds: float = Field(3.0, ge=0.5, le=10)
+    heartbeat_ttl_seconds: float = Field(30.0, ge=3, le=60)
+    membership_poll_seconds: float = Field(1.0, ge=0.1, le=1)
+    lease_seconds: float = Field(5.0, ge=1, le=30)
     done_ttl_seconds: float = Field(60.0, gt=0)
     replication_factor: int = Field(2, ge=1, le=8)
-    change_poll_seconds: float = Field(1.0, gt=0)
-    load_grace_seconds: float = Field(10.0, ge=0)
+    change_poll_seconds: float = Field(1.0, ge=0.1, le=5)
+    load_grace_seconds: float = Field(10.0, ge=0, le=60)
     # Above 0: of a slot's two owners the higher-ranked leads (claims on time); the other holds
     # each occurrence back this long for evidence that the leader claimed it, then claims it itself
     # (scheduler_node.standby). 0 (the default): both claim every occurrence on time. Standings
@@ -111,8 +114,8 @@ class Settings(BaseSettings):
     # waits; how often a node records how far it fired; how long nothing may fire before the
     # first node back treats the gap as an outage of the whole cluster (misfire policies apply).
     namespace_inflight_share: float = Field(0.5, gt=0, le=1)
-    progress_seconds: float = Field(2.0, gt=0)
-    outage_after_seconds: float = Field(10.0, gt=0)
+    progress_seconds: float = Field(2.0, ge=0.5, le=10)
+    outage_after_seconds: float = Field(10.0, ge=3, le=600)
     # After Redis lost its data, the recent past is claimed again (checked against history). A node
     # gone before the loss that recorded progress at most this long before it, and less than the
     # recent past, may have made claims from further back that were lost before anyone took them
@@ -189,6 +192,30 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_password_is_none(cls, v: SecretStr | None) -> SecretStr | None:
         return None if v is None or v.get_secret_value() == "" else v
+
+    @model_validator(mode="after")
+    def _timings_agree(self) -> Settings:
+        """The rules between the timings (the simulation draws them so): a heartbeat outlives a
+        missed beat, a node reads the live set at least once a beat, and nodes alive record
+        progress often enough that a gap of outage_after_seconds means none was."""
+        interval = self.heartbeat_interval_seconds
+        if self.heartbeat_ttl_seconds < 2 * interval:
+            raise ValueError(
+                f"heartbeat_ttl_seconds ({self.heartbeat_ttl_seconds:g}) must be at least twice "
+                f"heartbeat_interval_seconds ({interval:g})"
+            )
+        if self.membership_poll_seconds > interval:
+            raise ValueError(
+                f"membership_poll_seconds ({self.membership_poll_seconds:g}) must be at most "
+                f"heartbeat_interval_seconds ({interval:g})"
+            )
+        beat = max(self.progress_seconds, interval)
+        if self.outage_after_seconds < 2 * beat:
+            raise ValueError(
+                f"outage_after_seconds ({self.outage_after_seconds:g}) must be at least twice the longer of "
+                f"progress_seconds ({self.progress_seconds:g}) and heartbeat_interval_seconds ({interval:g})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _redis_topology_reads(self) -> Settings:

@@ -443,6 +443,10 @@ class Firer:
                 e.verify = True
         return out
 
+    def queued(self) -> int:
+        """Executions waiting for a timer pass to claim them (the backlog's late ones included)."""
+        return len(self.due) + len(self._backlog)
+
     def sweep_soon(self) -> None:
         """Sweep now, not at the next interval: slots were just taken over, and what a holder gone
         from them left (claims whose lease ran out) is taken at once."""

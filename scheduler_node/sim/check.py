@@ -1,7 +1,9 @@
 """What must hold at the end of every simulated run (the guarantee, as docs/architecture.md
 states it):
 
-1. every occurrence due while any node was alive is delivered at least once, late or not;
+1. every occurrence due while any node was alive is delivered at least once, and within a lease,
+   two heartbeat intervals and 2 s of its due time, or of the end of a fault of Redis, PostgreSQL
+   or the whole cluster it fell into (_Deadlines);
 2. every extra delivery of one attempt is attributable to a named fault (a process killed after
    delivering, a process paused past its lease, Redis losing its keys, being unreachable or too
    slow to renew a lease), and never comes from the process that had itself already delivered that
@@ -30,7 +32,7 @@ from cronman.execution import Trigger, backfill_trigger, execution_id
 from cronman.schedule import timing_from_dict
 from scheduler_node.execution import Descriptor
 from scheduler_node.sim.parts import Arrival
-from scheduler_node.sim.world import EPOCH, Fault, JobPlan, Sim
+from scheduler_node.sim.world import EPOCH, Fault, JobPlan, Sim, bound_seconds
 
 MAX_SKEW = 1.5  # seconds a node's clock can be off the world's (world.py)
 FUZZ = 3.0  # seconds around a boundary that are not judged (change propagation, clock skew)
@@ -79,13 +81,14 @@ def _edges(sim: Sim, points: list[float]) -> list[tuple[float, float]]:
     """Around each change of a job, the time it may take to reach the nodes: longer while the
     database is down or slow (a node learns of changes from it)."""
     down = sorted((f.start, f.end) for f in sim.faults if f.kind in ("db_down", "db_slow", "db_hang", "db_partition"))
+    poll = sim.settings.change_poll_seconds
     out = []
     for p in points:
         reached = p
         for a, b in down:
-            if a <= reached + 1.0 and b >= reached:  # down before the next poll saw the change
+            if a <= reached + poll and b >= reached:  # down before the next poll saw the change
                 reached = max(reached, b)
-        out.append((p - FUZZ, reached + FUZZ))
+        out.append((p - FUZZ, reached + FUZZ + max(0.0, poll - 1.0)))
     return out
 
 
@@ -109,6 +112,8 @@ def check(sim: Sim) -> Report:
     def in_outage(t: float) -> bool:
         return any(a - FUZZ <= t <= b + FUZZ for a, b in outages) or any(s - FUZZ <= t <= r + FUZZ for s, r in stops)
 
+    deadline = _Deadlines(sim)
+
     # 1, 5: scheduled occurrences
     for plan in sim.jobs.values():
         timing = timing_from_dict(plan.doc["schedule"], plan.id, plan.doc.get("namespace", "default"))
@@ -125,12 +130,22 @@ def check(sim: Sim) -> Report:
                     report.occurrences += 1
                     eid = execution_id(plan.id, t_ms, ev, Trigger.SCHEDULE)
                     got = arrivals.get(eid)
+                    due_by = deadline(t)
                     if got:
-                        report.worst_lag = max(report.worst_lag, min(a.at for a in got) - t)
+                        first = min(a.at for a in got)
+                        report.worst_lag = max(report.worst_lag, first - t)
+                        # (one the job's pause or delete cancelled before it was due by may come
+                        # later all the same: a loss of Redis's data claims the past again, seed 7500045)
+                        if first > due_by and not _stopped_after(plan, t, due_by):
+                            report.violations.append(
+                                f"late: {plan.id} at {_at(t)} event {ev} delivered {first - t:.1f}s after its due "
+                                f"time, past the bound ({deadline.bound:.1f}s; due by {_at(due_by)}, faults "
+                                f"counted) (execution {eid})"
+                            )
                     if (
                         not got
                         and not (overlap and _ended(sim, plan.id, t_ms, ev, "skipped"))
-                        and not _stopped_after(plan, t)
+                        and not _stopped_after(plan, t, due_by)
                     ):
                         report.violations.append(f"missed: {plan.id} at {_at(t)} event {ev} (execution {eid})")
             elif not active and not _near(t, edges):
@@ -210,7 +225,7 @@ def check(sim: Sim) -> Report:
     # 2: duplicates
     _duplicates(sim, arrivals, report)
     # 4: misfire policies
-    _misfires(sim, arrivals, report)
+    _misfires(sim, arrivals, report, deadline)
     # 6: history
     finals = {"succeeded", "permanently_failed", "cancelled", "skipped"}
     final_ids = {r.execution_id for r in sim.db.history.values() if r.status in finals}
@@ -274,10 +289,86 @@ def _ended(sim: Sim, job_id: str, t_ms: int, ev: int, status: str) -> bool:
     )
 
 
-def _stopped_after(plan: JobPlan, t: float) -> bool:
-    """The job was paused or deleted after ``t``: an occurrence that faults held back until then
-    is rightly not delivered any more (a pause or a delete cancels what is still owed)."""
-    return any(d > t for d in plan.deleted) or any(p > t for p, _ in plan.paused)
+def _stopped_after(plan: JobPlan, t: float, until: float = float("inf")) -> bool:
+    """The job was paused or deleted after ``t`` (and by ``until``, when the occurrence was to be
+    delivered at the latest): an occurrence that faults held back until then is rightly not
+    delivered any more (a pause or a delete cancels what is still owed)."""
+    return any(t < d <= until for d in plan.deleted) or any(t < p <= until for p, _ in plan.paused)
+
+
+# Faults of what the nodes depend on, not of the nodes: while one lasts nothing can be claimed
+# (Redis away, slow or losing answers, its data lost), or a slot taken over cannot be loaded nor its
+# history checked (PostgreSQL away, hung, slow or losing answers), or no node runs at all. The
+# bound counts from the end of the last of them an occurrence fell into.
+_OUTSIDE = frozenset(
+    {
+        "redis_down",
+        "redis_loss",
+        "redis_slow",
+        "redis_flaky",
+        "db_down",
+        "db_hang",
+        "db_slow",
+        "db_flaky",
+        "power_cut",
+        "cluster_stop",
+    }
+)
+
+
+def _nobody_firing(sim: Sim) -> list[tuple[float, float]]:
+    """When no node could fire: every one of them dead, stopping, paused or cut off from Redis (the
+    whole cluster down, if not by a stop of it: the last node killed while the others had left, or
+    the one node left cut off, say: seed 7601434)."""
+    up: list[tuple[float, float]] = []
+    for p in sim.started:
+        end = p.ended if p.ended is not None else sim.end
+        pauses = sorted(
+            (f.start, f.end) for f in sim.faults if f.kind in ("pause", "partition") and f.holder == p.holder
+        )
+        t = p.born
+        for a, b in pauses:
+            if a > t:
+                up.append((t, min(a, end)))
+            t = max(t, b)
+        if end > t:
+            up.append((t, end))
+    down: list[tuple[float, float]] = []
+    t = EPOCH + sim.cfg.warmup
+    for a, b in sorted(up):
+        if a > t:
+            down.append((t, a))
+        t = max(t, b)
+    return down
+
+
+class _Deadlines:
+    """When an occurrence due at ``t`` must have been delivered: within the bound (a lease, two
+    heartbeat intervals and 2 s: scheduler_node.sim.world.bound_seconds) of its due time, whatever
+    happened to the nodes (crashes, pauses, joins, leaves, restarts, one cut off), or of the end of
+    a fault of Redis, PostgreSQL or the whole cluster (a stop of it, or no node firing at all) that
+    began before then; plus the nodes' clock
+    skew (one whose clock is behind fires that much later). What is owed is still owed after the
+    deadline (a pause or a delete after it does not excuse a miss). Not ``judged``: no deadline."""
+
+    def __init__(self, sim: Sim) -> None:
+        self.bound = bound_seconds(sim.settings)
+        self.spells = sorted([*((f.start, f.end) for f in sim.faults if f.kind in _OUTSIDE), *_nobody_firing(sim)])
+        # With a backlog room of 3 (sim.backlog), a catch-up drains a few occurrences a timer pass,
+        # as millions of jobs make it; what it owes is late by its length, not by a fault's: the
+        # bound is not judged there (everything else is).
+        self.judged = not sim.backlog
+
+    def __call__(self, t: float) -> float:
+        if not self.judged:
+            return float("inf")
+        allowed = self.bound + MAX_SKEW
+        due = t + allowed
+        for start, end in self.spells:
+            if start > due:
+                break
+            due = max(due, end + allowed)
+        return due
 
 
 def _duplicates(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) -> None:
@@ -413,7 +504,7 @@ def _overlapped(sim: Sim, job_id: str, t_ms: int) -> bool:
     )
 
 
-def _misfires(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) -> None:
+def _misfires(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report, deadline: _Deadlines) -> None:
     """For each stop of the whole cluster that was recorded as an outage, each job that existed
     throughout got its policy: skip fires nothing of the outage, fire_once its latest occurrence,
     fire_all every occurrence within its catch-up window."""
@@ -467,7 +558,7 @@ def _misfires(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report) -> N
             # occurrence: a pause or a delete after that, before faults let it be delivered, cancels
             # it (seeds 7300386, 981004 and 981691: Redis away or the cluster cut again right after,
             # then the job paused).
-            cancelled = _stopped_after(plan, back - FUZZ)
+            cancelled = _stopped_after(plan, back - FUZZ, deadline(back))
 
             if policy == "skip":
                 fired = [t for t in missed if first_attempt_after(t)]

@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cronman.schedule import LAZY_PHASE_MIN_MS
@@ -32,6 +33,10 @@ BACKLOG_FROM = 950_000
 # the outage threshold, with the nodes alive and retrying, a node becoming ready as Redis returns
 # judges whether the cluster was firing.
 LONG_REDIS_DOWN_FROM = 980_000
+# Seeds from here on draw the nodes' timings (SimConfig.timings: draw_timings) and their jobs'
+# phases (SimConfig.phases), and run for at least twice the drawn heartbeat TTL; the seeds below
+# (7,300,001-7,301,500 among them, a sweep of 60 s runs) replay the runs they always had.
+TIMINGS_FROM = 7_500_000
 EPOCH = 1_893_456_000.0  # 2030-01-01T00:00:00Z: a fixed start, so runs do not depend on today
 
 FAULTS = (
@@ -53,6 +58,76 @@ FAULTS = (
 # Redis (without persistence) and every node go down at once, Redis back empty, the nodes 1-8 s
 # later: nobody that saw the old data lives to notice the loss.
 OPT_IN_FAULTS = ("db_hang", "partition", "db_partition", "power_cut")
+
+
+# The settings whose values the seeds from TIMINGS_FROM on draw (draw_timings), each from the range
+# cronman.settings.Settings accepts.
+TIMINGS = (
+    "heartbeat_interval_seconds",
+    "heartbeat_ttl_seconds",
+    "membership_poll_seconds",
+    "lease_seconds",
+    "change_poll_seconds",
+    "progress_seconds",
+    "outage_after_seconds",
+    "load_grace_seconds",
+)
+
+
+def accepted(name: str) -> tuple[float, float]:
+    """The range of a setting, as cronman.settings.Settings validates it."""
+    lo = hi = None
+    for m in Settings.model_fields[name].metadata:
+        lo = getattr(m, "ge", lo)
+        hi = getattr(m, "le", hi)
+    if lo is None or hi is None:
+        raise ValueError(f"{name} has no closed range in Settings")
+    return float(lo), float(hi)
+
+
+def shipped_timings() -> dict[str, float]:
+    """The timings a deployment gets when it sets none (Settings' defaults)."""
+    return {name: float(Settings.model_fields[name].default) for name in TIMINGS}
+
+
+def draw_timings(seed: int) -> dict[str, float]:
+    """The nodes' timings for a seed: every third seed (a multiple of 3) runs the shipped defaults;
+    the others draw each one log-uniformly (load grace: uniformly) from the range the settings
+    accept, within the rules between them (Settings._timings_agree)."""
+    if seed % 3 == 0:
+        return shipped_timings()
+    rng = random.Random(f"timings/{seed}")
+
+    def draw(name: str, lo: float | None = None, hi: float | None = None) -> float:
+        a, b = accepted(name)
+        a, b = max(a, lo if lo is not None else a), min(b, hi if hi is not None else b)
+        return round(math.exp(rng.uniform(math.log(a), math.log(b))), 3)
+
+    interval = draw("heartbeat_interval_seconds")
+    progress = draw("progress_seconds")
+    grace = accepted("load_grace_seconds")
+    # (most outage thresholds short enough for the run's stops of the whole cluster to be outages)
+    least = 2 * max(progress, interval)
+    if rng.random() < 0.7:
+        outage = draw("outage_after_seconds", lo=least, hi=max(least, 30))
+    else:
+        outage = draw("outage_after_seconds", lo=max(least, 30))
+    return {
+        "heartbeat_interval_seconds": interval,
+        "heartbeat_ttl_seconds": draw("heartbeat_ttl_seconds", lo=2 * interval),
+        "membership_poll_seconds": draw("membership_poll_seconds", hi=interval),
+        "lease_seconds": draw("lease_seconds"),
+        "change_poll_seconds": draw("change_poll_seconds"),
+        "progress_seconds": progress,
+        "outage_after_seconds": outage,
+        "load_grace_seconds": round(rng.uniform(*grace), 3),
+    }
+
+
+def bound_seconds(settings: Settings) -> float:
+    """How late an occurrence due while any node was alive may be delivered, faults of the nodes
+    whatever (docs/architecture.md, "The guarantee"): a lease, two heartbeats and 2 s."""
+    return settings.lease_seconds + 2 * settings.heartbeat_interval_seconds + 2.0
 
 
 @dataclass(frozen=True)
@@ -84,11 +159,19 @@ class SimConfig:
     phased: bool | None = None
     # Late occurrences queued beyond a room of 3 claimed executions wait in the backlog, at least
     # one joining each pass (what a catch-up of hundreds of thousands does with the product's
-    # room); None: seeds from BACKLOG_FROM on.
+    # room); None: seeds from BACKLOG_FROM on, a quarter of those that draw their timings.
     backlog: bool | None = None
     # Half the Redis outages last 5-12 s instead of 1-4 s, drawn from a generator of their own (the
     # rest of the run is drawn as it would be without them); None: seeds from LONG_REDIS_DOWN_FROM on.
     long_redis_down: bool | None = None
+    # The nodes' timings drawn (draw_timings) instead of the fixed ones below, the run at least
+    # twice the drawn heartbeat TTL long, its settling time at least the bound plus a lease and 8 s;
+    # None: seeds from TIMINGS_FROM on.
+    timings: bool | None = None
+    # How the workload's interval jobs are phased: "spread" (each its own phase, to the millisecond)
+    # or "one" (all of them, and a burst of jobs more, due at the same instants); None: drawn, for
+    # the seeds that draw their timings (the others keep the workload they always had).
+    phases: str | None = None
 
 
 @dataclass
@@ -122,6 +205,8 @@ class Process:
         self.node_id = node_id
         self.incarnation = f"i{n}"
         self.holder = f"{node_id}/{self.incarnation}"
+        self.born = sim.world.now
+        self.ended: float | None = None  # killed, or asked to stop (it fires nothing more)
         self.loop: SimLoop = sim.world.new_loop(self.holder)
         skew = sim.skew.get(node_id, 0.0)
         settings = sim.settings.model_copy(update={"node_id": node_id})
@@ -170,7 +255,21 @@ class Process:
 
 class Sim:
     def __init__(self, cfg: SimConfig, tracing: str | None = None) -> None:
+        timed = cfg.timings if cfg.timings is not None else cfg.seed >= TIMINGS_FROM
+        timings = draw_timings(cfg.seed) if timed else {}
+        if timed:
+            lease, ttl = timings["lease_seconds"], timings["heartbeat_ttl_seconds"]
+            bound = lease + 2 * timings["heartbeat_interval_seconds"] + 2.0  # (bound_seconds)
+            cfg = replace(
+                cfg,
+                lease_seconds=lease,
+                duration=max(cfg.duration, 2 * ttl),
+                settle=max(cfg.settle, bound + lease + 8),
+            )
+            if cfg.phases is None:
+                cfg = replace(cfg, phases=random.Random(f"phases/{cfg.seed}").choice(("spread", "one")))
         self.cfg = cfg
+        self.timed = timed
         self.tracing = tracing  # a job id, an execution id, or "*": steps recorded in self.trace
         self.trace: list[str] = []
         self.rng = random.Random(cfg.seed)
@@ -178,20 +277,24 @@ class Sim:
         self.redis = SimRedis(self.world)
         self.db = SimDb(self.world, cfg.slots)
         self.receivers = Receivers(self.world, random.Random(self.rng.random()))
+        # the timings of the seeds that do not draw them (validated with the drawn ones: accepted)
+        fixed: dict[str, Any] = {
+            "heartbeat_interval_seconds": 1.0,
+            "heartbeat_ttl_seconds": 4.0,
+            "membership_poll_seconds": 0.5,
+            "lease_seconds": cfg.lease_seconds,
+            "change_poll_seconds": 1.0,
+            "load_grace_seconds": 2.0,
+            "progress_seconds": 1.0,
+            "outage_after_seconds": 5.0,
+        }
         self.settings = Settings(
             node_id="sim",
             database_url="postgresql://sim/sim",
             redis_url="redis://sim",
-            heartbeat_interval_seconds=1.0,
-            heartbeat_ttl_seconds=4.0,
-            membership_poll_seconds=0.5,
-            lease_seconds=cfg.lease_seconds,
+            **{**fixed, **timings},
             standby_grace_seconds=0.5 if (cfg.standby if cfg.standby is not None else cfg.seed % 2 == 1) else 0.0,
-            change_poll_seconds=1.0,
             history_flush_seconds=0.2,
-            load_grace_seconds=2.0,
-            progress_seconds=1.0,
-            outage_after_seconds=5.0,
             history_recover_after_seconds=3.0,
             done_ttl_seconds=60.0,
             node_port=-1,
@@ -200,7 +303,12 @@ class Sim:
         if cfg.tick is not None:
             self.settings = self.settings.model_copy(update={"timer_tick_seconds": cfg.tick})
         self.phased = cfg.phased if cfg.phased is not None else (cfg.seed // 10) % 2 == 1
-        self.backlog = cfg.backlog if cfg.backlog is not None else cfg.seed >= BACKLOG_FROM
+        if cfg.backlog is not None:
+            self.backlog = cfg.backlog
+        elif timed:  # a quarter of them: a catch-up's pace starved on purpose (see check._Deadlines)
+            self.backlog = random.Random(f"backlog/{cfg.seed}").random() < 0.25
+        else:
+            self.backlog = cfg.seed >= BACKLOG_FROM
         long_down = cfg.long_redis_down if cfg.long_redis_down is not None else cfg.seed >= LONG_REDIS_DOWN_FROM
         self.long_down_rng = random.Random(f"long-redis-down/{cfg.seed}") if long_down else None
         self.processes: dict[str, Process] = {}
@@ -226,9 +334,11 @@ class Sim:
         p = self.processes[node_id]
         self.faults.append(Fault("kill", self.world.now, self.world.now, node_id, p.holder))
         self.world.kill(p.loop)
+        p.ended = self.world.now if p.ended is None else p.ended
 
     def terminate(self, node_id: str) -> None:
         p = self.processes[node_id]
+        p.ended = self.world.now if p.ended is None else p.ended
         p.stopping = True
         p.loop.call_soon(p.stop.set)
 
@@ -277,8 +387,40 @@ class Sim:
                 "namespace": rng.choice(["a", "b"]),
             }
             plan = self.jobs[job_id] = JobPlan(job_id, doc, receiver)
-            self.db.put_job(job_id, **doc)
+        if self.cfg.phases is not None:
+            self._phase(self.cfg.phases)
+        for job_id, plan in self.jobs.items():
+            self.db.put_job(job_id, **plan.doc)
             plan.created.append(self.world.now)
+
+    def _phase(self, how: str) -> None:
+        """Phase the interval jobs (from a generator of their own): "spread", each its own phase to
+        the millisecond; "one", all of them in one phase, with 10-40 jobs more of one interval due
+        at those same instants (a burst: a node claims them in one pass, both owners of a slot
+        race for each, catch-ups queue them all at once)."""
+        rng = random.Random(f"phases/{self.cfg.seed}/{how}")
+        intervals = [p.doc["schedule"] for p in self.jobs.values() if p.doc["schedule"]["type"] == "interval"]
+        if how == "spread":
+            for schedule in intervals:
+                schedule["start_at"] = _iso(EPOCH + rng.uniform(0, schedule["every_seconds"]))
+            return
+        start = _iso(EPOCH + rng.uniform(0, 1))
+        for schedule in intervals:
+            schedule["start_at"] = start
+        every = rng.choice([1, 2, 3])
+        receivers = {"ok": 0.8, "fail_first": 0.1, "flaky": 0.1}
+        first = len(self.jobs)
+        for i in range(first, first + rng.randint(10, 40)):
+            kind = rng.choices(list(receivers), weights=list(receivers.values()))[0]
+            self.receivers.behaviour[f"r-{i}"] = kind
+            doc = {
+                "schedule": {"type": "interval", "every_seconds": every, "start_at": start},
+                "target": {"type": "http", "url": f"r-{i}", "timeout_seconds": 2.0},
+                "retry": {"max_attempts": 3, "backoff_seconds": 0.5, "max_backoff_seconds": 3},
+                "options": {"misfire_policy": rng.choice(["fire_once", "skip", "fire_all"])},
+                "namespace": rng.choice(["a", "b"]),
+            }
+            self.jobs[f"job-{i}"] = JobPlan(f"job-{i}", doc, f"r-{i}")
 
     def _job_events(self) -> None:
         """Pauses, resumes, deletes, re-creations and manual triggers during the run."""
@@ -338,6 +480,8 @@ class Sim:
 
     # ------------------------------------------------------------------ the nemesis
     def _nemesis(self) -> None:
+        if not self.cfg.faults:  # a run that scripts its own faults (tests/sim)
+            return
         rng = self.rng
         t = self.cfg.warmup
         joined = 0
@@ -355,7 +499,7 @@ class Sim:
     def _fault(self, kind: str, joined: int) -> None:
         rng, now = self.rng, self.world.now
         alive = self.alive()
-        lease = self.cfg.lease_seconds
+        lease = self.settings.lease_seconds
         if kind in ("kill", "pause", "restart", "leave", "partition", "db_partition") and not alive:
             return
         victim = rng.choice(alive) if alive else ""
@@ -474,6 +618,20 @@ class Sim:
         if p.stopping:
             p.task.add_done_callback(functools.partial(self._revive_when_stopped, node_id))
 
+    def _drain(self, limit: float = 300.0) -> None:
+        """Run on until no node has late work queued and no backfill is running, for at most
+        ``limit`` seconds more: when the settling time ends, a catch-up drained a few occurrences a
+        pass (SimConfig.backlog) may still hold what the faults left owed (seed 7600779: three
+        losses of Redis's data and a power cut queued thousands of checks of history on a node
+        whose jobs fire in bursts), and a backfill whose driver died waits for its lease, three
+        claim leases (seed 7600660: 80 s), and the checks would take either for lost."""
+        until = self.world.now + limit
+        while self.world.now < until and (
+            any((firer := self.processes[n].node.firer) is not None and firer.queued() for n in self.alive())
+            or any(b.row.state == "running" for b in self.db.backfills.values())
+        ):
+            self.world.run_until(self.world.now + 1.0)
+
     # ------------------------------------------------------------------ the run
     def run(self) -> None:
         cfg, rng = self.cfg, self.rng
@@ -509,6 +667,8 @@ class Sim:
                 # 4.4 s behind a hang, past the rest, and none ran again)
                 self._revive(n)
             self.world.run_until(EPOCH + cfg.duration + cfg.settle)
+            if self.timed:
+                self._drain()
             self.end = self.world.now
             for n in self.alive():  # a clean stop, so that everything in flight is recorded
                 self.terminate(n)
