@@ -7,13 +7,13 @@ import pytest
 from pydantic import ValidationError
 
 from cronman.settings import Settings
+from tests.timings import DEFAULTS, FAST
 
 
 def test_the_defaults_and_the_test_suites_fast_timings_are_accepted() -> None:
     Settings()
-    from tests.conftest import FAST
-
-    Settings(**{k: v for k, v in FAST.items() if k.endswith("_seconds")})
+    Settings(**FAST.values)
+    Settings(**DEFAULTS.values)
 
 
 @pytest.mark.parametrize(
