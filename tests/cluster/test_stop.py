@@ -3,8 +3,9 @@ itself, once the API first shows it paused), at most the attempt already in flig
 receiver. Real API, real node processes, a real receiver recording when each delivery arrived.
 
 Run at the shipped timings (heartbeat every 3 s, TTL 30 s, lease 5 s, change poll 1 s), and again
-with a change poll of 30 s: then only the notification the change publishes can stop the job within
-the window watched, so a pass there is the notification's doing, not the poll's. Each has one job
+with a change poll of 5 s (the longest the settings accept): a poll alone would then let a 1-second
+job fire up to five times more, so at most one is mostly the notification's doing (the pause while
+PostgreSQL hangs, below, is the notification's alone). Each has one job
 alone and five whose slots one pair of nodes owns, beside a third node.
 
 And around it: a pause while the nodes' database hangs (they stop on the notification alone), the
@@ -32,11 +33,12 @@ from tests.helpers import FreezingProxy, history_rows, wait_for
 from tests.timings import DEFAULTS
 
 # timings: the shipped ones (a pause or a delete must stop a job at the timings users get), with the
-# change poll made 30 s in the long-poll cases so that only the notification can stop the job in time
+# change poll made the longest the settings accept (5 s) in the long-poll cases: a job firing every
+# second then sends several more before a poll could stop it, so only the notification stops it in time
 pytestmark = [pytest.mark.cluster, pytest.mark.timings(DEFAULTS)]
 
 SHIPPED_POLL = DEFAULTS.values["change_poll_seconds"]
-LONG_POLL = 30.0
+LONG_POLL = 5.0  # the longest change poll cronman.settings accepts
 WATCHED = 6.0  # seconds watched after the change: a lease, and six change polls at the shipped timing
 PAIR = ("node-a", "node-b")
 
@@ -179,7 +181,7 @@ def test_a_pause_stops_the_job_while_the_nodes_cannot_read_the_feed(cluster: Clu
 
 def test_notifications_come_back_after_a_redis_restart(cluster: Cluster) -> None:
     """Redis restarts (empty): the nodes subscribe again, and a pause after that is heard at once
-    (with a change poll of 30 s, nothing else would stop the job in time)."""
+    (with the longest change poll, 5 s, nothing else would stop the job in time)."""
     server = EmbeddedRedis(cluster.logdir / "redis", port=free_port(), persist=False, log=cluster.logdir / "redis.log")
     server.start()
     try:
