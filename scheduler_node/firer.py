@@ -196,10 +196,8 @@ class Firer:
         self._unanswered: set[str] = set()
         # The same for takes of other holders' claims (the sweep's takeovers), by claim name: the
         # take holds the claim a lease in this node's name, where no sweep takes it, this node's
-        # included. Taken again at the next sweep, a claim of ours found there is ours (seed 924420,
-        # every fault: two takes in a row whose answers were lost kept three occurrences from being
-        # sent for two leases, until their next taker died in a power cut that took Redis's data,
-        # and a loss claims again only the recent past, which they were older than).
+        # included. Taken again at the next sweep, a claim of ours found there is ours, so a takeover
+        # whose answer was lost is sent within a sweep, not left for leases (seed 924420).
         self._untaken: dict[str, Execution] = {}
         # Final rows of executions this node finished whose done mark found another node's claim
         # (it had taken them over meanwhile): should this node take that claim over in turn, what
@@ -222,7 +220,7 @@ class Firer:
         # Claim and take calls out, by claim name, and the names among them this node finished
         # meanwhile by another path: an answer applied before the done mark and arriving after it
         # (a claim asked again after its answer was lost, while the sweep took the same claim
-        # over: seed 917685) would start the finished execution again.
+        # over) starts nothing (seed 917685).
         self._acquiring: dict[str, int] = {}
         self._finished_meanwhile: set[str] = set()
         self._renewing = 0  # renewal calls out (a handover waits for them: see _release)
@@ -485,8 +483,7 @@ class Firer:
             ok = await self._pass(due, retries)
             self.metrics.tally.flush()
             # (passed or not: a node whose claims wait for Redis is running, and delivers what
-            # came due once Redis answers; seed 982324, Redis away 11 s: a node ready as it came
-            # back recorded an outage, and the others delivered its occurrences late)
+            # came due once Redis answers; Redis away is not an outage of the cluster: seed 982324)
             self.firing_ms = self._claimed(now, now + 1)
             if ok:
                 pending = self._pending(now)
@@ -742,9 +739,8 @@ class Firer:
                     won += 1
                     if e.scheduled_ms < stale and e.d.trigger == Trigger.SCHEDULE and not e.d.suffix:
                         # Claimed so late that a finished claim of it may have expired (a catch-up
-                        # queued in the backlog for minutes): the claim proves nothing, history does
-                        # (seed 7601620: occurrences a node had delivered, queued again by its timer
-                        # behind a backlog, won 72 s later and delivered again).
+                        # queued in the backlog for minutes): the claim proves nothing, history does,
+                        # so an occurrence delivered before is not delivered again (seed 7601620).
                         e.verify = True
                     self._hold(e, asked)
                     self._won(e)
@@ -787,8 +783,7 @@ class Firer:
         and open claims of our slots whose holder is gone (found by the sweep)."""
         # One take of an execution at a time: the timer and the sweep both come to a parked retry
         # when it is due, and a second answer (HELD: the first take's own lease) must not end
-        # what the first one started (seed 100199: the execution was sending, marked over, its
-        # lease no longer renewed, and the slot's other owner delivered the attempt again).
+        # what the first one started and leave its lease unrenewed (seed 100199).
         taking = self.taking
         unique = {e.ticket.member: e for e in items if e.ticket.member not in taking}
         if not unique:
@@ -876,8 +871,8 @@ class Firer:
                 e.verify = took.state is TakeState.TAKEN_UNKNOWN or not ours
                 e.taken = not ours
                 # The claim is this node's again: a loss of it learned while this take was out (a
-                # park answered LOST, seed 83247) is past. Left set, _send would refuse it forever,
-                # and the renewer would keep its lease, so no other node could take it either.
+                # park answered LOST) is past. Left set, _send would refuse it forever, and the
+                # renewer would keep its lease, so no other node could take it either (seed 83247).
                 e.superseded = False
                 self._hold(e, asked)
                 self._won(e)
@@ -885,10 +880,8 @@ class Firer:
                 # Redis lost the claim and its index entry since they were found: our parked retry,
                 # still ours to make; or an open claim the sweep found (its holder gone, or work
                 # handed over), which no node holds now and which may be older than what the loss
-                # claims again: made again here like a takeover, checked against history (seed
-                # 933504, every fault: a stopping node handed over a takeover of an occurrence 8 s
-                # old; the other owner's sweep found it, and its take, slowed by a slow spell,
-                # landed after Redis lost its data and answered UNKNOWN; dropped, it was missed).
+                # claims again: made again here like a takeover, checked against history, never
+                # dropped (seed 933504).
                 e.taken = e.taken or not ours
                 lost.append(e)
             elif took.state is TakeState.HELD and ours:
@@ -897,8 +890,8 @@ class Firer:
                 # attempt before's. Still parked here, taken again when that lease ends (the answer
                 # says when, by Redis's clock), and not sooner than shortly: a lease another node
                 # holds for a long backoff is not asked after all that time. The sweep, which goes by
-                # Redis's clock, finds this same execution. (Dropped instead, a sweep took it back at
-                # the attempt before and sent that again: seed 463.)
+                # Redis's clock, finds this same execution. Never dropped: a sweep would take it back
+                # at the attempt before and send that again (seed 463).
                 self.parked[e.ticket.member] = e
                 self._later(max(self.clock() + RETAKE_MS, took.attempt), e)
             else:
@@ -928,10 +921,10 @@ class Firer:
                 self._spawn(self._release_moved())
             return
         if current is not None and current.incarnation != e.job.incarnation:
-            # Claimed for an earlier incarnation while the new one arrived (seed 74337: a claim
-            # Redis could not answer, made again after the job was created again): the new one's
-            # when it has the occurrence, as _adopt does for what is held. Its timer does not
-            # derive the occurrence again (the same schedule keeps its timer entry).
+            # Claimed for an earlier incarnation while the new one arrived (a claim made again
+            # after the job was created again): the new one's when it has the occurrence, as _adopt
+            # does for what is held. Its timer does not derive the occurrence again (the same
+            # schedule keeps its timer entry). Seed 74337.
             since = self._recreated.get(current.id)
             if since is not None and since[0] == current.incarnation and _adoptable(current, e.d, since[1]):
                 if self.trace:
@@ -944,10 +937,9 @@ class Firer:
             if e.taken and (self.feed_read_ms is None or self.feed_read_ms < e.scheduled_ms):
                 # Taken over from another node, which fired the occurrence (it saw the job live
                 # then), while what this node read of the job is older than that: the pause it
-                # read may have been undone since (seed 82449: a node paused, then cut off from
-                # PostgreSQL, took over its co-owner's parked retry of a job resumed 8 s earlier,
-                # and cancelled it). Not this node's to end on that view: parked again shortly, for
-                # the slot's owners (this one too, once it has read the job again).
+                # read may have been undone since (seed 82449). Not this node's to end on that
+                # view: parked again shortly, for the slot's owners (this one too, once it has read
+                # the job again).
                 if self.trace:
                     self.trace("defer", e, "paused in a view of the job older than the occurrence")
                 self._park(e, self.clock() + PAUSE_RECHECK_MS, here=False)
@@ -982,16 +974,13 @@ class Firer:
         except Exception:  # noqa: BLE001 - cannot verify: deliver (at least once)
             log.exception("could not check history before a takeover")
             found = {}
-        # What this node did itself and has not written yet counts as history (seed 904: a node
-        # paused while delivering came back, finished the execution, and took it over again from
-        # the node that had taken it meanwhile; its success was still in its buffer, PostgreSQL
-        # having been away, so history did not show it, and it delivered the attempt again).
+        # What this node did itself and has not written yet counts as history: an attempt it
+        # delivered with success is not delivered again when it takes the execution back over
+        # before its row is written (seed 904).
         idents = {e.ident for e in items}
         _fold(found, self.history.unwritten(idents))
-        # The same for what it finished and wrote already, and then found taken over (seed 40733:
-        # a node paused while sending attempt 3 came back, succeeded, and its done mark found the
-        # claim of the node that had taken it over; that node left without its own done mark, and
-        # this one took the claim over and sent attempt 3 again, the database being down).
+        # The same for what it finished and wrote already, and then found taken over, for when
+        # the database cannot say (seed 40733).
         superseded = self._finished_superseded
         if superseded:
             _fold(found, [superseded[i] for i in idents if i in superseded])
@@ -1002,18 +991,14 @@ class Firer:
             seen: Attempts | None = found.get(e.ident)
             if e.taken and e.misfire is None and (seen is None or seen.only_skipped):
                 # Taken over, nothing of it attempted: if it is the occurrence a catch-up claimed
-                # to carry an outage's misfire plan, it carries it again here (seed 930278, every
-                # fault: a catch-up's claim of a skip policy's occurrence was applied and its answer
-                # lost while Redis went away; the claim's lease ran out, the slot's other owner took
-                # it over, found nothing in history and delivered it).
+                # to carry an outage's misfire plan, it carries it again here (seed 930278).
                 e.misfire = self.misfire_of(e)
             if seen is not None and not e.d.suffix:
                 # A skip recorded for an occurrence the claim store shows was attempted, or that a
                 # node claimed (a misfire plan that counted as missed what a node had claimed just
                 # before the whole cluster stopped: it was due while a node ran), does not end it:
                 # its retry goes on, or it is delivered late like any occurrence taken over (seed
-                # 79428: the node died between a failed attempt 1 and parking attempt 2, so the
-                # claim store still said attempt 1, and the retry was lost).
+                # 79428).
                 if seen.final and not (seen.only_skipped and (e.attempt >= 2 or e.taken)):
                     self._close(e, "done", "")
                     continue
@@ -1471,11 +1456,9 @@ class Firer:
         else:
             e.stage = Stage.OVER
         self._to_park.append((e, due_ms, advance))
-        # A park waits for a call of its own only behind calls Redis answers promptly: behind calls
-        # out for a third of a lease (a slow Redis), its lease ran out before it was sent and landed
-        # (seed 923251: five parks out in a slow spell; the fifth waited 0.46 s behind the other
-        # four, landed 0.37 s after its attempt's lease had run out, and the slot's other owner
-        # had taken attempt 1 over and delivered it again).
+        # A park waits for a call of its own only behind calls Redis answers promptly: calls out
+        # for a third of a lease (a slow Redis) hold no park back, which must land before its
+        # attempt's lease runs out (seed 923251).
         now = asyncio.get_running_loop().time()
         if sum(1 for sent in self._parking.values() if sent > now - self.lease_s / 3) < _PARK_CALLS:
             call = next(self._park_calls)
@@ -1545,8 +1528,7 @@ class Firer:
         for attempt in range(5):
             if attempt:
                 # What was taken back meanwhile is no longer to be parked (_still_parked); what was
-                # queued meanwhile goes in this call, not after every try of this one (seed 300194:
-                # a park waited behind tries whose answers were lost until its lease had run out).
+                # queued meanwhile goes in this call, not after every try of this one (seed 300194).
                 room = _PARK_BATCH - len(items)
                 if room > 0 and self._to_park:
                     items = items + self._to_park[:room]
@@ -1786,7 +1768,7 @@ class Firer:
             except BaseException:
                 self._done_pending[:0] = batch
                 # The done loop tries them again, whoever's call this was (a stopping node's drain
-                # made it, gave up, and the marks waited for nobody: seed 7602992).
+                # that gives up leaves them to it: seed 7602992).
                 self._done_wake.set()
                 raise
             finally:
@@ -1850,9 +1832,7 @@ class Firer:
 
     async def _release(self, items: list[Execution], patience: float = 3.0) -> None:
         # After the renewals out: one sent before the handover and applied after it would hold
-        # the claims for leases more, where nobody takes them (seed 920153: a waiting execution
-        # handed over during a slow spell of Redis, held 6 s by its own renewal, and lost with
-        # Redis's data in a power cut before its lease ran out).
+        # the claims for leases more, where nobody takes them (seed 920153).
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 2 * self.lease_s
         while self._renewing and loop.time() < deadline:
@@ -1879,9 +1859,8 @@ class Firer:
             await self._repark(list(self.parked.values()), patience=handover_seconds)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=handover_seconds + 1)
-        # Done marks: what is pending, and what the done loop has out (seed 300778: its call, slow,
-        # was still out when this flush found nothing pending and the stop cancelled it; the marks
-        # never landed, and the slot's other owner delivered the attempt again after the lease).
+        # Done marks: what is pending, and what the done loop has out (a slow call of its own is
+        # waited for, not cancelled with the loop: seed 300778).
         loop = asyncio.get_running_loop()
         deadline = loop.time() + handover_seconds
         while (self._done_pending or self._done_in_flight) and loop.time() < deadline:
@@ -1895,9 +1874,7 @@ class Firer:
                 return
             except TransientError as exc:
                 # Tried again while the handover time lasts: left to their leases, the executions
-                # finished here are taken over and delivered again (seed 7602992: Redis away 1.8 s
-                # as a node stopped; its marks never landed, and the retry it had taken over was
-                # taken back by the node that had parked it, which sent attempt 2 again).
+                # finished here would be taken over and delivered again (seed 7602992).
                 log.warning("could not mark executions done at shutdown, retrying: %s", exc)
                 await asyncio.sleep(0.2)
         if self._done_pending or self._done_in_flight:
