@@ -32,7 +32,7 @@ from scheduler_node.sim.world import (
 )
 from scheduler_node.standby import Standby, Verdict
 
-SEEDS = int(os.environ.get("CRONMAN_SIM_SEEDS", "500"))
+SEEDS = int(os.environ.get("CRONMAN_SIM_SEEDS", "501"))  # (from 7,500,001: 167 at the shipped timings)
 START = int(os.environ.get("CRONMAN_SIM_START", str(TIMINGS_FROM + 1)))
 
 
@@ -61,7 +61,7 @@ def test_every_seed_keeps_the_guarantee() -> None:
         faults
     )
     if START >= TIMINGS_FROM:
-        assert sum(1 for r in results if r["seed"] % 3 == 0) >= SEEDS // 3  # at the shipped timings
+        assert sum(1 for r in results if r["seed"] % 3 == 0) >= SEEDS / 3  # at the shipped timings
 
 
 def test_seeds_draw_every_timing_the_settings_accept_and_a_third_run_the_defaults() -> None:
