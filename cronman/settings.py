@@ -178,7 +178,8 @@ class Settings(BaseSettings):
     command_secret: SecretStr | None = None
     command_secret_previous: SecretStr | None = None
 
-    # Test-only fault injection: comma-separated hook names (see scheduler_node.faults).
+    # Test-only fault injection: comma-separated hook names, read where each is injected
+    # (exit_after_claim: scheduler_node.firer; hold_history, stall_feed: scheduler_node.node).
     test_faults: str = ""
 
     @field_validator("redis_prefix")

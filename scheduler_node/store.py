@@ -385,7 +385,7 @@ _INSERT_NEW = (
 )
 
 
-_UNAVAILABLE = (
+UNAVAILABLE = (
     psycopg2.OperationalError,
     psycopg2.InterfaceError,
     sqlalchemy.exc.OperationalError,
@@ -423,7 +423,7 @@ class PgNodeStore(NodeStore):
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         try:
             return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
 
     # -- jobs and the feed
@@ -924,14 +924,14 @@ class PgNodeStore(NodeStore):
     def write_history(self, rows: list[HistoryRow]) -> int:
         try:
             return self._write(rows)[0]
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
 
     def write_late(self, rows: list[HistoryRow]) -> int:
         """Blocking: the watchdog's rows for late occurrences; returns how many are new."""
         try:
             return self._write(rows)[1]
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
 
     def _write(self, batch: list[HistoryRow]) -> tuple[int, int]:

@@ -58,8 +58,10 @@ from scheduler_node.firer import wait_event
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder
 from scheduler_node.notify import OutboxSender, Summariser
-from scheduler_node.senders import Senders
-from scheduler_node.store import PgNodeStore
+from scheduler_node.senders import Senders, queue_guard
+from scheduler_node.senders.http import HttpSender
+from scheduler_node.senders.sqs import SqsSender
+from scheduler_node.store import UNAVAILABLE, PgNodeStore
 
 log = logging.getLogger("cronman.watch")
 
@@ -126,9 +128,7 @@ class Watch:
         except TransientError:
             raise
         except Exception as exc:
-            from scheduler_node.store import _UNAVAILABLE
-
-            if isinstance(exc, _UNAVAILABLE):
+            if isinstance(exc, UNAVAILABLE):
                 raise TransientError(f"database: {type(exc).__name__}: {str(exc).strip()[:200]}") from exc
             raise
 
@@ -416,13 +416,9 @@ _LATE_AFTER_MS_SQL = (
 
 def watch_senders(settings: Settings, executor: Executor) -> Senders:
     """The senders notifications go through: the same guards as deliveries."""
-    from scheduler_node.senders.http import HttpSender
-    from scheduler_node.senders.sqs import SqsSender
-    from scheduler_node.wiring import _queue_refusal
-
     return Senders(
         [
             HttpSender(64, dev_mode=settings.dev_mode, allowlist=settings.callback_allowlist),
-            SqsSender(settings.sqs_endpoint_url, settings.sqs_region, executor, _queue_refusal(settings)),
+            SqsSender(settings.sqs_endpoint_url, settings.sqs_region, executor, queue_guard(settings)),
         ]
     )

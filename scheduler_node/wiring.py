@@ -28,7 +28,7 @@ from cronman.store import make_engine
 from scheduler_node.claims import RedisClaims
 from scheduler_node.membership import RedisMembership
 from scheduler_node.node import NodeParts, make_executor
-from scheduler_node.senders import Senders
+from scheduler_node.senders import Senders, queue_guard
 from scheduler_node.senders.http import HttpSender
 from scheduler_node.senders.sqs import SqsSender
 from scheduler_node.store import PgNodeStore
@@ -38,17 +38,6 @@ if TYPE_CHECKING:
     from scheduler_node.node import Node
 
 log = logging.getLogger("cronman.node")
-
-
-def _queue_refusal(settings: Any) -> Callable[[str, str], str | None]:
-    """Queues a job may not target: cronman's own (commands and their dead letters) always, and
-    what the deployment's allow-list leaves out."""
-    try:
-        from cronman.queues import queue_refusal
-    except ImportError:  # pragma: no cover - older core
-        own = {u.rstrip("/") for u in (settings.command_queue_url, settings.command_dlq_url) if u}
-        return lambda url, ns: "cronman's own queue" if url.rstrip("/") in own else None
-    return lambda url, ns: queue_refusal(url, ns, settings)
 
 
 async def production_parts(node: Node) -> NodeParts:
@@ -64,7 +53,7 @@ async def production_parts(node: Node) -> NodeParts:
     senders = Senders(
         [
             HttpSender(s.http_connections_per_host, dev_mode=s.dev_mode, allowlist=s.callback_allowlist),
-            SqsSender(s.sqs_endpoint_url, s.sqs_region, executor, _queue_refusal(s)),
+            SqsSender(s.sqs_endpoint_url, s.sqs_region, executor, queue_guard(s)),
         ]
     )
     throttle = ThrottleGate(client, keys, node.lease_ms)

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Hashable, Iterable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
+from typing import TYPE_CHECKING, Any
 
+from cronman.queues import queue_refusal
 from scheduler_node.parts import Delivery, Outcome, Sender, Target
+
+if TYPE_CHECKING:
+    from cronman.settings import Settings
 
 log = logging.getLogger("cronman.node.send")
 
@@ -72,3 +76,9 @@ class Senders:
     def maintain(self) -> None:
         for s in self.by_kind.values():
             s.maintain()
+
+
+def queue_guard(settings: Settings) -> Callable[[str, str], str | None]:
+    """Queues a job (or a notification rule) may not target, for the SQS sender: cronman's own
+    (commands and their dead letters) always, and what the deployment's allow-list leaves out."""
+    return lambda url, namespace: queue_refusal(url, namespace, settings)
