@@ -8,11 +8,15 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from cronman import __version__
 from cronman.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from scheduler_node.node import PartsFactory
 
 
 def _settings(**overrides: object) -> Settings:
@@ -35,13 +39,21 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
+    return run_scheduler(node_id=args.node_id, node_port=args.port)
+
+
+def run_scheduler(make_parts: PartsFactory | None = None, **overrides: object) -> int:
+    """Run a scheduler node until SIGTERM or SIGINT, on the settings of the environment (and
+    ``overrides``), with the production parts or those ``make_parts`` builds (the test suite's
+    nodes with a fault injected in one part: tests/fault_node.py)."""
     import asyncio
     import signal
 
     from cronman.logs import configure_logging
     from scheduler_node.node import Node
+    from scheduler_node.wiring import production_parts
 
-    settings = _settings(node_id=args.node_id, node_port=args.port)
+    settings = _settings(**overrides)
     if "|" in settings.node_id:
         raise SystemExit("cronman: a node id must not contain '|'")
     configure_logging(settings.log_level)
@@ -51,7 +63,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await Node(settings).run(stop)
+        await Node(settings, make_parts=make_parts or production_parts).run(stop)
         _arm_exit_watchdog()
 
     import uvloop  # a faster event loop: the node's hot path is event-loop bound (docs/performance.md)

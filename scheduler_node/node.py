@@ -73,8 +73,9 @@ MAX_CATCH_UP_MS = 86_400_000  # a slot taken over delivers at most this far back
 
 @dataclass
 class NodeParts:
-    """Everything a node talks to. ``Node.run`` builds the production parts when none are given;
-    the simulation passes its own."""
+    """Everything a node talks to: handed to the node ready-made (the simulation's, a test's), or
+    built when it runs by a factory (``scheduler_node.wiring.production_parts``, or a test's that
+    wraps one of those parts to inject a fault)."""
 
     claims: Claims
     membership: Membership
@@ -88,6 +89,9 @@ class NodeParts:
     close: Callable[[], Awaitable[None]] | None = None
 
 
+PartsFactory = Callable[["Node"], Awaitable[NodeParts]]
+
+
 class Node:
     def __init__(
         self,
@@ -95,13 +99,16 @@ class Node:
         *,
         clock: Callable[[], float] = time.time,
         parts: NodeParts | None = None,
+        make_parts: PartsFactory | None = None,
         slots: int | None = None,
         incarnation: str | None = None,
         rng: random.Random | None = None,
         tuning: dict[str, Any] | None = None,
         phased_from_ms: int = LAZY_PHASE_MIN_MS,
     ) -> None:
-        """``phased_from_ms``: intervals from this long keep one timing for all their jobs (see
+        """``parts``, or ``make_parts`` to build them when the node runs (a node that builds its
+        parts is a process of its own, and serves its HTTP endpoints). ``phased_from_ms``:
+        intervals from this long keep one timing for all their jobs (see
         cronman.schedule.IdPhasedInterval; the simulation lowers it to drive that way too)."""
         from cronman.hashing import SLOTS
 
@@ -112,6 +119,7 @@ class Node:
         self.clock = clock
         self.slot_count = slots or SLOTS
         self.parts = parts
+        self.make_parts = make_parts
         self.rng = rng or random.Random()
         self.tuning = tuning or {}  # FirerConfig fields to override (the simulation's coarser timer)
         self.phased_from_ms = phased_from_ms
@@ -165,8 +173,7 @@ class Node:
         # Jobs are many and long-lived, executions short-lived and freed by reference counting:
         # collect cycles less often than the default (every 700 allocations).
         gc.set_threshold(20_000, 20, 20)
-        parts = self.parts or await self._production_parts()
-        self.parts = parts
+        parts = self.parts = self.parts or await self._build_parts()
         m = self.metrics
         history = self.history = HistoryWriter(
             parts.store.write_history,
@@ -231,7 +238,7 @@ class Node:
         self._ownership_dirty = asyncio.Event()
         history_stop = asyncio.Event()
         web = None
-        if self.parts_are_production and s.node_port >= 0:
+        if self.parts_built and s.node_port >= 0:
             from scheduler_node.web import start_web
 
             web, self.port = await start_web(self, s.node_host, s.node_port)
@@ -297,14 +304,14 @@ class Node:
             await parts.close()
         log.info("node stopped", extra={"node": self.node_id, "history_unwritten": len(history)})
 
-    parts_are_production = False
+    parts_built = False
     port: int | None = None
 
-    async def _production_parts(self) -> NodeParts:
-        from scheduler_node.wiring import production_parts
-
-        self.parts_are_production = True
-        return await production_parts(self)
+    async def _build_parts(self) -> NodeParts:
+        if self.make_parts is None:
+            raise TypeError("a node runs with its parts, or a factory of them (scheduler_node.wiring.production_parts)")
+        self.parts_built = True
+        return await self.make_parts(self)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return asyncio.get_running_loop().create_task(coro, name=getattr(coro, "__qualname__", None))

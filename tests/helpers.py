@@ -21,6 +21,7 @@ import requests
 from cronman.embedded import Child, free_port
 from cronman.settings import Settings
 from scheduler_node.node import Node
+from scheduler_node.wiring import production_parts
 
 if TYPE_CHECKING:
     from tests.cluster.ledger import Arrival
@@ -47,7 +48,7 @@ class NodeThread:
     """A real scheduler node (real Redis, PostgreSQL, HTTP) on its own event loop in a thread."""
 
     def __init__(self, settings: Settings) -> None:
-        self.node = Node(settings)
+        self.node = Node(settings, make_parts=production_parts)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name=f"node-{settings.node_id}", daemon=True)
