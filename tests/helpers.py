@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+ROOT = Path(__file__).resolve().parents[1]  # the repository: where ``python -m tests...`` finds the tests
+
 
 def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
     deadline = time.monotonic() + timeout
@@ -140,9 +142,11 @@ def start_node_process(
     extra: dict[str, str] | None = None,
     wait_ready: bool = True,
     wrap: list[str] | None = None,
+    fault: str | None = None,
 ) -> tuple[Child, int]:
     """A node process; ``wrap`` is a command prefix that execs the node in the end (its pid stays
-    the node's)."""
+    the node's); ``fault`` runs it with that fault injected in one of its parts (tests/fault_node.py)
+    instead of as ``cronman scheduler``."""
     port = free_port()
     env = {
         **env,
@@ -151,7 +155,9 @@ def start_node_process(
         "CRONMAN_NODE_HOST": "127.0.0.1",
         **(extra or {}),
     }
-    child = Child(node_id, [*(wrap or []), sys.executable, "-m", "cronman", "scheduler"], env=env, log=log)
+    command = ["tests.fault_node", fault] if fault else ["cronman", "scheduler"]
+    cwd = str(ROOT) if fault else None
+    child = Child(node_id, [*(wrap or []), sys.executable, "-m", *command], env=env, log=log, cwd=cwd)
     if wait_ready:
         child.wait_until(
             lambda: requests.get(f"http://127.0.0.1:{port}/readyz", timeout=1).ok, 30, f"{node_id} to be ready"

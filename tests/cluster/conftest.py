@@ -161,13 +161,23 @@ class Cluster:
         return self.api_url
 
     def start_nodes(
-        self, ids: list[str], extra: dict[str, dict[str, str]] | None = None, wait: bool = True
+        self,
+        ids: list[str],
+        extra: dict[str, dict[str, str]] | None = None,
+        wait: bool = True,
+        faults: dict[str, str] | None = None,
     ) -> list[ClusterNode]:
-        """Start node processes together and (``wait``) wait until each answers /readyz."""
+        """Start node processes together and (``wait``) wait until each answers /readyz; ``extra``
+        adds to a node's environment, ``faults`` names the fault a node runs with (tests/fault_node.py)."""
         started: list[ClusterNode] = []
         for node_id in ids:
             child, port = start_node_process(
-                self.env, node_id, self.logdir / f"{node_id}.log", extra=(extra or {}).get(node_id), wait_ready=False
+                self.env,
+                node_id,
+                self.logdir / f"{node_id}.log",
+                extra=(extra or {}).get(node_id),
+                wait_ready=False,
+                fault=(faults or {}).get(node_id),
             )
             node = ClusterNode(node_id, child, port, self.logdir / f"{node_id}.log")
             self.nodes[node_id] = node

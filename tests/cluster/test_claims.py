@@ -34,8 +34,8 @@ def _history_row(cluster: Cluster, job_id: str, scheduled_ms: int, attempt: int 
 def test_winner_killed_between_claim_and_send(cluster: Cluster) -> None:
     cluster.start_api()
     ids = ["node-a", "node-b"]
-    # node-a exits (os._exit) right after it wins a claim, before sending anything.
-    cluster.start_nodes(ids, extra={"node-a": {"CRONMAN_TEST_FAULTS": "exit_after_claim"}})
+    # node-a exits (137) at its first send, before sending anything: it dies holding the claims it won.
+    cluster.start_nodes(ids, faults={"node-a": "exit_at_send"})
     cluster.wait_settled(ids)
 
     due_ms = math.ceil(time.time() + 7) * 1000

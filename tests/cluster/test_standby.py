@@ -61,12 +61,13 @@ def test_the_standby_leaves_the_leaders_claims_alone(cluster: Cluster) -> None:
 
 @pytest.mark.cluster
 def test_a_leader_that_has_not_read_a_change_covers_nothing_it_brings(cluster: Cluster) -> None:
-    """node-a never reads the change feed (a test fault): jobs created after it loaded its slots
-    reach only node-b. In the slots node-a leads, node-b must not take node-a's progress as
-    evidence for occurrences of jobs node-a does not know: it claims them after the grace."""
+    """node-a never reads the change feed (a fault: tests/fault_node.py): jobs created after it
+    loaded its slots reach only node-b. In the slots node-a leads, node-b must not take node-a's
+    progress as evidence for occurrences of jobs node-a does not know: it claims them after the
+    grace."""
     cluster.start_api()
     ids = ["node-a", "node-b"]
-    cluster.start_nodes(ids, extra={"node-a": {**STANDBY, "CRONMAN_TEST_FAULTS": "stall_feed"}, "node-b": STANDBY})
+    cluster.start_nodes(ids, extra={n: STANDBY for n in ids}, faults={"node-a": "feed_unread"})
     cluster.wait_settled(ids)
     time.sleep(1.5)  # standings exchanged
     due_ms = math.ceil(time.time() + 5) * 1000

@@ -43,7 +43,8 @@ def test_a_killed_nodes_unwritten_history_is_recovered_by_a_survivor(
     logs = workdir / f"recovery-{redis_prefix.strip(':')}"
     logs.mkdir()
     with Receiver() as receiver:
-        a, _ = start_node_process(settings_env, "node-a", logs / "a.log", extra={"CRONMAN_TEST_FAULTS": "hold_history"})
+        # node-a's history writes fail as while PostgreSQL is unreachable: its rows stay in Redis
+        a, _ = start_node_process(settings_env, "node-a", logs / "a.log", fault="history_unavailable")
         b, _ = start_node_process(settings_env, "node-b", logs / "b.log")
         try:
             _create_jobs(client, receiver.url, 10, together=True)
