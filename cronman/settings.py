@@ -178,10 +178,6 @@ class Settings(BaseSettings):
     command_secret: SecretStr | None = None
     command_secret_previous: SecretStr | None = None
 
-    # Test-only fault injection: comma-separated hook names, read where each is injected
-    # (exit_after_claim: scheduler_node.firer; hold_history, stall_feed: scheduler_node.node).
-    test_faults: str = ""
-
     @field_validator("redis_prefix")
     @classmethod
     def _prefix_nonempty(cls, v: str) -> str:
@@ -275,10 +271,6 @@ class Settings(BaseSettings):
     @cached_property
     def trusted_networks(self) -> tuple[Network, ...]:
         return parse_networks(self.trusted_proxies)
-
-    @cached_property
-    def faults(self) -> frozenset[str]:
-        return frozenset(f.strip() for f in self.test_faults.split(",") if f.strip())
 
 
 def load_settings(**overrides: object) -> Settings:

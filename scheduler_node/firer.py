@@ -105,7 +105,6 @@ class FirerConfig:
     sweep_seconds: float = 1.0
     unrecorded_after_ms: int = 30_000  # a delivered row not written by then: an owner writes it
     done_ttl_ms: int = 60_000  # how long a finished claim stays in the claim store (done_ttl_seconds)
-    faults: frozenset[str] = frozenset()
     slots: int = 4096  # how many slots job ids hash to (cronman.hashing.SLOTS)
     # Late occurrences queued (a catch-up, a loss's claims again) wait in the backlog while this
     # many executions are claimed and not sent (None: twice max_in_flight); at least backlog_min
@@ -1331,10 +1330,6 @@ class Firer:
             self._reverify.append(e)
             self._wake.set()
             return False
-        if "exit_after_claim" in self.cfg.faults:
-            import os
-
-            os._exit(137)  # test fault: die holding a claim, before sending
         now = self.clock()
         e.stage = Stage.SENDING
         if self.trace:

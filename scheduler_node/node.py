@@ -198,7 +198,6 @@ class Node:
                 tick_seconds=s.timer_tick_seconds,
                 unrecorded_after_ms=int(s.history_recover_after_seconds * 1000),
                 done_ttl_ms=int(s.done_ttl_seconds * 1000),
-                faults=s.faults,
                 slots=self.slot_count,
                 **self.tuning,
             ),
@@ -262,8 +261,6 @@ class Node:
         if parts.notifications is not None:
             loops.append(self._spawn(parts.notifications(self._changed)))
         loops += [self._spawn(f()) for f in parts.extra_loops]
-        if "hold_history" in s.faults:  # test fault: never write history (as if PostgreSQL were unreachable)
-            history_stop.set()
         keepers = [
             self._spawn(firer.run_renewer()),
             self._spawn(firer.run_done()),
@@ -1051,7 +1048,7 @@ class Node:
 
     async def _poll_changes(self) -> None:
         assert self.parts is not None and self.firer is not None
-        if self.feed_cursor is None or "stall_feed" in self.s.faults:  # test fault: job changes never arrive
+        if self.feed_cursor is None:
             return
         started = self.now_ms()
         cursor, rows, triggers = await self.parts.store.poll_changes(self.feed_cursor, self.owned)
