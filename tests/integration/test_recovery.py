@@ -59,6 +59,10 @@ def test_a_killed_nodes_unwritten_history_is_recovered_by_a_survivor(
             time.sleep(1)
             a.signal(signal.SIGKILL)
             a.proc.wait(10)
+            # none of its rows is written yet (node-b recovers them only once node-a's heartbeat is
+            # gone): without the fault, node-a would have written them itself
+            written = [e for e in _history(client, 10).values() if e["node"] == "node-a"]
+            assert not written, "node-a wrote history: the fault was not injected"
             delivered = {r.execution_id for r in receiver.snapshot()}
             assert delivered
             # node-a's rows were never written; node-b writes them once node-a's heartbeat is gone
