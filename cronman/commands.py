@@ -40,6 +40,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from cronman import signing
 from cronman.apikeys import DEFAULT_NAMESPACE, NAMESPACE_RE
 from cronman.audit import Actor
+from cronman.changes import Stop
 from cronman.db import api_keys, commands
 from cronman.errors import CronmanError, InvalidInput, NotFound, TransientError
 from cronman.settings import Settings
@@ -176,17 +177,22 @@ def patch_job(
     return store.replace_checked(job_id, namespace, current.version, spec, actor, detail)
 
 
-def apply_command(store: JobStore, settings: Settings, cmd: Command, actor: Actor, now_ms: int) -> str:
-    """Apply one command as the API would at ``now_ms``; returns the job id. Raises CronmanError when refused."""
+def apply_command(
+    store: JobStore, settings: Settings, cmd: Command, actor: Actor, now_ms: int
+) -> tuple[str, list[Stop]]:
+    """Apply one command as the API would at ``now_ms``; returns the job id, and the stop to tell
+    the nodes of when the command left the job paused or deleted it (as the API's answer does).
+    Raises CronmanError when refused."""
     ns = cmd.namespace
     if cmd.action is Action.CREATE:
         assert cmd.job is not None
         spec = spec_from_document(cmd.job, settings, None, namespace=ns, now_ms=now_ms)
         job_id = cmd.job_id or new_job_id()
         store.create(spec, job_id, ns, actor)
-        return job_id
+        return job_id, []
     assert cmd.job_id is not None
     job_id = cmd.job_id
+    record: JobRecord | None = None
     if cmd.action is Action.PUT:
         assert cmd.job is not None
         try:
@@ -201,17 +207,17 @@ def apply_command(store: JobStore, settings: Settings, cmd: Command, actor: Acto
             now_ms=now_ms,
             stored_schedule=current.schedule if current else None,
         )
-        store.put(spec, job_id, ns, actor)
+        record, _ = store.put(spec, job_id, ns, actor)
     elif cmd.action is Action.PATCH:
         assert cmd.job is not None
-        patch_job(store, settings, job_id, ns, cmd.job, actor, now_ms)
+        record = patch_job(store, settings, job_id, ns, cmd.job, actor, now_ms)
     elif cmd.action is Action.DELETE:
-        store.delete(job_id, ns, actor)
+        return job_id, [Stop(job_id, store.delete(job_id, ns, actor), deleted=True)]
     elif cmd.action in (Action.PAUSE, Action.RESUME):
-        store.set_paused(job_id, ns, cmd.action is Action.PAUSE, actor)
+        record = store.set_paused(job_id, ns, cmd.action is Action.PAUSE, actor)
     else:
         store.add_trigger(job_id, ns, QUEUE_ACTOR, actor)
-    return job_id
+    return job_id, [Stop(record.id, record.version)] if record is not None and record.paused else []
 
 
 # -- who sent it --------------------------------------------------------------------------------
@@ -318,6 +324,7 @@ class Outcome:
     command_id: str | None
     error: str | None = None
     dead_letter: bool = False
+    stops: tuple[Stop, ...] = ()  # jobs an applied command stopped (paused or deleted): cronman.changes
 
 
 def _claim(
@@ -384,7 +391,7 @@ def run_command(
         record = update(commands).where(commands.c.id == cmd.command_id)
         try:
             with conn.begin_nested():
-                job_id = apply_command(
+                job_id, stops = apply_command(
                     JobStore(engine, quota=settings.quota_jobs_per_namespace).bound(conn), settings, cmd, actor, now_ms
                 )
         except TransientError:
@@ -394,7 +401,7 @@ def run_command(
             conn.execute(record.values(status="rejected", error=error[:MAX_ERROR]))
             return Outcome("rejected", cmd.command_id, error, dead_letter=True)
         conn.execute(record.values(job_id=job_id, applied_at=literal_column("now()")))
-    return Outcome("applied", cmd.command_id)
+    return Outcome("applied", cmd.command_id, stops=tuple(stops))
 
 
 # -- reading the ledger ------------------------------------------------------------------------

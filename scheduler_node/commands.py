@@ -24,6 +24,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from cronman.changes import Stop
+from cronman.changes import encode as encode_changes
 from cronman.commands import Outcome, run_command
 from cronman.settings import Settings
 
@@ -37,8 +39,10 @@ _MAX_ATTRIBUTE = 1000
 
 class CommandConsumer:
     def __init__(
-        self, settings: Settings, engine: Engine, executor: Executor, notify: Callable[[], Awaitable[Any]]
+        self, settings: Settings, engine: Engine, executor: Executor, notify: Callable[[bytes], Awaitable[Any]]
     ) -> None:
+        """``notify``: publishes a change notification (cronman.changes), after commands were
+        applied, naming the jobs they paused or deleted so that every node stops them at once."""
         import boto3
         from botocore.config import Config
 
@@ -70,7 +74,7 @@ class CommandConsumer:
         failures = 0
         while True:
             try:
-                applied = await self.poll_once()
+                await self.poll_once()
                 failures = 0
             except asyncio.CancelledError:
                 raise
@@ -79,19 +83,21 @@ class CommandConsumer:
                 log.warning("command queue poll failed: %s", exc, extra={"failures": failures})
                 await asyncio.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
-            if applied:
-                try:
-                    await self.notify()
-                except Exception as exc:  # noqa: BLE001 - nodes poll for changes anyway
-                    log.debug("could not publish a change notification: %s", exc)
 
     async def poll_once(self) -> int:
-        """One receive and what follows; returns how many commands were applied."""
+        """One receive and what follows (a change notification when commands were applied);
+        returns how many commands were applied."""
         loop = asyncio.get_running_loop()
         messages = await loop.run_in_executor(self.executor, self._receive)
         if not messages:
             return 0
-        return await loop.run_in_executor(self.executor, self._handle, messages)
+        applied, stops = await loop.run_in_executor(self.executor, self._handle, messages)
+        if applied:
+            try:
+                await self.notify(encode_changes(stops))
+            except Exception as exc:  # noqa: BLE001 - nodes poll for changes anyway
+                log.debug("could not publish a change notification: %s", exc)
+        return applied
 
     # -- in the thread pool ------------------------------------------------------------------
     def _receive(self) -> list[dict[str, Any]]:
@@ -103,8 +109,9 @@ class CommandConsumer:
         )
         return list(resp.get("Messages", []))
 
-    def _handle(self, messages: list[dict[str, Any]]) -> int:
+    def _handle(self, messages: list[dict[str, Any]]) -> tuple[int, list[Stop]]:
         applied = 0
+        stops: list[Stop] = []
         done: list[dict[str, str]] = []
         for m in messages:
             try:
@@ -117,12 +124,13 @@ class CommandConsumer:
                 continue
             self._log(outcome, m)
             applied += outcome.status == "applied"
+            stops.extend(outcome.stops)
             done.append({"Id": str(len(done)), "ReceiptHandle": m["ReceiptHandle"]})
         if done:
             resp = self.client.delete_message_batch(QueueUrl=self.queue_url, Entries=done)
             for f in resp.get("Failed", []):
                 log.warning("could not delete a handled command message: %s", f.get("Message"))
-        return applied
+        return applied, stops
 
     def _dead_letter(self, m: dict[str, Any], outcome: Outcome) -> None:
         if not self.dlq_url:

@@ -152,7 +152,7 @@ async def production_parts(node: Node) -> NodeParts:
     if s.command_queue_url:  # job commands arriving through SQS (scheduler_node.commands)
         from scheduler_node.commands import CommandConsumer
 
-        consumer = CommandConsumer(s, engine, executor, lambda: client.publish(keys.changes_channel, b""))
+        consumer = CommandConsumer(s, engine, executor, lambda message: client.publish(keys.changes_channel, message))
         loops.append(consumer.run)
 
     async def close() -> None:

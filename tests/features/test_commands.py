@@ -243,10 +243,10 @@ def test_a_command_that_meets_a_database_outage_stays_on_the_queue(
     queues.send(c)
     down = make_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/nothing", pool_size=1)
     up = make_engine(settings.database_url, pool_size=1)
-    notified: list[bool] = []
+    notified: list[bytes] = []
 
-    async def notify() -> None:
-        notified.append(True)
+    async def notify(message: bytes) -> None:
+        notified.append(message)
 
     async def poll(engine: Engine) -> int:
         with ThreadPoolExecutor(2) as executor:
@@ -261,6 +261,57 @@ def test_a_command_that_meets_a_database_outage_stays_on_the_queue(
         up.dispose()
     assert applied == 1 and status_of(admin, c["command_id"])["status"] == "applied"  # type: ignore[index]
     assert admin.get("/v1/jobs/patient").status_code == 200
+
+
+def test_a_command_that_stops_a_job_names_it_in_its_change_notification(
+    admin: FlaskClient, settings: Settings, queues: Queues, sqs_endpoint: str
+) -> None:
+    """As the API's answer does (cronman.changes): a pause, a delete, or a put that leaves the job
+    paused names the job and the version it stopped at, so every node stops it at once; a resume
+    names nothing (a wake-up: read the feed)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cronman.changes import Stop
+    from cronman.changes import decode as decode_changes
+    from cronman.store import make_engine
+    from scheduler_node.commands import CommandConsumer
+
+    changed = {"command_queue_url": queues.commands, "sqs_endpoint_url": sqs_endpoint}
+    consumer_settings = settings.model_copy(update=changed)
+    engine = make_engine(settings.database_url, pool_size=1)
+    notified: list[bytes] = []
+
+    async def notify(message: bytes) -> None:
+        notified.append(message)
+
+    async def poll() -> int:
+        with ThreadPoolExecutor(2) as executor:
+            return await CommandConsumer(consumer_settings, engine, executor, notify).poll_once()
+
+    def applied(c: dict[str, Any]) -> list[Stop]:
+        queues.send(c)
+        notified.clear()
+        wait_for(lambda: asyncio.run(poll()), 20, f"the {c['action']} command to be applied")
+        assert len(notified) == 1, notified
+        return decode_changes(notified[0])
+
+    def version(job_id: str) -> int:
+        return int(admin.get(f"/v1/jobs/{job_id}").get_json()["version"])
+
+    try:
+        for job_id in ("halted", "gone", "replaced"):
+            assert admin.put(f"/v1/jobs/{job_id}", json=job(None)).status_code in (200, 201)
+        assert applied(command("pause", "halted")) == [Stop("halted", version("halted"))]
+        assert applied(command("resume", "halted")) == []
+        before = version("gone")
+        (stop,) = applied(command("delete", "gone"))
+        assert stop.job_id == "gone" and stop.deleted and stop.version > before
+        assert applied(command("put", "replaced", job={**job(None), "paused": True})) == [
+            Stop("replaced", version("replaced"))
+        ]
+    finally:
+        engine.dispose()
 
 
 # -- who may send a command -----------------------------------------------------------------------
