@@ -1520,7 +1520,14 @@ class Firer:
             del self._parking[call]
 
     async def _park_now(self, items: list[tuple[Execution, int, bool]]) -> None:
-        for attempt in range(5):
+        """Tried until it lands, for as long as the claims it moves can be held: a park that never
+        lands leaves its claim held by this node, for up to WAITING_LEASES leases after a wait for
+        a permit or a slot, and a node that gives its slot up meanwhile takes the retry along
+        (seed 8102813: a node cut off from Redis 6 s parked retries that waited for a slot under a
+        30 s lease; it gave up after 2 s, gave the slot up, and the retries waited 90 s)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAITING_LEASES * self.lease_s
+        for attempt in range(100_000):  # bound: the deadline ends it first
             if attempt:
                 # What was taken back meanwhile is no longer to be parked (_still_parked); what was
                 # queued meanwhile goes in this call, not after every try of this one (seed 300194).
@@ -1543,8 +1550,11 @@ class Firer:
                         e.stage = Stage.OVER
                 return
             except TransientError as exc:
-                log.warning("could not park %d executions waiting to retry: %s", len(items), exc)
-                await asyncio.sleep(0.2 * (attempt + 1))
+                if loop.time() >= deadline:
+                    break
+                if attempt < 5:
+                    log.warning("could not park %d executions waiting to retry: %s", len(items), exc)
+                await asyncio.sleep(min(0.2 * (attempt + 1), 2.0))
         # Left to the lease: the claim runs out while the execution waits here, and whoever owns the
         # slot then takes it; this node retries it at its time all the same (it is in ``parked``).
         log.error("gave up parking %d executions waiting to retry", len(items))
