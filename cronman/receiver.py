@@ -34,6 +34,14 @@ class Received:
 class _Server(ThreadingHTTPServer):
     request_queue_size = 1024  # many senders connect at once; the default backlog (5) refuses some
 
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A sender closing or resetting its kept-alive connection is no error: not printed (the
+        traceback of each, printed by many threads at once, is noise, and Python 3.11's traceback
+        parses source to draw its carets, which races with a parse elsewhere: gh-106905)."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
+
 
 @dataclass
 class Receiver:

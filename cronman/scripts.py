@@ -9,11 +9,13 @@ promoted, a restarted or replaced shard, a ``SCRIPT FLUSH``. Only the calls that
 are sent again, after the script is loaded (on every primary of a cluster): the others already ran,
 and these scripts are not all idempotent.
 
-Redis errors become :class:`cronman.errors.TransientError`.
+Redis errors become :class:`cronman.errors.TransientError`. A cancellation a call swallowed is
+raised again (see :func:`resume_cancellation`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,9 +40,11 @@ class Script:
     async def __call__(self, keys: Sequence[str], args: Sequence[Any] = ()) -> Any:
         """One call (redis-py loads the script on NOSCRIPT and tries again)."""
         try:
-            return await self._script(keys=list(keys), args=list(args))
+            result = await self._script(keys=list(keys), args=list(args))
         except (RedisError, OSError) as exc:
             raise transient(exc) from exc
+        resume_cancellation()
+        return result
 
     async def many(self, calls: Sequence[Call]) -> list[Any]:
         """Every call, in one round trip (per shard); results in the order of ``calls``."""
@@ -56,6 +60,7 @@ class Script:
                     results[i] = r
         except (RedisError, OSError) as exc:
             raise transient(exc) from exc
+        resume_cancellation()
         for r in results:
             if isinstance(r, Exception):
                 raise transient(r) from r
@@ -71,3 +76,13 @@ class Script:
 def transient(exc: BaseException) -> TransientError:
     """A Redis error as cronman's, its message cut short (some name the whole client)."""
     return TransientError(f"redis: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def resume_cancellation() -> None:
+    """Raise the running task's cancellation if a call it awaited returned instead: redis-py sends
+    under ``asyncio.wait_for``, which on Python 3.11 returns a result that raced with a cancellation
+    and drops the cancellation, and a loop that goes on waiting then never stops (its task can
+    only be abandoned)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -38,6 +38,7 @@ from cronman.execution import Status, Trigger, backfill_of, backoff_ms, executio
 from cronman.hashing import slot_of
 from cronman.misfire import MisfirePlan
 from cronman.schedule import Timing
+from cronman.scripts import resume_cancellation
 from cronman.timeutil import iso
 from scheduler_node.execution import Descriptor, Execution, Stage
 from scheduler_node.gates import InFlight, PerHost
@@ -1752,6 +1753,7 @@ class Firer:
     # ------------------------------------------------------------------ done marks
     async def run_done(self) -> None:
         while True:
+            resume_cancellation()  # (a Redis call that swallowed it: see there)
             await self._done_wake.wait()
             # No waiting to gather more: between a delivery and its done mark, a node that dies
             # leaves the replica to deliver again, so that window stays one round trip.
