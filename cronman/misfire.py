@@ -13,6 +13,9 @@ from cronman.schedule import Timing
 
 MAX_RECORDED = 100  # skipped occurrences recorded one row each; the rest are counted
 MAX_COUNTED = 10_000
+# How a plan's skips are recorded: rows for occurrences no node claimed, so they do not end an
+# execution a node did claim (see scheduler_node.store.Attempts)
+REASON_PREFIX = "misfire:"
 
 
 class MisfirePolicy(enum.StrEnum):
@@ -32,7 +35,7 @@ class MisfirePlan:
     @property
     def reason(self) -> str:
         total = f"{self.skipped_total}+" if self.skipped_total >= MAX_COUNTED else str(self.skipped_total)
-        return f"misfire: no scheduler was running; {total} occurrence(s) skipped"
+        return f"{REASON_PREFIX} no scheduler was running; {total} occurrence(s) skipped"
 
 
 def latest_at_or_before(timing: Timing, since_ms: int, until_ms: int) -> int | None:

@@ -58,7 +58,7 @@ from scheduler_node.parts import (
 )
 from scheduler_node.senders import Senders
 from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
-from scheduler_node.store import Attempts, Ident, NodeStore, one_row_per_attempt
+from scheduler_node.store import Attempts, Ident, NodeStore, ends, one_row_per_attempt
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.tracing import Tracing
 
@@ -1935,7 +1935,7 @@ def _fold(found: dict[Ident, Attempts], rows: Iterable[HistoryRow]) -> None:
         ident = (r.job_id, r.scheduled_ms, r.event_index, r.trigger)
         old = found.get(ident, Attempts(0, False))
         final = old.final or r.status in FINAL
-        ended = (old.final and not old.only_skipped) or (r.status in FINAL and r.status != Status.SKIPPED.value)
+        ended = (old.final and not old.only_skipped) or ends(r.status, r.error)
         found[ident] = Attempts(max(old.last_attempt, r.attempt), final, final and not ended)
 
 

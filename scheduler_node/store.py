@@ -36,6 +36,7 @@ from sqlalchemy import Engine, text
 from cronman.calendars import Calendar, calendar_from_stored
 from cronman.changes import Stop
 from cronman.errors import TransientError
+from cronman.misfire import REASON_PREFIX as MISFIRE_REASON
 from cronman.partitions import day_of_ms, ensure_partitions
 from cronman.pgarray import array_columns, array_literal
 from cronman.spec import MAX_TIMEOUT_SECONDS, RETRY_DEFAULTS
@@ -100,8 +101,18 @@ class Attempts:
 
     last_attempt: int
     final: bool
-    # ended only by a skip (a misfire, an overlap, a calendar): no attempt of it ran to an end
+    # ended only by a misfire plan's skip: a row recorded for an occurrence nobody claimed, which
+    # does not end it if a node did claim it after all (seed 79428). A skip its claim's holder
+    # decided (an overlap, a calendar) ends it like a success (seed 8204482).
     only_skipped: bool = False
+
+
+def ends(status: str, error: str | None) -> bool:
+    """Whether a history row ends its execution whoever holds its claim: a final one, but for a
+    misfire plan's skip (see :class:`Attempts`)."""
+    if status == "skipped":
+        return not (error or "").startswith(MISFIRE_REASON)
+    return status in ("succeeded", "permanently_failed", "cancelled")
 
 
 class SlotMarks(NamedTuple):
@@ -527,7 +538,8 @@ class PgNodeStore(NodeStore):
                 text(
                     f"SELECT s.job_id, {_MS.format('s.scheduled_for')}, s.event_index, s.trigger, max(s.attempt), "
                     "bool_or(s.status IN ('succeeded', 'permanently_failed', 'skipped', 'cancelled')), "
-                    "bool_or(s.status IN ('succeeded', 'permanently_failed', 'cancelled')) "
+                    "bool_or(s.status IN ('succeeded', 'permanently_failed', 'cancelled') "
+                    "OR (s.status = 'skipped' AND coalesce(s.error, '') NOT LIKE :misfire)) "
                     "FROM scheduled_jobs s JOIN unnest(CAST(:j AS text[]), CAST(:t AS bigint[]), CAST(:e AS int[]), "
                     "CAST(:g AS text[])) AS w(job_id, ms, ev, tr) ON s.job_id = w.job_id "
                     "AND s.scheduled_for = timestamptz 'epoch' + w.ms * interval '1 millisecond' "
@@ -538,6 +550,7 @@ class PgNodeStore(NodeStore):
                     "t": [i[1] for i in items],
                     "e": [i[2] for i in items],
                     "g": [i[3] for i in items],
+                    "misfire": MISFIRE_REASON + "%",
                 },
             )
             return {

@@ -45,6 +45,7 @@ from scheduler_node.store import (
     SlotMarks,
     TriggerRow,
     decide_outage,
+    ends,
     replaces,
     slot_marks_of,
 )
@@ -525,7 +526,7 @@ class SimStore(NodeStore):
             if ident in wanted:
                 old = found.get(ident, Attempts(0, False))
                 final = row.status in ("succeeded", "permanently_failed", "skipped", "cancelled")
-                ended = (old.final and not old.only_skipped) or (final and row.status != "skipped")
+                ended = (old.final and not old.only_skipped) or ends(row.status, row.error)
                 last = max(old.last_attempt, attempt)
                 found[ident] = Attempts(last, old.final or final, (old.final or final) and not ended)
         return found

@@ -178,9 +178,9 @@ def test_an_end_of_the_same_attempt_replaces_a_failure_to_be_retried(db) -> None
 
 
 def test_history_tells_an_execution_ended_by_a_skip_from_one_that_ran(db) -> None:  # type: ignore[no-untyped-def]
-    """A takeover asks history whether an execution ended: one ended only by a skip (a misfire plan
-    counting as missed what a node had claimed just before the cluster stopped) is told apart, so a
-    retry the claim store holds goes on."""
+    """A takeover asks history whether an execution ended: one ended only by a misfire plan's skip
+    (counting as missed what a node had claimed just before the cluster stopped) is told apart, so a
+    retry the claim store holds goes on; a skip the claim's holder decided is an end."""
     import asyncio
 
     when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -191,6 +191,20 @@ def test_history_tells_an_execution_ended_by_a_skip_from_one_that_ran(db) -> Non
     assert asyncio.run(store.attempts([ident]))[ident] == Attempts(1, True, True)
     asyncio.run(_write(db, [_row(when, attempt=2)]))
     assert asyncio.run(store.attempts([ident]))[ident] == Attempts(2, True, False)
+
+    # A skip the claim's holder decided (an overlap, a calendar) ends it like a success: a node that
+    # takes the claim over after Redis lost its data does not deliver it (seed 8204482).
+    overlap = _row(when)._replace(
+        event_index=1,
+        execution_id=str(uuid.uuid4()),
+        status="skipped",
+        fired_ms=None,
+        http_status=None,
+        error="overlap: the previous execution of this job was still in flight",
+    )
+    asyncio.run(_write(db, [overlap]))
+    ident = ("job-x", parse_iso(when), 1, "schedule")
+    assert asyncio.run(store.attempts([ident]))[ident] == Attempts(1, True, False)
 
 
 def test_rows_not_written_yet_say_what_history_will_say(db) -> None:  # type: ignore[no-untyped-def]
