@@ -25,8 +25,6 @@ import heapq
 import itertools
 import logging
 import random
-import sys
-from array import array
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +38,7 @@ from cronman.misfire import MisfirePlan
 from cronman.schedule import Timing
 from cronman.scripts import resume_cancellation
 from cronman.timeutil import iso
+from scheduler_node.backlog import Backlog
 from scheduler_node.execution import Descriptor, Execution, Stage
 from scheduler_node.gates import InFlight, PerHost
 from scheduler_node.history import HistoryRow, HistoryWriter, clean_text, row_from_text, row_to_text
@@ -60,6 +59,7 @@ from scheduler_node.senders import Senders
 from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
 from scheduler_node.store import Attempts, Ident, NodeStore, ends, one_row_per_attempt
 from scheduler_node.throttle import ThrottleGate
+from scheduler_node.timetable import PLACE_BITS, Timetable
 from scheduler_node.tracing import Tracing
 
 # What the cluster's configuration says of a won execution before it is sent (Firer.screen): end it
@@ -70,15 +70,9 @@ log = logging.getLogger("cronman.node")
 
 MAX_BATCH = 5000  # due executions handled per timer pass
 # An occurrence the timer comes to this late is catch-up work (a load, an outage): it waits in the
-# backlog with the catch-up's other late occurrences (see _take_queued), at most LATE_MOVED a pass.
+# backlog with the catch-up's other late occurrences (see take_queued), at most LATE_MOVED a pass.
 LATE_MS = 5000
 LATE_MOVED = 50_000
-# A timer entry is one int: the due time (ms) shifted past the job's place in the firer's table
-# (a due time before 1970 makes a negative int, with the same place in its low bits).
-# (It was a tuple of due time, job id and generation: 132 bytes a job with its due time and
-# generation ints, against 40 for the int and 12 for the place's pointer and generation.)
-_PLACE_BITS = 32
-_PLACE = (1 << _PLACE_BITS) - 1
 FINAL = frozenset(
     {Status.SUCCEEDED.value, Status.PERMANENTLY_FAILED.value, Status.SKIPPED.value, Status.CANCELLED.value}
 )
@@ -164,27 +158,14 @@ class Firer:
         self.lease_s = cfg.lease_ms / 1000
         # What happens to executions, step by step, for whoever watches (the simulation's --trace).
         self.trace: Callable[[str, Execution, str], None] | None = None
-        # what the node owns
-        self.jobs: dict[str, OwnedJob] = {}
+        # what the node owns: its jobs and their timer entries (scheduler_node.timetable)
+        self.table = Timetable()
         self.slots: frozenset[int] = frozenset()
-        # timers: occurrences (``due ms << _PLACE_BITS | place``, the job at ``self._placed[place]``,
-        # valid while that job is in ``jobs`` and its ``key`` is the entry); retries (due ms, seq,
-        # execution)
-        self.fires: list[int] = []
-        self._placed: list[OwnedJob | None] = []
-        # Each place's generation: it moves whenever the entries of the place's job become stale
-        # (another timing, paused or not, the job gone), so what is held back for a slot's leader
-        # is let go only if it is still owed (see _generation).
-        self._epochs = array("I")
-        self._free: list[int] = []  # places no job holds
+        # retries: (due ms, seq, execution)
         self.retries: list[tuple[int, int, Execution]] = []
         self.due: list[Execution] = []  # to claim at the next pass (triggers, catch-up)
-        # Late scheduled occurrences queued beyond what delivery keeps up with (see _take_queued):
-        # (due ms, seq, execution), oldest first; and, by job, how many of its are there, and
-        # the seq below which a job's are cancelled (a pause or delete while they waited).
-        self._backlog: list[tuple[int, int, Execution]] = []
-        self._backlogged: dict[str, int] = {}
-        self._backlog_cancelled: dict[str, tuple[int, int | None]] = {}
+        # late scheduled occurrences queued beyond what delivery keeps up with (see take_queued)
+        self.backlog = Backlog()
         # What the pass in progress claims (taken from ``due``; what it could not claim goes back)
         self.claiming: list[Execution] = []
         # Slots taken over whose marks a loss of Redis's data lowered: occurrences up to how far
@@ -256,11 +237,20 @@ class Firer:
         self.standby: Standby | None = None
         self.standing: Standing | None = None
         self.left_to_leader = 0  # occurrences this node held back and the slot's leader claimed
-        # late occurrences queued through the backlog (it was not empty, or they were more than its room)
-        self.backlogged = 0
         self._passes = 0
         self._fired_recent: list[int] = []  # fired-at times of the last second (fires per second)
         self._lags: list[int] = []  # recent first-attempt lags (ms)
+
+    @property
+    def jobs(self) -> dict[str, OwnedJob]:
+        """The jobs this node owns, by id (the table's: see Timetable)."""
+        return self.table.jobs
+
+    @property
+    def backlogged(self) -> int:
+        """Late occurrences queued through the backlog (it was not empty, or they were more than
+        its room)."""
+        return self.backlog.queued
 
     # ------------------------------------------------------------------ jobs
     def install(self, job: OwnedJob, after_ms: int, timing: Timing | None = None) -> bool:
@@ -283,17 +273,16 @@ class Firer:
             elif job.paused and not old.paused:
                 self._cancel_job(job.id, "the job was paused")
             if old.same_timing(job) and old.paused == job.paused:
-                self._take_place(job, old, keep=True)  # same timing: its pending entry stays valid
+                self.table.place(job, old, keep=True)  # same timing: its pending entry stays valid
                 self.jobs[job.id] = job
                 return True
         # A new generation of the place: timer entries of any earlier object are stale.
-        place = self._take_place(job, old)
+        place = self.table.place(job, old)
         self.jobs[job.id] = job
         if not job.paused:
             nxt = _next(job, after_ms, timing)
             if nxt is not None:
-                job.key = nxt << _PLACE_BITS | place
-                heapq.heappush(self.fires, job.key)
+                self.table.schedule(job, place, nxt)
         self._wake.set()
         return True
 
@@ -304,9 +293,10 @@ class Firer:
         if job.paused or job.key is not None or self.jobs.get(job.id, job) is not job:  # (install's to decide)
             self.install(job, after_ms, timing)
             return
-        job.key = nxt << _PLACE_BITS | self._take_place(job, None)
-        self.jobs[job.id] = job
-        heapq.heappush(self.fires, job.key)
+        table = self.table
+        place = table.place(job, None)
+        table.jobs[job.id] = job
+        table.schedule(job, place, nxt)
         self._wake.set()
 
     def retime(self, job_id: str, timing: Timing, resume: Callable[[int], int | None] | None = None) -> None:
@@ -317,78 +307,32 @@ class Firer:
         job = self.jobs.get(job_id)
         if job is None or job.paused or job.key is None or job.timing is not timing:
             return  # (a job staged has no timer entry yet: it is installed with the calendars of then)
-        pending = job.key >> _PLACE_BITS
+        pending = job.key >> PLACE_BITS
         through = self.firing_ms if self.firing_ms is not None else self.clock() - 1
         after = min(through, pending - 1) if pending else through
-        place = self._take_place(job, job)  # a new generation: the pending entry is stale
+        place = self.table.place(job, job)  # a new generation: the pending entry is stale
         try:
             nxt = (resume or timing.next_after)(after)
         except Exception:  # noqa: BLE001 - one job's schedule never stops the others
             log.exception("cannot compute the next occurrence", extra={"job_id": job.id})
             nxt = None
         if nxt is not None:
-            job.key = nxt << _PLACE_BITS | place
-            heapq.heappush(self.fires, job.key)
+            self.table.schedule(job, place, nxt)
         self._wake.set()
 
-    def _take_place(self, job: OwnedJob, old: OwnedJob | None, keep: bool = False) -> int:
-        """Put ``job`` in the table, at ``old``'s place if it had one; with ``keep``, ``old``'s
-        pending entry is ``job``'s (else ``job`` has none yet)."""
-        if old is not None and old.key is not None:
-            place = old.key & _PLACE
-            job.key = old.key if keep else place
-        else:
-            place = self._free.pop() if self._free else len(self._placed)
-            if place == len(self._placed):
-                self._placed.append(None)
-                self._epochs.append(0)
-            job.key = place
-        if not keep:
-            self._epochs[place] = (self._epochs[place] + 1) & _PLACE
-        self._placed[place] = job
-        return place
-
-    def _generation(self, job: OwnedJob) -> int:
-        """Changes whenever ``job``'s timer entries become stale; -1 for a job without a place."""
-        if job.key is None:
-            return -1
-        place = job.key & _PLACE
-        return place << _PLACE_BITS | self._epochs[place] if self._placed[place] is job else -1
-
-    def _drop(self, job: OwnedJob) -> None:
-        """``job`` has left ``jobs``: its timer entries are stale, its place is free."""
-        if job.key is not None:
-            place = job.key & _PLACE
-            if self._placed[place] is job:
-                self._placed[place] = None  # (whoever takes the place next moves its generation)
-                self._free.append(place)
-            job.key = None
-
     def compact(self) -> None:
-        """Size the table of jobs for what it holds, when it is well over that: slots that move
-        take jobs out and put others in, and a table grows to three times what it holds when it
-        fills (75 bytes a job in place of 37 at millions of jobs). (No caller keeps the table
-        across a turn of the event loop.)"""
-        jobs = self.jobs
-        if len(jobs) >= _COMPACT_FROM and sys.getsizeof(jobs) > 3 * _dict_bytes(len(jobs)) // 2:
-            sized: dict[str, Any] = dict.fromkeys(jobs)  # (made at the size it needs, then given the values)
-            sized.update(jobs)
-            self.jobs = sized
+        """Size the table of jobs for what it holds, when it is well over that (see Timetable)."""
+        self.table.compact()
 
     def stage(self, job: OwnedJob) -> None:
         """Keep a job read before the node is ready, without a timer entry (nor a place: its key
         is None): it is installed once the node is ready (what it missed decided then), where it
         is. One that replaces an installed job (a change read while the node becomes ready) frees
         that job's place."""
-        old = self.jobs.get(job.id)
-        if old is not None:
-            self._drop(old)
-        self.jobs[job.id] = job
+        self.table.stage(job)
 
     def remove(self, job_id: str, reason: str) -> None:
-        job = self.jobs.pop(job_id, None)
-        if job is not None:
-            self._drop(job)
+        self.table.pop(job_id)
         self._cancel_job(job_id, reason)
 
     def halt(self, job_id: str, reason: str) -> bool:
@@ -401,7 +345,7 @@ class Firer:
             return False
         job.paused = True
         if job.key is not None:  # (a staged job has no place, nor a timer entry)
-            self._take_place(job, job)
+            self.table.place(job, job)
         self._cancel_job(job_id, reason)
         return True
 
@@ -413,18 +357,11 @@ class Firer:
         if not dropped:
             return
         for job_id in [j.id for j in self.jobs.values() if j.slot in dropped]:
-            self._drop(self.jobs.pop(job_id))
+            self.table.pop(job_id)
         for slot in dropped.intersection(self.verify_through):
             del self.verify_through[slot]
         self.due = [e for e in self.due if e.job.slot not in dropped]
-        if self._backlog:
-            self._backlog = [x for x in self._backlog if x[2].job.slot not in dropped]
-            heapq.heapify(self._backlog)
-            counts: dict[str, int] = {}
-            for x in self._backlog:
-                counts[x[2].d.job_id] = counts.get(x[2].d.job_id, 0) + 1
-            self._backlogged = counts
-            self._backlog_cancelled = {j: c for j, c in self._backlog_cancelled.items() if j in counts}
+        self.backlog.keep_only(lambda e: e.job.slot not in dropped)
         for member in [m for m, e in self.parked.items() if e.job.slot in dropped]:
             self.parked.pop(member).stage = Stage.OVER  # stays parked in the claim store
         self._hand_over(lambda e: e.job.slot in dropped)
@@ -443,7 +380,7 @@ class Firer:
 
     def queued(self) -> int:
         """Executions waiting for a timer pass to claim them (the backlog's late ones included)."""
-        return len(self.due) + len(self._backlog)
+        return len(self.due) + len(self.backlog)
 
     def sweep_soon(self) -> None:
         """Sweep now, not at the next interval: slots were just taken over, and what a holder gone
@@ -467,17 +404,17 @@ class Firer:
             # what this pass's standing will say: the cursor, the slots led and the Redis data's epoch
             # before it began (a loss noticed since has its occurrences waiting in self.due)
             cursor, led, epoch = (standby.cursor, standby.led(), standby.epoch) if standby is not None else (0, b"", "")
-            self._pop_fires(now, due)  # what is due on time first
+            self.pop_fires(now, due)  # what is due on time first
             if standby is not None and standby.held:
                 for h in standby.release(now, loop.time()):
                     job = jobs.get(h.job_id)
-                    if job is not None and self._generation(job) == h.gen:
+                    if job is not None and self.table.generation(job) == h.gen:
                         due.extend(self.occurrence(job, h.when))
                 if standby.covered:
                     self.metrics.claim["covered"].inc(standby.covered)
                     self.left_to_leader += standby.covered
                     standby.covered = 0
-            self._take_queued(due)
+            self.take_queued(due)
             full = len(due) >= MAX_BATCH
             retries = self._pop_retries(now)
             ok = await self._pass(due, retries)
@@ -486,7 +423,7 @@ class Firer:
             # came due once Redis answers; Redis away is not an outage of the cluster: seed 982324)
             self.firing_ms = self._claimed(now, now + 1)
             if ok:
-                pending = self._pending(now)
+                pending = self.pending_ms(now)
                 claimed = self._claimed(now, pending)
                 held = standby.oldest() if standby is not None else None
                 self.progress_ms = claimed if held is None else min(claimed, held - 1)
@@ -498,45 +435,35 @@ class Firer:
                     self.standing = Standing(claimed, cursor, led, self._passes, busy, epoch=epoch)
             await self._sleep(started + self.cfg.tick_seconds - loop.time())
 
-    def _pop_fires(self, now: int, due: list[Execution]) -> None:
+    def pop_fires(self, now: int, due: list[Execution]) -> None:
         """The occurrences due by ``now`` join ``due`` (up to ``MAX_BATCH``), or the backlog if
         they are more than ``LATE_MS`` late, or are held back for a slot's leader; each job's
         next occurrence takes its place in the timer."""
-        fires, jobs, placed, standby = self.fires, self.jobs, self._placed, self.standby
-        last = now << _PLACE_BITS | _PLACE  # the last entry due by now
-        late = (now - LATE_MS) << _PLACE_BITS | _PLACE  # the last entry that is late
+        table, standby = self.table, self.standby
+        late = now - LATE_MS  # entries due by then are late
         moved = 0
-        while fires and fires[0] <= last and len(due) < MAX_BATCH and moved < LATE_MOVED:
-            key = heapq.heappop(fires)
-            place = key & _PLACE
-            job = placed[place]
-            if job is None or job.key != key:
-                continue  # stale: the job changed, left, or its place went to another
-            if jobs.get(job.id) is not job:  # (left the node's jobs some other way: let go)
-                self._drop(job)
-                continue
-            when = key >> _PLACE_BITS
+        if len(due) >= MAX_BATCH:
+            return
+        for job, when, place in table.due(now):
             if standby is not None and (leader := standby.defers(job.slot)) is not None:
                 # another owner leads the slot: held back until it is known to have claimed
-                standby.hold(leader, Held(when, job.id, self._generation(job), job.slot, standby.until(when, now)))
-            elif key <= late:
-                self._to_backlog(self.occurrence(job, when))
+                standby.hold(leader, Held(when, job.id, table.generation(job), job.slot, standby.until(when, now)))
+            elif when <= late:
+                self.backlog.push(self.occurrence(job, when))
                 moved += 1
             else:
                 due.extend(self.occurrence(job, when))
-            nxt = _next(job, when)
-            if nxt is None:
-                job.key = place
-            else:
-                job.key = nxt << _PLACE_BITS | place
-                heapq.heappush(fires, job.key)
+            table.schedule(job, place, _next(job, when))
+            if len(due) >= MAX_BATCH or moved >= LATE_MOVED:
+                break
 
-    def _pending(self, now: int) -> int:
+    def pending_ms(self, now: int) -> int:
         # (a backfill's occurrences lie in the past on purpose: they say nothing of progress)
         pending = min((e.scheduled_ms for e in self.due if not backfill_of(e.trigger)), default=now + 1)
-        return min(pending, self._backlog[0][0]) if self._backlog else pending
+        oldest = self.backlog.oldest_ms()
+        return pending if oldest is None else min(pending, oldest)
 
-    def _take_queued(self, due: list[Execution]) -> None:
+    def take_queued(self, due: list[Execution]) -> None:
         """What the node queued since the last pass joins this one, after what came due on time.
         Late scheduled occurrences among it (a catch-up after an outage or a load, a loss's claims
         again: hundreds of thousands at once) join only as far as delivery keeps up, oldest first,
@@ -545,52 +472,19 @@ class Firer:
         seconds late for as long as the catch-up took). Triggers, redeliveries and backfills
         (paced by their drivers) join at once."""
         queued, self.due = self.due, []
-        backlog = self._backlog
+        backlog = self.backlog
         if not backlog and len(queued) <= self._room(len(due)):
             due.extend(queued)
             return
         try:
-            self._from_backlog(queued, due)
+            late: list[Execution] = []
+            for e in queued:
+                (late if e.d.trigger == Trigger.SCHEDULE and not e.d.suffix else due).append(e)
+            if late:
+                backlog.push(late)
+            backlog.take(self._room(len(due)), due)
         finally:
             self.metrics.backlog.set(len(backlog))
-
-    def _to_backlog(self, executions: list[Execution]) -> None:
-        backlog, counts, seq = self._backlog, self._backlogged, self._seq
-        for e in executions:
-            heapq.heappush(backlog, (e.d.scheduled_ms, next(seq), e))
-            counts[e.d.job_id] = counts.get(e.d.job_id, 0) + 1
-        self.backlogged += len(executions)
-
-    def _from_backlog(self, queued: list[Execution], due: list[Execution]) -> None:
-        backlog = self._backlog
-        late: list[Execution] = []
-        for e in queued:
-            (late if e.d.trigger == Trigger.SCHEDULE and not e.d.suffix else due).append(e)
-        if late:
-            self._to_backlog(late)
-        counts = self._backlogged
-        room = self._room(len(due))
-        cancelled = self._backlog_cancelled
-        while backlog and room > 0:
-            _, n, e = heapq.heappop(backlog)
-            job_id = e.d.job_id
-            left = counts.pop(job_id, 1) - 1
-            if left:
-                counts[job_id] = left
-            if cancelled and job_id in cancelled:
-                gone = self._let_go(n, e)
-                if not left:
-                    del cancelled[job_id]
-                if gone:
-                    continue  # its job was paused or deleted while it waited (see _cancel_job)
-            due.append(e)
-            room -= 1
-
-    def _let_go(self, n: int, e: Execution) -> bool:
-        """Whether the execution queued in the backlog as ``n`` was let go meanwhile (its job
-        paused, deleted, or created again without adopting it: see _cancel_job)."""
-        gone = self._backlog_cancelled.get(e.d.job_id)
-        return gone is not None and n < gone[0] and e.job.incarnation != gone[1]
 
     def _room(self, taking: int) -> int:
         """How many queued late occurrences may join a pass that claims ``taking`` already:
@@ -607,7 +501,7 @@ class Firer:
         work: none while late occurrences wait in the backlog; else what is left of
         max_in_flight by the executions claimed or queued (those waiting for a throttle's permits
         aside), keeping the other half of the backlog's room for a catch-up."""
-        if self._backlog:
+        if self.backlog:
             return 0
         busy = len(self.held) + len(self.due)
         if self.throttle is not None and self.throttle.waiting:
@@ -616,14 +510,16 @@ class Firer:
 
     def _claimed(self, now: int, pending: int) -> int:
         """How far every occurrence of the slots this node claims on time has been claimed: not
-        past the timer's head or what waits to be claimed (``pending``, from :meth:`_pending`)."""
-        head = self.fires[0] >> _PLACE_BITS if self.fires else now + 1
+        past the timer's head or what waits to be claimed (``pending``, from :meth:`pending_ms`)."""
+        head = self.table.head_ms()
+        if head is None:
+            head = now + 1
         return min(now, head - 1, pending - 1)
 
     def claimed_through(self, now: int) -> int:
         """How far every occurrence this node owes has been claimed: :meth:`_claimed`, and not
         past what it holds back for a slot's leader."""
-        out = self._claimed(now, self._pending(now))
+        out = self._claimed(now, self.pending_ms(now))
         held = self.standby.oldest() if self.standby is not None else None
         return out if held is None else min(out, held - 1)
 
@@ -669,12 +565,13 @@ class Firer:
         return out
 
     async def _sleep(self, rest_of_tick: float) -> None:
-        if self.due or self._reverify or self._backlog:
+        if self.due or self._reverify or self.backlog:
             await asyncio.sleep(max(0.0, rest_of_tick))
             return
         heads = [h[0][0] for h in (self.retries,) if h]
-        if self.fires:
-            heads.append(self.fires[0] >> _PLACE_BITS)
+        head = self.table.head_ms()
+        if head is not None:
+            heads.append(head)
         cap = 0.05 if self.throttle is not None and self.throttle.waiting else self.cfg.idle_seconds
         delay = cap if not heads else max(0.0, min(cap, (min(heads) - self.clock()) / 1000))
         delay = max(delay, rest_of_tick)
@@ -1619,11 +1516,7 @@ class Firer:
         claim, goes on as the new one's when the new one has the same occurrence. Its id and
         claim do not depend on the incarnation, so the new incarnation's owners cannot claim it
         while this node holds it: cancelling it would lose the new incarnation's occurrence."""
-        waiting = (
-            [x[2] for x in self._backlog if x[2].d.job_id == job.id and not self._let_go(x[1], x[2])]
-            if job.id in self._backlogged  # (a catch-up's backlog holds hundreds of thousands)
-            else []
-        )
+        waiting = self.backlog.waiting(job.id)
         for e in [*self.held.values(), *self.parked.values(), *self.due, *waiting]:
             if (
                 e.job.incarnation != job.incarnation
@@ -1648,8 +1541,7 @@ class Firer:
             del self.parked[e.ticket.member]
             self._cancel(e, reason)
         self.due = [e for e in self.due if e.d.job_id != job_id or (keep is not None and e.job.incarnation == keep)]
-        if job_id in self._backlogged:  # those in the backlog are let go as they come out of it
-            self._backlog_cancelled[job_id] = (next(self._seq), keep)
+        self.backlog.cancel(job_id, keep)  # those in the backlog are let go as they come out of it
 
     def _close(self, e: Execution, status: str, row: str) -> None:
         """A final outcome: mark the claim done, and delete a job that has nothing left."""
@@ -1902,7 +1794,7 @@ class Firer:
             "fires_per_s": round(len(self._fired_recent) / 10, 1),
             "lag_p99_ms": lags[int(len(lags) * 0.99)] if lags else None,
             "parked": len(self.parked),
-            "backlog": len(self._backlog),  # late occurrences waiting for delivery to keep up
+            "backlog": len(self.backlog),  # late occurrences waiting for delivery to keep up
             "held_for_leader": len(self.standby) if self.standby is not None else 0,
             "claimed_after_holding": dict(self.standby.claimed_because) if self.standby is not None else {},
         }
@@ -1946,15 +1838,3 @@ def _next(job: OwnedJob, after_ms: int, timing: Timing | None = None) -> int | N
     except Exception:  # noqa: BLE001 - one job's schedule never stops the timer
         log.exception("cannot compute the next occurrence", extra={"job_id": job.id})
         return None
-
-
-_COMPACT_FROM = 10_000  # jobs; a smaller table is not worth the look
-
-
-def _dict_bytes(n: int) -> int:
-    """About what a dict of ``n`` string keys made for them takes (CPython: a power-of-two index
-    of 4-byte slots, two thirds of it usable, 16-byte entries)."""
-    size = 8
-    while size * 2 // 3 < n:
-        size *= 2
-    return size * 4 + size * 2 // 3 * 16

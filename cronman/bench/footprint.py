@@ -113,7 +113,7 @@ def node_bytes_per_job(count: int, shared: bool) -> float:
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    assert len(firer.jobs) == count and len(firer.fires) == count
+    assert len(firer.jobs) == count and len(firer.table.fires) == count
     return (after - before) / count
 
 

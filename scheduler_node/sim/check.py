@@ -47,7 +47,7 @@ class Report:
     duplicates_attributed: dict[str, int] = field(default_factory=dict)
     takeovers: int = 0
     covered: int = 0  # occurrences a standby left to the slot's leader (it had claimed them)
-    backlogged: int = 0  # late occurrences queued through a node's backlog (see Firer._take_queued)
+    backlogged: int = 0  # late occurrences queued through a node's backlog (see Firer.take_queued)
     faults: dict[str, int] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     # The latest first delivery of a judged occurrence, seconds after it was due (a figure, not a

@@ -155,7 +155,7 @@ def _stalled(db: Any, nodes: list[NodeThread], receiver: Receiver) -> str:
             stages[e.stage.name] = stages.get(e.stage.name, 0) + 1
         gate = f.throttle
         lines.append(
-            f"{n.node.s.node_id}: held {stages}, due {len(f.due)}, timers {len(f.fires)}, "
+            f"{n.node.s.node_id}: held {stages}, due {len(f.due)}, timers {len(f.table.fires)}, "
             f"parked {len(f.parked)}, retries {len(f.retries)}, sending {len(f.sending)}, "
             f"in the node's gate {len(f.gate)}, to reverify {len(f._reverify)}"
             + (

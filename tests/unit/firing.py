@@ -10,8 +10,7 @@ def pop_due(firer: Firer, now: int) -> list[Execution]:
     """The occurrences due by ``now``: those the pass claims at once, then those more than
     LATE_MS late, which it puts in the backlog (taken out here, oldest first)."""
     due: list[Execution] = []
-    firer._pop_fires(now, due)
-    late = [x[2] for x in sorted(firer._backlog, key=lambda x: (x[0], x[1]))]
-    firer._backlog.clear()
-    firer._backlogged.clear()
+    firer.pop_fires(now, due)
+    late: list[Execution] = []
+    firer.backlog.take(len(firer.backlog), late)
     return due + late

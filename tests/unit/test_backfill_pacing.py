@@ -156,11 +156,10 @@ def test_on_time_work_and_a_catch_up_go_first() -> None:
     for drive in driver.drives.values():
         drive.sure_until, drive.paced_at, drive.tokens = 10**9, loop_now, 100
     # a catch-up waiting in the backlog: nothing handed out
-    firer._to_backlog([Execution.of(job, START - 60_000)])
+    firer.backlog.push([Execution.of(job, START - 60_000)])
     driver.hand_out(loop_now)
     assert firer.spare_room() == 0 and not firer.due
-    firer._backlog.clear()
-    firer._backlogged.clear()
+    firer.backlog.take(len(firer.backlog), [])
     # on-time work queued and held: only the rest of max_in_flight (100)
     firer.due.extend(Execution.of(job, START + i) for i in range(60))
     for i in range(30):

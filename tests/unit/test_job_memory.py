@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from cronman.hashing import slot_of
 from cronman.schedule import timing_from_dict
-from scheduler_node.firer import _PLACE_BITS, Firer, FirerConfig
+from scheduler_node.firer import Firer, FirerConfig
+from scheduler_node.timetable import PLACE_BITS
 from scheduler_node.jobs import Decoder, JobRow, OwnedJob
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.senders import Senders
@@ -135,13 +136,13 @@ def test_a_new_version_of_a_phased_job_keeps_its_timer_entry_unless_its_interval
         return d.job(replace(_schedule_row("j", {"type": "interval", "every_seconds": every}), version=v))
 
     firer.install(version(1, 3600), 1_790_000_000_000)
-    entry, generation = firer.jobs["j"].key, firer._generation(firer.jobs["j"])
+    entry, generation = firer.jobs["j"].key, firer.table.generation(firer.jobs["j"])
     firer.install(version(2, 3600), 1_790_000_000_000)
     assert firer.jobs["j"].key == entry and firer.jobs["j"].version == 2
-    assert firer._generation(firer.jobs["j"]) == generation
+    assert firer.table.generation(firer.jobs["j"]) == generation
     firer.install(version(3, 7200), 1_790_000_000_000)
-    assert firer._generation(firer.jobs["j"]) != generation  # (its earlier entries are stale)
-    assert firer.jobs["j"].key >> _PLACE_BITS == timing_from_dict(
+    assert firer.table.generation(firer.jobs["j"]) != generation  # (its earlier entries are stale)
+    assert firer.jobs["j"].key >> PLACE_BITS == timing_from_dict(
         {"type": "interval", "every_seconds": 7200}, "j", "default"
     ).next_after(1_790_000_000_000)
 
@@ -189,7 +190,7 @@ def test_a_table_grown_by_taking_every_job_out_and_back_is_made_its_size_again()
 
 def _state(firer: Firer) -> tuple:
     """What installing leaves behind: the table, each job's timer key, and the timer."""
-    return sorted((j.id, j.version, j.key) for j in firer.jobs.values()), sorted(firer.fires), list(firer._epochs)
+    return sorted((j.id, j.version, j.key) for j in firer.jobs.values()), sorted(firer.table.fires), firer.table.generations()
 
 
 @settings(max_examples=200, deadline=None)

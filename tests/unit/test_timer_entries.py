@@ -161,18 +161,19 @@ def test_the_timer_owes_what_the_model_owes(ops: list[tuple]) -> None:  # type: 
                 assert e.job is firer.jobs[e.d.job_id], "an occurrence of a job object no longer owned"
         most = max(most, len(firer.jobs))
         # every place in use holds a job the node still has; none is lost to a job gone
-        held = [j for j in firer._placed if j is not None]
+        held = firer.table.placed()
         assert all(firer.jobs.get(j.id) is j for j in held), "a place kept a job the node no longer has"
-        assert len(held) + len(firer._free) == len(firer._placed)
+        places, free = firer.table.places()
+        assert len(held) + free == places
         # What is held back for a slot's leader is let go only while the job's entries are the
         # ones it was held from: the firer's generation follows the model's chain, one to one.
         for job_id, chain in model.chain.items():
-            gen = firer._generation(firer.jobs[job_id])
+            gen = firer.table.generation(firer.jobs[job_id])
             assert seen.setdefault((job_id, chain), gen) == gen, "a generation moved within a chain"
         gens = [g for (j, _), g in seen.items()]
         assert len(gens) == len(set(gens)), "two chains of a job share a generation"
     # places are reused: the table never outgrows the most jobs owned at once
-    assert len(firer._placed) <= most
+    assert firer.table.places()[0] <= most
     assert sorted(firer.jobs) == sorted(model.timing)
 
 
@@ -188,7 +189,7 @@ def test_a_job_that_comes_back_at_its_old_place_fires_once_per_occurrence() -> N
     firer.remove("job-0", "removed")
     b = OwnedJob("job-0", 0, 2, 2, "default", timing, _target, b"", _retry, _options, False)
     firer.install(b, clock.now)
-    assert len(firer.fires) == 2 and firer.fires[0] == firer.fires[1]  # the same entry, twice
+    assert len(firer.table.fires) == 2 and firer.table.fires[0] == firer.table.fires[1]  # the same entry, twice
     clock.now += 3_500
     due = pop_due(firer, clock.now)
     assert [e.scheduled_ms - START for e in due] == [1_000, 2_000, 3_000]
@@ -206,8 +207,8 @@ def test_occurrences_before_1970_keep_their_place() -> None:
     clock.now = -7_500
     due = pop_due(firer, clock.now)
     assert [e.scheduled_ms for e in due] == [-9_000, -8_000]
-    assert firer._generation(job) != -1
+    assert firer.table.generation(job) != -1
     firer.remove("job-0", "removed")
     again = OwnedJob("job-1", 1, 1, 1, "default", IntervalTiming(1_000, 0), _target, b"", _retry, _options, False)
     firer.install(again, clock.now)
-    assert len(firer._placed) == 1, "the place of a job that left was not freed"
+    assert firer.table.places()[0] == 1, "the place of a job that left was not freed"
