@@ -366,10 +366,48 @@ class Firer:
             self.parked.pop(member).stage = Stage.OVER  # stays parked in the claim store
         self._hand_over(lambda e: e.job.slot in dropped)
 
-    def enqueue(self, executions: Iterable[Execution]) -> None:
-        """Executions to claim at the next timer pass (triggers, redeliveries, catch-up)."""
+    def enqueue(self, executions: Iterable[Execution], verify: bool | None = None) -> None:
+        """Executions to claim at the next timer pass (triggers, redeliveries, catch-up); with
+        ``verify``, each is (or is not) checked against history before it is sent, whatever
+        :meth:`occurrence` said."""
+        if verify is not None:
+            executions = list(executions)
+            for e in executions:
+                e.verify = verify
         self.due.extend(executions)
         self._wake.set()
+
+    # What the node learns that bears on its claims: Redis's data lost, slots taken over, the
+    # change feed read.
+    def verify_through_at_least(self, slot: int, ms: int) -> None:
+        """Occurrences of ``slot`` due up to ``ms`` are checked against history before sending
+        (they may have been delivered before a loss of Redis's data)."""
+        self.verify_through[slot] = max(self.verify_through.get(slot, -1), ms)
+
+    def verify_slot_through(self, slot: int, ms: int) -> None:
+        """As :meth:`verify_through_at_least`, for a slot just taken over: its mark is ``ms``."""
+        self.verify_through[slot] = ms
+
+    def lower_progress(self, before_ms: int) -> None:
+        """Claims made since ``before_ms`` may be lost: progress is not past it until the next
+        pass says how far the claims got again."""
+        if self.progress_ms is not None:
+            self.progress_ms = min(self.progress_ms, before_ms - 1)
+
+    def settle_progress(self, now: int) -> int:
+        """Progress is how far every occurrence owed has been claimed (see claimed_through)."""
+        self.progress_ms = progress = self.claimed_through(now)
+        return progress
+
+    def forget_verified(self) -> None:
+        """Slots checked against history only through what progress has passed are not any more."""
+        progress = self.progress_ms
+        if self.verify_through and progress is not None:
+            self.verify_through = {s: t for s, t in self.verify_through.items() if t > progress}
+
+    def feed_read(self, started_ms: int) -> None:
+        """A read of the change feed that began at ``started_ms`` succeeded."""
+        self.feed_read_ms = started_ms
 
     def occurrence(self, job: OwnedJob, when: int, trigger: str = Trigger.SCHEDULE) -> list[Execution]:
         out = [Execution.of(job, when, i, trigger) for i in range(job.opts.events)]
@@ -719,7 +757,7 @@ class Firer:
                 },
             )
         if lost:
-            self._repark_all()  # Redis lost keys: it lost the other parked retries too
+            self.repark_all()  # Redis lost keys: it lost the other parked retries too
             results2 = await self.claims.renew([Hold(e.ticket, e.attempt, self.cfg.lease_ms) for e in lost])
             for e, r in zip(lost, results2, strict=True):
                 # (claimed again meanwhile by this node, a loss's catch-up say: that one goes on)
@@ -1072,7 +1110,7 @@ class Firer:
                 e.lease_until = asked + d / 1000
             reclaimed = reclaimed or r is RenewResult.RECLAIMED
         if reclaimed:
-            self._repark_all()  # Redis lost keys: put back the parked retries it lost too
+            self.repark_all()  # Redis lost keys: put back the parked retries it lost too
 
     def _lose(self, e: Execution) -> None:
         """Another node took the execution over (our lease ran out: a pause, a stall)."""
@@ -1358,7 +1396,8 @@ class Firer:
             self._parking[call] = now
             self._spawn(self._park_queued(call))
 
-    def _repark_all(self) -> None:
+    def repark_all(self) -> None:
+        """Park again every retry parked here (Redis lost its data: it lost them too)."""
         if self.parked:
             self._spawn(self._repark(list(self.parked.values())))
 

@@ -427,10 +427,9 @@ class Node:
             if self._pending_catch_up:
                 self._pending_catch_up = {j: min(t, since) for j, t in self._pending_catch_up.items()}
                 for slot in self.owned:
-                    firer.verify_through[slot] = max(firer.verify_through.get(slot, -1), until)
+                    firer.verify_through_at_least(slot, until)
             return
-        if firer.progress_ms is not None:  # until the next pass says how far the claims got again
-            firer.progress_ms = min(firer.progress_ms, since - 1)
+        firer.lower_progress(since)  # until the next pass says how far the claims got again
         # Occurrences due while the whole cluster was down got their misfire policy, which is
         # not to be undone here (seed 65289: Redis lost its data seconds after an outage ended,
         # and a skip policy's occurrence was claimed again and fired).
@@ -442,16 +441,14 @@ class Node:
             t = _next_of(job, max(since, 0))
             while t is not None and t <= until and len(again) < 100_000:
                 if not any(a < t <= b for a, b in outages):
-                    for e in firer.occurrence(job, t):
-                        e.verify = True
-                        again.append(e)
+                    again.extend(firer.occurrence(job, t))
                 t = _next_of(job, t)
         log.warning(
             "Redis lost its data: claiming recent occurrences again, checked against history",
             extra={"since": iso(since), "until": iso(until), "executions": len(again)},
         )
-        firer._repark_all()
-        firer.enqueue(again)
+        firer.repark_all()
+        firer.enqueue(again, verify=True)
         self._triggers_since = since if self._triggers_since is None else min(self._triggers_since, since)
         if self._triggering is None or self._triggering.done():
             self._triggering = asyncio.create_task(self._triggers_again())
@@ -692,12 +689,12 @@ class Node:
         for slot in added:
             claimed, fired = marks.claimed.get(slot), marks.fired.get(slot)
             if claimed is not None and fired is not None and fired > claimed:
-                self.firer.verify_through[slot] = fired
+                self.firer.verify_slot_through(slot, fired)
         # A loss noticed and not on record yet has not lowered the marks: from no later than it says.
         lost = min((loss.since for loss in self._losses), default=None)
         if lost is not None:
             for slot in added:
-                self.firer.verify_through[slot] = max(self.firer.verify_through.get(slot, -1), now)
+                self.firer.verify_through_at_least(slot, now)
 
         # (one int object for the many jobs that start at the same time, not one each: millions
         # of them, kept until the node is ready, leave their pages behind when they go)
@@ -781,10 +778,8 @@ class Node:
             if len(times) == misfire.MAX_COUNTED and times[-1] < a:
                 tally.bound(job.id)
             late = [e for t in times for e in firer.occurrence(job, t)]
-            for e in late:
-                e.verify = True  # the previous owner may have delivered it
             if late:
-                firer.enqueue(late)
+                firer.enqueue(late, verify=True)  # the previous owner may have delivered them
             # with its calendars: an occurrence on an excluded day was never due, so never missed
             plan = misfire.plan(self.timing_of(job, timing), a, b, job.opts.misfire, job.opts.catchup_ms)
             if plan.last_missed is not None:
@@ -792,9 +787,7 @@ class Node:
                     Execution.of(job, plan.last_missed)
                 ]
                 executions[0].misfire = plan
-                for e in executions:
-                    e.verify = True
-                firer.enqueue(executions)
+                firer.enqueue(executions, verify=True)
                 tally.misfire(job.id, (a, b))
             cursor = b
         firer.install(job, cursor, timing)
@@ -858,7 +851,7 @@ class Node:
         self.firer.sweep_soon()  # what holders gone from the loaded slots left: taken now (see _apply_ownership)
         # Not past what the loaded slots still owe: a node that dies before claiming its catch-up
         # (or holding it back for a slot's leader) must not have recorded it as fired.
-        self.firer.progress_ms = self.firer.claimed_through(now)
+        self.firer.settle_progress(now)
         # Worked out after their catch-up was queued, it speaks for the slots just loaded: they
         # count in it at once. (Left out until the catch-up was claimed, the first owners of a slot
         # at a cold start recorded no mark for it if they died before their next save, PostgreSQL
@@ -929,8 +922,7 @@ class Node:
         if unsettled:
             for slot in [s for s, at in unsettled.items() if firer.progress_ms >= at]:
                 del unsettled[slot]
-        if firer.verify_through:
-            firer.verify_through = {s: t for s, t in firer.verify_through.items() if t > firer.progress_ms}
+        firer.forget_verified()
         owned = self.owned.difference(unsettled) if unsettled else self.owned
         try:
             await self.parts.store.save_progress(
@@ -1066,7 +1058,7 @@ class Node:
             cutoff = self.now_ms() - 2 * TRIGGER_LOOKBACK_MS
             self._seen_triggers = {k: v for k, v in self._seen_triggers.items() if v > cutoff}
         self.feed_cursor = cursor
-        self.firer.feed_read_ms = started
+        self.firer.feed_read(started)
         self.metrics.jobs_owned.set(len(self.jobs))
 
     def _apply_triggers(self, triggers: list[TriggerRow], verify: bool, again: bool = False) -> None:
@@ -1082,11 +1074,9 @@ class Node:
             if job is None or (t.incarnation is not None and t.incarnation != job.incarnation):
                 continue
             self._seen_triggers[t.id] = t.requested_ms
-            for e in self._triggered(job, t):
-                e.verify = verify
-                out.append(e)
+            out.extend(self._triggered(job, t))
         if out:
-            self.firer.enqueue(out)
+            self.firer.enqueue(out, verify=verify)
 
     def _triggered(self, job: OwnedJob, t: TriggerRow) -> list[Execution]:
         if t.kind == "redeliver" and t.scheduled_ms is not None:

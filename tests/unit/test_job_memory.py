@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from cronman.hashing import slot_of
 from cronman.schedule import timing_from_dict
 from scheduler_node.firer import Firer, FirerConfig
-from scheduler_node.timetable import PLACE_BITS
 from scheduler_node.jobs import Decoder, JobRow, OwnedJob
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.senders import Senders
 from scheduler_node.senders.http import HttpSender
+from scheduler_node.timetable import PLACE_BITS
 from tests.unit.firing import pop_due
 
 
@@ -190,7 +190,8 @@ def test_a_table_grown_by_taking_every_job_out_and_back_is_made_its_size_again()
 
 def _state(firer: Firer) -> tuple:
     """What installing leaves behind: the table, each job's timer key, and the timer."""
-    return sorted((j.id, j.version, j.key) for j in firer.jobs.values()), sorted(firer.table.fires), firer.table.generations()
+    jobs = sorted((j.id, j.version, j.key) for j in firer.jobs.values())
+    return jobs, sorted(firer.table.fires), firer.table.generations()
 
 
 @settings(max_examples=200, deadline=None)
