@@ -32,7 +32,7 @@ from typing import Any
 from cronman import signing
 from cronman.calendars import SkipSummary
 from cronman.errors import TransientError
-from cronman.execution import Status, Trigger, backfill_of, backoff_ms, execution_id
+from cronman.execution import Status, Trigger, backfill_of, execution_id
 from cronman.hashing import slot_of
 from cronman.misfire import MisfirePlan
 from cronman.schedule import Timing
@@ -55,6 +55,7 @@ from scheduler_node.parts import (
     TakeState,
     Took,
 )
+from scheduler_node.retry import decide
 from scheduler_node.senders import Senders
 from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
 from scheduler_node.store import Attempts, Ident, NodeStore, ends, one_row_per_attempt
@@ -1331,23 +1332,18 @@ class Firer:
                 del self._lags[:1000]
         self._fired_recent.append(fired)
         m.tally.observe(m.latency_of(job.target.kind), (finished - fired) / 1000)
-        retry = job.retry
-        error = outcome.error
         current = self.jobs.get(job.id)
         gone = current is None or current.incarnation != job.incarnation
-        if outcome.ok:
-            status = Status.SUCCEEDED
-        elif e.attempt >= retry.max_attempts:
-            status = Status.PERMANENTLY_FAILED
-        else:
-            fraction = self.rng.uniform(0.5, 1.0) if retry.jitter else 1.0
-            delay = backoff_ms(e.attempt, retry.backoff_seconds, retry.max_backoff_seconds, fraction)
-            aged = retry.max_age_ms is not None and not backfill_of(e.trigger)  # a backfill is old on purpose
-            if aged and finished + delay - e.scheduled_ms > (retry.max_age_ms or 0):
-                status = Status.PERMANENTLY_FAILED
-                error = f"{error} (no retry: older than max_event_age_seconds)"
-            else:
-                status = Status.FAILED
+        status, delay, error = decide(
+            outcome.ok,
+            outcome.error,
+            e.attempt,
+            job.retry,
+            e.scheduled_ms,
+            finished,
+            self.rng,
+            aged_on_purpose=bool(backfill_of(e.trigger)),  # a backfill is old on purpose
+        )
         self.tracing.end(e.ticket.name, e.attempt, outcome.ok, outcome.http_status, error, finished)
         if status is not Status.FAILED:
             self.tracing.finish(e.id, job.id, e.scheduled_ms, status.value, finished)
