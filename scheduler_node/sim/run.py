@@ -62,6 +62,31 @@ def digest(seed: int, base: SimConfig | None = None) -> str:
     return h.hexdigest()
 
 
+def _digest_one(args: tuple[int, SimConfig | None]) -> tuple[int, str]:
+    seed, base = args
+    logging.getLogger("cronman").setLevel(logging.ERROR)
+    logging.getLogger("cronman").propagate = False
+    try:
+        d = digest(seed, base)
+    except Exception as exc:  # noqa: BLE001 - a crashed run has its own fingerprint
+        d = f"the simulation itself failed: {type(exc).__name__}: {exc}"
+    gc.unfreeze()
+    gc.collect()
+    return seed, d
+
+
+def digests(seeds: Iterable[int], base: SimConfig | None = None, processes: int | None = None) -> dict[int, str]:
+    """Each seed's fingerprint (see digest), across processes: two runs, before and after a change
+    that must not change behaviour, are compared seed by seed."""
+    items = [(s, base) for s in seeds]
+    processes = processes or min(len(items), os.cpu_count() or 1)
+    if processes <= 1:
+        return dict(_digest_one(i) for i in items)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(processes) as pool:
+        return dict(pool.map(_digest_one, items, chunksize=max(1, len(items) // (processes * 8))))
+
+
 def trace(seed: int, what: str, base: SimConfig | None = None) -> tuple[Report, list[str], list[str]]:
     """Replay one seed, recording the steps of the executions of ``what`` (a job id, an
     execution id, or ``*``); returns the report, the steps and the faults injected."""
