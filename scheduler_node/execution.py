@@ -10,6 +10,7 @@ from typing import NamedTuple
 from cronman.execution import Trigger, execution_id
 from cronman.misfire import MisfirePlan
 from scheduler_node.gates import Place
+from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import OwnedJob
 from scheduler_node.parts import Ticket
 
@@ -66,6 +67,7 @@ class Execution:
         "host",
         "place",
         "waited",
+        "failed_row",
     )
 
     def __init__(self, job: OwnedJob, d: Descriptor, *, guarded: bool = False) -> None:
@@ -88,6 +90,8 @@ class Execution:
         self.host: Hashable | None = None  # the receiver it is sent to (its sender's route), once sent
         self.place: Place[Execution] | None = None  # while it waits for a place at its host
         self.waited = 0.0  # seconds its attempt waited for that place
+        # The history row of its last attempt here, while it waits to retry (see Firer._lose)
+        self.failed_row: HistoryRow | None = None
 
     @classmethod
     def of(

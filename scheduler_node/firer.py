@@ -181,9 +181,10 @@ class Firer:
         # included. Taken again at the next sweep, a claim of ours found there is ours, so a takeover
         # whose answer was lost is sent within a sweep, not left for leases (seed 924420).
         self._untaken: dict[str, Execution] = {}
-        # Final rows of executions this node finished whose done mark found another node's claim
-        # (it had taken them over meanwhile): should this node take that claim over in turn, what
-        # it did itself counts as history even when the database cannot say (see _verify).
+        # The last row of attempts this node made of executions another node then took over (a
+        # done mark that found another node's claim, a claim lost while its attempt was out or
+        # while it waited to retry): should this node take that claim over in turn, what it did
+        # itself counts as history even when the database cannot say (see _verify).
         self._finished_superseded: dict[Ident, HistoryRow] = {}
         self._to_release: list[Execution] = []  # won for a slot that moved away meanwhile
         # executions held: claimed and not over, by claim name
@@ -1120,6 +1121,7 @@ class Firer:
         if e.stage is Stage.OVER:
             return
         self._superseded(e, "lost the claim on an execution")
+        self._remember_failed(e)
         if e.stage is Stage.WAITING:
             self._unwait(e)
         self.held.pop(e.ticket.name, None)
@@ -1355,8 +1357,10 @@ class Firer:
         if e.superseded:  # another node has it now; it records its own attempts
             e.stage = Stage.OVER
             self.held.pop(e.ticket.name, None)
+            self._remember_finished(e, row)
             return
         if status is Status.FAILED:
+            e.failed_row = row._replace(response=None)
             e.attempt += 1
             if job.slot not in self.slots:  # the slot moved meanwhile: its new owners retry it
                 self._park(e, finished + delay, here=False, advance=True)
@@ -1479,6 +1483,7 @@ class Firer:
                 for (e, _, _), r in zip(items, results, strict=True):
                     if r is RenewResult.LOST:
                         self._superseded(e, "lost the claim on an execution waiting to retry")
+                        self._remember_failed(e)
                         self.parked.pop(e.ticket.member, None)
                         e.stage = Stage.OVER
                 return
@@ -1725,9 +1730,19 @@ class Firer:
             finished = row_from_text(row)
         except (ValueError, TypeError):
             return
+        self._remember_finished(e, finished)
+
+    def _remember_failed(self, e: Execution) -> None:
+        """A claim lost while the execution waited to retry: its failed attempt here is history
+        (seed 8306635: the park's answer said another node had it; taken back while PostgreSQL was
+        down, the attempt this node had made was sent again)."""
+        if e.failed_row is not None:
+            self._remember_finished(e, e.failed_row)
+
+    def _remember_finished(self, e: Execution, row: HistoryRow) -> None:
         kept = self._finished_superseded
         kept.pop(e.ident, None)
-        kept[e.ident] = finished
+        kept[e.ident] = row._replace(response=None)
         if len(kept) > _SUPERSEDED_MAX:
             del kept[next(iter(kept))]
 
