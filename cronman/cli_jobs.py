@@ -25,6 +25,7 @@ from cronman.cli_output import (
 )
 from cronman.client import ApiError, Client, Execution, Job, JobEvent
 from cronman.errors import InvalidInput
+from cronman.spec import target_address
 
 DEFAULT_LIMIT = 500
 
@@ -312,7 +313,7 @@ def cmd_notifications_list(args: argparse.Namespace) -> int:
         return 0
     rows: list[tuple[str, ...]] = [("NAME", "NAMESPACE", "EVENTS", "SELECTOR", "TARGET", "INTERVAL")]
     for r in rules:
-        where = r.target.get("url") or r.target.get("queue_url") or ""
+        where = target_address(r.target)
         rows.append(
             (r.name, r.namespace, ",".join(r.events), r.selector or "(all)", cell(where), f"{r.min_interval_seconds}s")
         )

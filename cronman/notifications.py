@@ -33,10 +33,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from cronman.db import notification_rules
 from cronman.errors import InvalidInput, NotFound, QuotaExceeded
 from cronman.labels import MAX_SELECTOR, parse_selector
-from cronman.queues import queue_refusal
 from cronman.settings import Settings
-from cronman.spec import THROTTLE_NAME_PATTERN, HttpTarget, SqsTarget, Target, _Model, invalid_input
-from cronman.targets import check_url
+from cronman.spec import THROTTLE_NAME_PATTERN, Target, _Model, invalid_input
+from cronman.targets import check_target_queues, check_target_urls
 from cronman.timeutil import iso
 
 NAME_PATTERN = THROTTLE_NAME_PATTERN
@@ -106,13 +105,8 @@ def check_name(name: str) -> str:
 
 def check_target(spec: NotificationSpec, settings: Settings, namespace: str) -> None:
     """The rules job targets follow: the SSRF guard for a URL, the queue guard for a queue."""
-    target = spec.target
-    if isinstance(target, HttpTarget):
-        check_url(target.url, settings)
-    elif isinstance(target, SqsTarget):
-        reason = queue_refusal(target.queue_url, namespace, settings)
-        if reason:
-            raise InvalidInput(f"target.queue_url: {reason}", field="target.queue_url", code="forbidden_queue")
+    check_target_urls(spec.target, settings)
+    check_target_queues(spec.target, settings, namespace)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ import json
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import (
     AfterValidator,
@@ -244,7 +244,34 @@ Schedule = Annotated[CronSchedule | IntervalSchedule | OnceSchedule, Field(discr
 MAX_TIMEOUT_SECONDS = 300
 
 
-class HttpTarget(_Model):
+class TargetModel(_Model):
+    """A target kind's model. Its ``type`` field, a ``Literal`` of one name, is the kind's name; a
+    subclass is registered under it in :data:`TARGET_MODELS` (and so is a ``Target`` for jobs and
+    notification rules). The guards where jobs are written check the addresses it names."""
+
+    kinds: ClassVar[dict[str, type[TargetModel]]] = {}
+    # The fields naming where it sends: URLs the SSRF guard checks, SQS queue URLs the queue guard checks.
+    url_fields: ClassVar[tuple[str, ...]] = ()
+    queue_fields: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        (kind,) = get_args(cls.model_fields["type"].annotation)
+        TargetModel.kinds[kind] = cls
+
+    def callback_urls(self) -> dict[str, str]:
+        """The URLs (by field) this target calls: each must pass the SSRF guard."""
+        return {name: getattr(self, name) for name in self.url_fields}
+
+    def queue_urls(self) -> dict[str, str]:
+        """The SQS queue URLs (by field) this target sends to: each must pass the queue guard."""
+        return {name: getattr(self, name) for name in self.queue_fields}
+
+
+class HttpTarget(TargetModel):
+    url_fields = ("url",)
+
     type: Literal["http"]
     url: str = Field(
         min_length=1,
@@ -339,7 +366,9 @@ def _queue_url(v: str, name: str) -> str:
     return v
 
 
-class SqsTarget(_Model):
+class SqsTarget(TargetModel):
+    queue_fields = ("queue_url",)
+
     type: Literal["sqs"]
     queue_url: str = Field(
         min_length=1,
@@ -366,7 +395,20 @@ class SqsTarget(_Model):
         return self
 
 
-Target = Annotated[HttpTarget | SqsTarget, Field(discriminator="type")]
+# Every kind, in the order its model was declared (the OpenAPI document's order).
+TARGET_MODELS = TargetModel.kinds
+TARGET_KINDS = tuple(TARGET_MODELS)
+if TYPE_CHECKING:
+    Target = TargetModel
+else:
+    Target = Annotated[Union[tuple(TARGET_MODELS.values())], Field(discriminator="type")]  # noqa: UP007
+
+
+def target_address(doc: dict[str, Any]) -> str:
+    """Where a target document (as stored or served) sends: the first address its kind names, or ""."""
+    model = TARGET_MODELS.get(doc.get("type"))  # type: ignore[arg-type]
+    fields = (*model.url_fields, *model.queue_fields) if model is not None else ()
+    return next((str(doc[name]) for name in fields if doc.get(name)), "")
 
 
 class RetryPolicy(_Model):
@@ -556,7 +598,7 @@ def options_with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
     return {k: stored.get(k, default) for k, default in OPTION_DEFAULTS.model_dump(mode="json").items()}
 
 
-_TAGS = {"cron", "interval", "once", "http", "sqs"}
+_TAGS = {"cron", "interval", "once", *TARGET_KINDS}
 _CUSTOM = {
     "invalid_cron",
     "invalid_timezone",

@@ -22,7 +22,7 @@ from cronman.errors import InvalidInput
 from cronman.netguard import CallbackPolicy, explain, parse_address
 from cronman.queues import queue_refusal
 from cronman.settings import Settings
-from cronman.spec import HttpTarget, JobSpec, OnceSchedule, SqsTarget, parse_job
+from cronman.spec import JobSpec, OnceSchedule, TargetModel, parse_job
 from cronman.timeutil import iso, parse_iso, to_ms
 from cronman.urls import wire_url
 
@@ -165,10 +165,15 @@ def resolve_callbacks(docs: Iterable[Any], settings: Settings, resolved: dict[st
 
 
 def check_callback(spec: JobSpec, settings: Settings, resolved: dict[str, list[str]] | None = None) -> None:
-    """Refuse (400 ``forbidden_address``) an HTTP target the SSRF rules do not allow. ``resolved``
+    """Refuse (400 ``forbidden_address``) a target calling a URL the SSRF rules do not allow. ``resolved``
     caches host lookups across the jobs of one request (a batch names few distinct hosts)."""
-    if isinstance(spec.target, HttpTarget):
-        check_url(spec.target.url, settings, resolved)
+    check_target_urls(spec.target, settings, resolved)
+
+
+def check_target_urls(target: TargetModel, settings: Settings, resolved: dict[str, list[str]] | None = None) -> None:
+    """Refuse (400 ``forbidden_address``) each URL ``target`` calls that the SSRF rules do not allow."""
+    for name, url in target.callback_urls().items():
+        check_url(url, settings, resolved, field=f"target.{name}")
 
 
 def check_url(
@@ -192,13 +197,21 @@ def check_url(
 
 def check_queues(spec: JobSpec, settings: Settings, namespace: str) -> None:
     """Refuse (400 ``forbidden_queue``) an SQS queue the queue guard does not allow to ``namespace``."""
-    queues = [("dead_letter_queue_url", spec.dead_letter_queue_url)]
-    if isinstance(spec.target, SqsTarget):
-        queues.insert(0, ("target.queue_url", spec.target.queue_url))
-    for field, url in queues:
-        reason = None if url is None else queue_refusal(url, namespace, settings)
-        if reason:
-            raise InvalidInput(f"{field}: {reason}", field=field, code="forbidden_queue")
+    check_target_queues(spec.target, settings, namespace)
+    check_queue("dead_letter_queue_url", spec.dead_letter_queue_url, settings, namespace)
+
+
+def check_target_queues(target: TargetModel, settings: Settings, namespace: str) -> None:
+    """Refuse (400 ``forbidden_queue``) each queue ``target`` sends to that the queue guard does not
+    allow to ``namespace``."""
+    for name, url in target.queue_urls().items():
+        check_queue(f"target.{name}", url, settings, namespace)
+
+
+def check_queue(field: str, url: str | None, settings: Settings, namespace: str) -> None:
+    reason = None if url is None else queue_refusal(url, namespace, settings)
+    if reason:
+        raise InvalidInput(f"{field}: {reason}", field=field, code="forbidden_queue")
 
 
 def _at_ms(schedule: dict[str, Any] | None) -> int | None:

@@ -7,6 +7,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from cronman.spec import TARGET_KINDS
+
 _LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -88,7 +90,7 @@ class NodeMetrics:
         self.tally = Tally()  # the firing path's per-delivery observations, handed over in bulk
         for k in ("succeeded", "failed", "permanently_failed", "skipped", "cancelled"):
             self.status_of(k)
-        for k in ("http", "sqs"):
+        for k in TARGET_KINDS:
             self.latency_of(k)
 
     def status_of(self, status: str) -> Any:

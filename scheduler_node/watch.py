@@ -58,9 +58,7 @@ from scheduler_node.firer import wait_event
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder
 from scheduler_node.notify import OutboxSender, Summariser
-from scheduler_node.senders import Senders, queue_guard
-from scheduler_node.senders.http import HttpSender
-from scheduler_node.senders.sqs import SqsSender
+from scheduler_node.senders import Senders, make_senders
 from scheduler_node.store import UNAVAILABLE, PgNodeStore
 
 log = logging.getLogger("cronman.watch")
@@ -414,11 +412,9 @@ _LATE_AFTER_MS_SQL = (
 )
 
 
+NOTIFICATION_CONNECTIONS_PER_HOST = 64
+
+
 def watch_senders(settings: Settings, executor: Executor) -> Senders:
-    """The senders notifications go through: the same guards as deliveries."""
-    return Senders(
-        [
-            HttpSender(64, dev_mode=settings.dev_mode, allowlist=settings.callback_allowlist),
-            SqsSender(settings.sqs_endpoint_url, settings.sqs_region, executor, queue_guard(settings)),
-        ]
-    )
+    """The senders notifications go through: every kind's, with the same guards as deliveries."""
+    return make_senders(settings, executor, connections_per_host=NOTIFICATION_CONNECTIONS_PER_HOST)

@@ -1,5 +1,5 @@
 """The production parts of a node: Redis for claims, membership, throttles and change
-notifications; PostgreSQL for jobs, history and progress; HTTP and SQS senders; the command
+notifications; PostgreSQL for jobs, history and progress; a sender of each target kind; the command
 queue consumer and partition upkeep as extra loops.
 
 Redis is whatever ``CRONMAN_REDIS_MODE`` names (cronman.redisconn): a single server, a Redis
@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
+from sqlalchemy import Engine
 
 from cronman.changes import Stop
 from cronman.changes import encode as encode_changes
@@ -28,14 +30,13 @@ from cronman.store import make_engine
 from scheduler_node.claims import RedisClaims
 from scheduler_node.membership import RedisMembership
 from scheduler_node.node import NodeParts, make_executor
-from scheduler_node.senders import Senders, queue_guard
-from scheduler_node.senders.http import HttpSender
-from scheduler_node.senders.sqs import SqsSender
+from scheduler_node.senders import make_senders
 from scheduler_node.store import PgNodeStore
 from scheduler_node.throttle import ThrottleGate
 
 if TYPE_CHECKING:
     from scheduler_node.node import Node
+    from scheduler_node.watch import Watch
 
 log = logging.getLogger("cronman.node")
 
@@ -50,110 +51,22 @@ async def production_parts(node: Node) -> NodeParts:
     executor = make_executor()
     store = PgNodeStore(engine, executor)
     claims = RedisClaims(client, keys, node.holder, int(s.done_ttl_seconds * 1000), sharded=sharded)
-    senders = Senders(
-        [
-            HttpSender(s.http_connections_per_host, dev_mode=s.dev_mode, allowlist=s.callback_allowlist),
-            SqsSender(s.sqs_endpoint_url, s.sqs_region, executor, queue_guard(s)),
-        ]
-    )
+    senders = make_senders(s, executor, connections_per_host=s.http_connections_per_host)
     throttle = ThrottleGate(client, keys, node.lease_ms)
     membership = RedisMembership(client, keys, node.node_id, s.heartbeat_ttl_seconds)
+    store.on_paused = _pause_announcer(node, client, keys)
 
-    async def notifications(changed: Callable[[bytes], None]) -> None:
-        """Redis pub/sub tells of changes at once (cronman.changes); polling alone bounds the delay."""
-        failures = 0
-        while True:
-            pubsub = None
-            try:
-                pubsub = await _subscriber(client, sharded, failures)
-                await pubsub.subscribe(keys.changes_channel)
-                changed(b"")  # whatever was published while unsubscribed
-                while True:
-                    msg = await pubsub.get_message(timeout=1.0)
-                    if msg is not None:
-                        data = msg.get("data")
-                        changed(data if isinstance(data, bytes) else b"")
-            except (RedisError, OSError) as exc:
-                failures += 1
-                log.debug("change notifications unavailable: %s", exc)
-                await asyncio.sleep(1.0)
-            finally:
-                try:
-                    if pubsub is not None:
-                        await pubsub.aclose()
-                except (RedisError, OSError):
-                    pass
-
-    async def maintenance() -> None:
-        """Partition upkeep, run by one node at a time under a Redis lease."""
-        await asyncio.sleep(1.0)
-        while True:
-            try:
-                lease = int(s.maintain_interval_seconds * 900)
-                if await client.set(keys.maintenance_lock, node.holder, nx=True, px=lease):
-                    today = datetime.now(UTC).date()
-                    report = await asyncio.get_running_loop().run_in_executor(
-                        executor,
-                        run_maintenance,
-                        engine,
-                        today,
-                        s.history_retention_days,
-                        s.partitions_ahead_days,
-                        s.notification_retention_days,
-                    )
-                    log.info(
-                        "maintenance done",
-                        extra={"partitions_created": report.created, "partitions_dropped": report.dropped},
-                    )
-            except Exception as exc:  # noqa: BLE001 - try again next time
-                log.warning("maintenance failed: %s", exc)
-            await asyncio.sleep(s.maintain_interval_seconds)
-
-    loop = asyncio.get_running_loop()
-    publishing: set[asyncio.Task[None]] = set()
-
-    async def publish(message: bytes) -> None:
-        try:
-            await client.publish(keys.changes_channel, message)
-        except (RedisError, OSError) as exc:  # the other nodes read the feed anyway
-            log.warning("could not publish a change notification: %s", exc)
-
-    def auto_paused(stops: list[Stop]) -> None:
-        """Jobs this node's history write paused (auto-pause), once it has committed: stopped here
-        at once, and told to the other nodes (the slot's other owner among them)."""
-        node.stops_heard(stops)
-        task = loop.create_task(publish(encode_changes(stops)))
-        publishing.add(task)
-        task.add_done_callback(publishing.discard)
-
-    def paused_by_write(stops: list[Stop]) -> None:  # (in the history writer's thread)
-        try:
-            loop.call_soon_threadsafe(auto_paused, stops)
-        except RuntimeError:  # the loop has closed: the node has stopped
-            pass
-
-    store.on_paused = paused_by_write
-
-    loops = [maintenance]
+    loops: list[Callable[[], Coroutine[Any, Any, None]]] = [lambda: _maintenance(node, client, keys, engine, executor)]
     if s.watch_enabled:  # the watchdog and notifications, led by one process at a time
-        from scheduler_node.watch import Watch, watch_senders
-
-        m = node.metrics
-        watch = Watch(
-            s,
-            engine,
-            executor,
-            watch_senders(s, executor),
-            holder=node.holder,
-            on_late=m.occurrences_late.inc,
-            on_sent=lambda result: m.notifications.labels(result).inc(),
-        )
-        loops.append(watch.run)
+        loops.append(_watch(node, engine, executor).run)
     if s.command_queue_url:  # job commands arriving through SQS (scheduler_node.commands)
         from scheduler_node.commands import CommandConsumer
 
         consumer = CommandConsumer(s, engine, executor, lambda message: client.publish(keys.changes_channel, message))
         loops.append(consumer.run)
+
+    async def notifications(changed: Callable[[bytes], None]) -> None:
+        await _follow_changes(client, keys, sharded, changed)
 
     async def close() -> None:
         await client.aclose()
@@ -170,6 +83,103 @@ async def production_parts(node: Node) -> NodeParts:
         notifications=notifications,
         extra_loops=loops,
         close=close,
+    )
+
+
+async def _follow_changes(client: Any, keys: Keys, sharded: bool, changed: Callable[[bytes], None]) -> None:
+    """Redis pub/sub tells of changes at once (cronman.changes); polling alone bounds the delay."""
+    failures = 0
+    while True:
+        pubsub = None
+        try:
+            pubsub = await _subscriber(client, sharded, failures)
+            await pubsub.subscribe(keys.changes_channel)
+            changed(b"")  # whatever was published while unsubscribed
+            while True:
+                msg = await pubsub.get_message(timeout=1.0)
+                if msg is not None:
+                    data = msg.get("data")
+                    changed(data if isinstance(data, bytes) else b"")
+        except (RedisError, OSError) as exc:
+            failures += 1
+            log.debug("change notifications unavailable: %s", exc)
+            await asyncio.sleep(1.0)
+        finally:
+            try:
+                if pubsub is not None:
+                    await pubsub.aclose()
+            except (RedisError, OSError):
+                pass
+
+
+async def _maintenance(node: Node, client: Any, keys: Keys, engine: Engine, executor: Executor) -> None:
+    """Partition upkeep, run by one node at a time under a Redis lease."""
+    s = node.s
+    await asyncio.sleep(1.0)
+    while True:
+        try:
+            lease = int(s.maintain_interval_seconds * 900)
+            if await client.set(keys.maintenance_lock, node.holder, nx=True, px=lease):
+                today = datetime.now(UTC).date()
+                report = await asyncio.get_running_loop().run_in_executor(
+                    executor,
+                    run_maintenance,
+                    engine,
+                    today,
+                    s.history_retention_days,
+                    s.partitions_ahead_days,
+                    s.notification_retention_days,
+                )
+                log.info(
+                    "maintenance done",
+                    extra={"partitions_created": report.created, "partitions_dropped": report.dropped},
+                )
+        except Exception as exc:  # noqa: BLE001 - try again next time
+            log.warning("maintenance failed: %s", exc)
+        await asyncio.sleep(s.maintain_interval_seconds)
+
+
+def _pause_announcer(node: Node, client: Any, keys: Keys) -> Callable[[list[Stop]], None]:
+    """What the store calls, in the history writer's thread, with the jobs its history write paused
+    (auto-pause) once it has committed: stopped here at once, and told to the other nodes (the
+    slot's other owner among them)."""
+    loop = asyncio.get_running_loop()
+    publishing: set[asyncio.Task[None]] = set()
+
+    async def publish(message: bytes) -> None:
+        try:
+            await client.publish(keys.changes_channel, message)
+        except (RedisError, OSError) as exc:  # the other nodes read the feed anyway
+            log.warning("could not publish a change notification: %s", exc)
+
+    def auto_paused(stops: list[Stop]) -> None:
+        node.stops_heard(stops)
+        task = loop.create_task(publish(encode_changes(stops)))
+        publishing.add(task)
+        task.add_done_callback(publishing.discard)
+
+    def paused_by_write(stops: list[Stop]) -> None:  # (in the history writer's thread)
+        try:
+            loop.call_soon_threadsafe(auto_paused, stops)
+        except RuntimeError:  # the loop has closed: the node has stopped
+            pass
+
+    return paused_by_write
+
+
+def _watch(node: Node, engine: Engine, executor: Executor) -> Watch:
+    """The watchdog for late occurrences and the notification dispatcher, counted in the node's metrics."""
+    from scheduler_node.watch import Watch, watch_senders
+
+    m = node.metrics
+    return Watch(
+        node.s,
+        engine,
+        executor,
+        watch_senders(node.s, executor),
+        holder=node.holder,
+        on_late=m.occurrences_late.inc,
+        on_sent=lambda result: m.notifications.labels(result).inc(),
     )
 
 

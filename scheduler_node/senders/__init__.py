@@ -1,12 +1,17 @@
-"""Senders by target kind. A kind is a target model (in :mod:`cronman.spec`) plus a sender
-registered here under its name, which is also its metrics label; nothing is sent to a kind that
-has no sender, and no sender's failure, whatever the job holds, escapes the attempt."""
+"""Senders by target kind. A kind is a target model (a :class:`cronman.spec.TargetModel`) plus a
+sender: a module of this package that registers a factory for it with :func:`sender_for`, under the
+kind's name, which is also its metrics label. Nothing is sent to a kind that has no sender, and no
+sender's failure, whatever the job holds, escapes the attempt."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
+import pkgutil
 from collections.abc import Callable, Hashable, Iterable
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cronman.queues import queue_refusal
@@ -82,3 +87,41 @@ def queue_guard(settings: Settings) -> Callable[[str, str], str | None]:
     """Queues a job (or a notification rule) may not target, for the SQS sender: cronman's own
     (commands and their dead letters) always, and what the deployment's allow-list leaves out."""
     return lambda url, namespace: queue_refusal(url, namespace, settings)
+
+
+@dataclass(frozen=True, slots=True)
+class SenderSetup:
+    """What a sender is made from: the settings, the thread pool for blocking clients, and how many
+    connections it may hold to one receiver."""
+
+    settings: Settings
+    executor: Executor
+    connections_per_host: int
+
+
+SenderFactory = Callable[[SenderSetup], Sender]
+_factories: dict[str, SenderFactory] = {}
+
+
+def sender_for(kind: str) -> Callable[[SenderFactory], SenderFactory]:
+    """Register the decorated factory as the sender of target kind ``kind``."""
+
+    def register(factory: SenderFactory) -> SenderFactory:
+        _factories[kind] = factory
+        return factory
+
+    return register
+
+
+def registered() -> dict[str, SenderFactory]:
+    """Every kind's sender factory, by kind: each module of this package is imported (once), and
+    a sender's module registers itself as it is imported."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    return dict(_factories)
+
+
+def make_senders(settings: Settings, executor: Executor, connections_per_host: int) -> Senders:
+    """A sender of every registered kind."""
+    setup = SenderSetup(settings, executor, connections_per_host)
+    return Senders([factory(setup) for factory in registered().values()])

@@ -32,6 +32,7 @@ from cronman import __version__
 from cronman.netguard import CallbackPolicy, explain, parse_address, parse_allowlist
 from cronman.urls import wire_url
 from scheduler_node.parts import Delivery, Outcome, Sender
+from scheduler_node.senders import SenderSetup, sender_for
 from scheduler_node.senders.dns import Lookup, LookupFailed, Resolver
 
 _SNIPPET = 200
@@ -615,3 +616,9 @@ class HttpSender(Sender):
         prepared = self._prepare(target)
         head = delivery.http_head().encode("ascii")
         return self._pool.request(prepared, head, delivery.body, target.timeout, delivery.capture, delivery.waited)
+
+
+@sender_for(HttpSender.kind)
+def make_http_sender(setup: SenderSetup) -> HttpSender:
+    s = setup.settings
+    return HttpSender(setup.connections_per_host, dev_mode=s.dev_mode, allowlist=s.callback_allowlist)

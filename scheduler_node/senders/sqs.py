@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler_node.parts import Delivery, Outcome, Sender
+from scheduler_node.senders import SenderSetup, queue_guard, sender_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,3 +133,9 @@ class SqsSender(Sender):
                 fut.set_result(Outcome(True))
             else:
                 fut.set_result(Outcome(False, None, f"SQS {f.get('Code')}: {f.get('Message', '')}"[:500]))
+
+
+@sender_for(SqsSender.kind)
+def make_sqs_sender(setup: SenderSetup) -> SqsSender:
+    s = setup.settings
+    return SqsSender(s.sqs_endpoint_url, s.sqs_region, setup.executor, queue_guard(s))
