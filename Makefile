@@ -26,8 +26,8 @@ test: $(STAMP)
 	PYTHON_BIN=$(BIN)/python scripts/run-tests $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check cronman api scheduler_node tests
-	$(BIN)/mypy cronman api scheduler_node
+	$(BIN)/ruff check cronman api scheduler_node bench tests
+	$(BIN)/mypy cronman api scheduler_node bench
 
 clean:
 	rm -rf $(VENV) *.egg-info

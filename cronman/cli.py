@@ -281,9 +281,21 @@ def _notify_nodes(settings: Settings) -> None:
         pass
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from cronman.bench.run import main as bench_main
+BENCH_ABSENT = (
+    "cronman bench: the benchmark is not installed with cronman; it lives in the source checkout's bench/ "
+    "folder. Run it from a checkout: pip install -e '.[bench]' there, then cronman bench "
+    "(docs/performance.md, Reproduce)"
+)
 
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        from bench.run import main as bench_main  # the checkout's bench/ folder, never in the wheel
+    except ModuleNotFoundError as exc:
+        if exc.name != "bench" and not (exc.name or "").startswith("bench."):
+            raise
+        print(BENCH_ABSENT, file=sys.stderr)
+        return 2
     return bench_main(args)
 
 

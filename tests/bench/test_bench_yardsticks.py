@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cronman.bench.run import TOP_KEYS, assemble
+from bench.run import TOP_KEYS, assemble
 
 
 def _positive(v: object) -> bool:

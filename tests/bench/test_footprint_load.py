@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cronman.bench import scale10m
-from cronman.bench.loader import copy_jobs
+from bench import scale10m
+from bench.loader import copy_jobs
 
 JOBS = 3_000
 
@@ -19,7 +19,7 @@ def test_a_load_of_the_fleet_mix_is_measured_in_a_process_of_its_own(database_ur
     copy_jobs(database_url, jobs, JOBS)
     out = tmp_path / "load.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "cronman.bench.footprint", "--load-rss", database_url, "--json", str(out)],
+        [sys.executable, "-m", "bench.footprint", "--load-rss", database_url, "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg2
 
-from cronman.bench.footprint import history_write_cost
+from bench.footprint import history_write_cost
 from cronman.migrate import upgrade
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg2
 import redis
 
-from cronman.bench.storeprofile import StoreMeter, enable_statements, write_report
+from bench.storeprofile import StoreMeter, enable_statements, write_report
 from cronman.embedded import EmbeddedPostgres
 
 

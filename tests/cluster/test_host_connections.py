@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from cronman.bench.loader import JobTemplate, copy_jobs
+from bench.loader import JobTemplate, copy_jobs
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.cluster.ledger import Arrival, Figures, analyse
 from tests.helpers import BlackHole, SmallServer, wait_for

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from cronman.bench.loader import JobTemplate, copy_jobs
+from bench.loader import JobTemplate, copy_jobs
 from cronman.hashing import SLOTS, owned_slots
 from tests.cluster.conftest import REPLICAS, Cluster
 from tests.helpers import FreezingProxy, wait_for

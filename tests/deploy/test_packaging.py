@@ -327,3 +327,23 @@ def test_installed_package_migrates_with_cronman_migrations_dir(
         with conn.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.close()
+
+
+def test_the_wheel_carries_no_benchmark_and_cronman_bench_says_where_it_is(
+    wheel: Path, installed: Path, tmp_path: Path
+) -> None:
+    """The benchmark lives in the checkout's bench/ folder: not in the wheel (nor so in the image),
+    and the installed `cronman bench` says how to run it instead of failing on an import."""
+    with zipfile.ZipFile(wheel) as zf:
+        assert not [n for n in zf.namelist() if n.startswith(("bench/", "cronman/bench/"))]
+    proc = subprocess.run(
+        [str(installed / "bin" / "cronman"), "bench", "--quick"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "source checkout" in proc.stderr and "pip install -e '.[bench]'" in proc.stderr, proc.stderr

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg2
 import pytest
 
-from cronman.bench.loader import JobTemplate, copy_jobs
+from bench.loader import JobTemplate, copy_jobs
 from cronman.hashing import SLOTS
 from cronman.settings import Settings
 from cronman.store import make_engine

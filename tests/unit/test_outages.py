@@ -58,7 +58,7 @@ def test_outages_recorded_one_after_another_stay_apart_and_lose_no_instant(
 def test_a_schedule_that_cannot_say_its_next_occurrence_stops_no_other_jobs_catch_up() -> None:
     """One job's schedule never stops the others: a node becoming ready after an outage catches
     every job up, the broken one installed without an occurrence."""
-    from cronman.bench.footprint import _installer
+    from bench.footprint import _installer
     from cronman.settings import Settings
     from scheduler_node.jobs import OwnedJob
     from scheduler_node.node import Node, _Tally
@@ -88,7 +88,7 @@ def test_a_schedule_that_cannot_say_its_next_occurrence_stops_no_other_jobs_catc
 def _behind(ahead_ms: int) -> tuple[Any, Any, Any, int, int]:
     """A node whose clock is ``ahead_ms`` behind that of the node that recorded the outage, which
     ends after this node's now: (node, firer, decoder, now, the outage's end)."""
-    from cronman.bench.footprint import _installer
+    from bench.footprint import _installer
     from cronman.settings import Settings
     from scheduler_node.node import Node
 

@@ -63,7 +63,7 @@ class JobTemplate:
         columns = tuple(v)
         missing = [c for c in _PER_ROW if c not in v]
         if missing:
-            raise RuntimeError(f"cronman.store._values no longer writes {missing}: update cronman.bench.loader")
+            raise RuntimeError(f"cronman.store._values no longer writes {missing}: update bench.loader")
         return cls(columns, tuple("" if c in _PER_ROW else _render(v[c]) for c in columns), v["schedule"])
 
 

@@ -1,9 +1,9 @@
 """The Celery peer's processes: Celery beat with RedBeat (schedules in Redis, one beat at a time
 under RedBeat's lock) feeding Celery workers whose task makes the HTTP call, the way a Python team
-deploys "many schedules, replicated, recorded". The bench starts them (:mod:`cronman.bench.celery_peer`):
+deploys "many schedules, replicated, recorded". The bench starts them (:mod:`bench.celery_peer`):
 
-    celery -A cronman.bench.celery_app beat -S cronman.bench.celery_app:LedgerScheduler
-    celery -A cronman.bench.celery_app worker -P gevent -c 100
+    celery -A bench.celery_app beat -S bench.celery_app:LedgerScheduler
+    celery -A bench.celery_app worker -P gevent -c 100
 
 Broker and schedules share one Redis database, given in ``BENCH_CELERY_REDIS_URL``.
 

@@ -35,14 +35,14 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from cronman.bench.limit import children_cpu_s, debian_tool
-from cronman.bench.stack import CpuMeter
+from bench.limit import children_cpu_s, debian_tool
+from bench.stack import CpuMeter
 from cronman.execution import execution_id
 from cronman.hashing import slot_of
 from cronman.keys import Keys
 
 if TYPE_CHECKING:
-    from cronman.bench.scenarios import Bench
+    from bench.scenarios import Bench
 
 DB = 2  # the bench Redis's database for the claim runs (emptied after)
 HOLDER = "bench-node-1/5f0c6f1e"
@@ -272,7 +272,7 @@ def measure_request(b: Bench) -> dict[str, Any]:
     if limit and limit.get("cpu_us_per_request"):
         source = "limit"
     else:
-        from cronman.bench.limit import run_limit
+        from bench.limit import run_limit
 
         limit, source = run_limit(b), "floor"
     per = limit["cpu_us_per_request"]

@@ -2,7 +2,7 @@
 loop, slots moved and balance. No stack, no processes:
 
     cronman bench --scenarios ownership
-    python -m cronman.bench.ownership [--nodes 50,200,500] [--replicas 2] [--changes 10] [--json FILE]
+    python -m bench.ownership [--nodes 50,200,500] [--replicas 2] [--changes 10] [--json FILE]
 
 A change is one node lost or one new node joining (a replaced pod comes back under a new name, so
 its scores are computed then), and the cold start: the first ownership for a whole membership.
@@ -199,7 +199,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cronman.bench.ownership", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.ownership", description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", default="50,200,500", help="comma-separated cluster sizes (default 50,200,500)")
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--changes", type=int, default=10, help="losses and joins measured per size (default 10)")

@@ -12,7 +12,7 @@ endpoint takes the id and the payload from the body. What it leaves out is what 
 that floor: the key's check, the document's validation, the job event written with the row, the
 change notice, the record's JSON.
 
-    python -m cronman.bench.apifloor --port 8090 --database-url postgresql://...
+    python -m bench.apifloor --port 8090 --database-url postgresql://...
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from flask import Flask
 
-    from cronman.bench.scenarios import Bench
+    from bench.scenarios import Bench
 
-# The crud client's documents differ only in id and payload (cronman.bench.scenarios._crud_single).
+# The crud client's documents differ only in id and payload (bench.scenarios._crud_single).
 CRUD_DOC: dict[str, Any] = {"schedule": {"type": "interval", "every_seconds": 3600}, "target": {"type": "http"}}
 
 _INSERT = (
@@ -128,7 +128,7 @@ def serve(port: int, database_url: str, target_url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cronman.bench.apifloor")
+    p = argparse.ArgumentParser(prog="python -m bench.apifloor")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--database-url", required=True)
     p.add_argument("--target-url", default="http://127.0.0.1:9/hook")
@@ -144,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_api_floor(b: Bench) -> dict[str, Any]:
     import requests
 
-    from cronman.bench.scenarios import _crud_single
-    from cronman.bench.stack import CpuMeter
+    from bench.scenarios import _crud_single
+    from bench.stack import CpuMeter
     from cronman.embedded import Child, free_port
     from cronman.settings import Settings
 
@@ -153,7 +153,7 @@ def run_api_floor(b: Bench) -> dict[str, Any]:
     stack.reset()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "cronman.bench.apifloor", "--port", str(port), "--database-url", stack.database_url]
+    argv = [sys.executable, "-m", "bench.apifloor", "--port", str(port), "--database-url", stack.database_url]
     server = Child("api-floor", [*argv, "--target-url", b.receiver_url], log=stack.logs / "api-floor.log")
     try:
         server.wait_until(lambda: requests.get(f"{url}/readyz", timeout=1).ok, 60, "the api-floor endpoint")

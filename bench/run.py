@@ -8,14 +8,15 @@ import signal
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.report import evaluate, machine_facts, render_table
+from bench.scenarios import DEFAULTS, QUICK, SCENARIOS, STACKLESS, Bench
+from bench.stack import BenchStack, background_load
 from cronman import __version__
-from cronman.bench.report import evaluate, machine_facts, render_table
-from cronman.bench.scenarios import DEFAULTS, QUICK, SCENARIOS, STACKLESS, Bench
-from cronman.bench.stack import BenchStack, background_load
 
 ORDER = (
     "limit",
@@ -161,36 +162,9 @@ def run_bench(
     try:
         if background["cores_busy"] > 0.25:
             say(f"WARNING: the machine was already busy ({background['cores_busy']} cores) before the bench")
-        if set(scenarios) <= STACKLESS:
-            machine = machine_facts()
-        else:
-            t = time.monotonic()
-            stack.start()
-            timings["stack_start"] = round(time.monotonic() - t, 1)
-            machine = machine_facts(stack.database_url, stack.redis_url)
-            assert stack.receiver is not None
-            machine["receiver_loop"] = stack.receiver.loop_kind
-            say(
-                f"stack ready in {timings['stack_start']}s (PostgreSQL, Redis, ledger receiver on {stack.receiver.url})"
-            )
+        machine = _start_stack(stack, scenarios, timings, say)
         machine["background_before"] = background
-        for name in scenarios:
-            say(f"[{name}]")
-            t = time.monotonic()
-            try:
-                bench.results[key(name)] = SCENARIOS[name](bench)
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the other scenarios still run
-                errors[name] = f"{type(exc).__name__}: {exc}"
-                (stack.logs / f"{name}-error.txt").write_text(traceback.format_exc())
-                say(f"  {name} failed: {errors[name][:2000]}")
-                try:
-                    stack.stop_nodes()
-                except Exception:  # noqa: BLE001
-                    pass
-            timings[name] = round(time.monotonic() - t, 1)
-            say(f"  ({timings[name]}s)")
+        _run_scenarios(bench, scenarios, errors, timings, say)
     except KeyboardInterrupt:
         interrupted = True
         errors["interrupted"] = "stopped by a signal"
@@ -217,9 +191,7 @@ def run_bench(
     )
     print("\n" + render_table(doc) + f"\n\ncronman bench: done in {elapsed}s", flush=True)
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-        say(f"figures written to {json_path}")
+        _write_json(doc, json_path, say)
     if errors:
         say(f"logs kept in {stack.logs}")
     elif not keep and data_dir is None:
@@ -229,13 +201,65 @@ def run_bench(
     return 1 if errors else 0
 
 
+def _start_stack(
+    stack: BenchStack, scenarios: list[str], timings: dict[str, float], say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Start the stack unless every scenario runs without one; the facts of the machine (and of
+    the stack's PostgreSQL and Redis, when started)."""
+    if set(scenarios) <= STACKLESS:
+        return machine_facts()
+    t = time.monotonic()
+    stack.start()
+    timings["stack_start"] = round(time.monotonic() - t, 1)
+    machine = machine_facts(stack.database_url, stack.redis_url)
+    assert stack.receiver is not None
+    machine["receiver_loop"] = stack.receiver.loop_kind
+    say(f"stack ready in {timings['stack_start']}s (PostgreSQL, Redis, ledger receiver on {stack.receiver.url})")
+    return machine
+
+
+def _run_scenarios(
+    bench: Bench,
+    scenarios: list[str],
+    errors: dict[str, str],
+    timings: dict[str, float],
+    say: Callable[[str], None],
+) -> None:
+    """Each scenario in turn, into ``bench.results``; one that fails is recorded in ``errors`` (its
+    traceback in the logs) and the others still run."""
+    stack = bench.stack
+    for name in scenarios:
+        say(f"[{name}]")
+        t = time.monotonic()
+        try:
+            bench.results[key(name)] = SCENARIOS[name](bench)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the other scenarios still run
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            (stack.logs / f"{name}-error.txt").write_text(traceback.format_exc())
+            say(f"  {name} failed: {errors[name][:2000]}")
+            try:
+                stack.stop_nodes()
+            except Exception:  # noqa: BLE001
+                pass
+        timings[name] = round(time.monotonic() - t, 1)
+        say(f"  ({timings[name]}s)")
+
+
+def _write_json(doc: dict[str, Any], json_path: Path, say: Callable[[str], None]) -> None:
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    say(f"figures written to {json_path}")
+
+
 def main(args: Any) -> int:
     scenarios = parse_scenarios(args.scenarios or ("steady" if args.profile else "all"))
     profile_dir = Path(args.profile_dir) if args.profile else None
     if profile_dir is not None and "steady" not in scenarios:
         raise SystemExit("cronman bench: --profile records a node during the steady scenario; include steady")
     if profile_dir is not None:
-        from cronman.bench.profiling import py_spy_binary
+        from bench.profiling import py_spy_binary
 
         try:
             py_spy_binary()

@@ -19,15 +19,15 @@ from typing import Any
 import psycopg2
 import requests
 
-from cronman.bench.apifloor import run_api_floor
-from cronman.bench.celery_peer import run_celery
-from cronman.bench.floor import run_floor
-from cronman.bench.ledger import analyse
-from cronman.bench.limit import run_limit
-from cronman.bench.loader import JobTemplate, copy_jobs
-from cronman.bench.scale10m import run_scale10m
-from cronman.bench.stack import BenchNode, BenchStack, CpuMeter
-from cronman.bench.ui import run_ui
+from bench.apifloor import run_api_floor
+from bench.celery_peer import run_celery
+from bench.floor import run_floor
+from bench.ledger import analyse
+from bench.limit import run_limit
+from bench.loader import JobTemplate, copy_jobs
+from bench.scale10m import run_scale10m
+from bench.stack import BenchNode, BenchStack, CpuMeter
+from bench.ui import run_ui
 from cronman.embedded import _die_with_parent
 from cronman.settings import Settings
 from cronman.timeutil import iso
@@ -46,7 +46,7 @@ DEFAULTS: dict[str, float] = {
     "peer.warmup": 10,
     "peer.measure": 30,
     "peer.tail": 3,
-    # the Celery peer fires steady's job set (steady.jobs, steady.every); cronman/bench/celery_peer.py
+    # the Celery peer fires steady's job set (steady.jobs, steady.every); bench/celery_peer.py
     "celery.warmup": 10,
     "celery.measure": 30,
     "celery.tail": 5,
@@ -79,7 +79,7 @@ DEFAULTS: dict[str, float] = {
     "footprint.loaded": 200_000,
     "limit.seconds": 10,
     "limit.connections": 100,
-    # cronman/bench/floor.py; a batch of 0: what a node sends at steady's load
+    # bench/floor.py; a batch of 0: what a node sends at steady's load
     "floor.claim_batch": 0,
     "floor.done_batch": 0,
     "floor.executions": 300_000,
@@ -231,8 +231,8 @@ def run_steady(b: Bench) -> dict[str, Any]:
     meter = CpuMeter(stack.processes()).start()
     spy = stores = None
     if b.profile_dir is not None:
-        from cronman.bench.profiling import start_py_spy
-        from cronman.bench.storeprofile import StoreMeter
+        from bench.profiling import start_py_spy
+        from bench.storeprofile import StoreMeter
 
         stores = StoreMeter(stack.database_url, stack.redis_url).start()
         spy = start_py_spy(nodes[0].pid, measure, b.profile_dir, stack.logs)
@@ -248,11 +248,11 @@ def run_steady(b: Bench) -> dict[str, Any]:
     rss = {n.node_id: round(n.rss_mb(), 1) for n in nodes if n.alive()}
     profile = None
     if spy is not None:
-        from cronman.bench.profiling import finish_py_spy
+        from bench.profiling import finish_py_spy
 
         profile = finish_py_spy(spy, nodes[0].node_id)
     if stores is not None and b.profile_dir is not None:
-        from cronman.bench.storeprofile import write_report
+        from bench.storeprofile import write_report
 
         report = stores.report(round(fig.arrivals_per_s * measure))
         write_report(report, b.profile_dir / "bench-stores.txt")
@@ -293,7 +293,7 @@ def _ceiling_once(b: Bench, count: int, jobs: int, loop: str) -> dict[str, Any]:
     argv = [
         sys.executable,
         "-m",
-        "cronman.bench.ceiling",
+        "bench.ceiling",
         "--url",
         b.receiver_url,
         "--count",
@@ -382,7 +382,7 @@ def run_peer(b: Bench) -> dict[str, Any]:
     argv = [
         sys.executable,
         "-m",
-        "cronman.bench.peer",
+        "bench.peer",
         "--url",
         b.receiver_url,
         "--jobs",
@@ -800,8 +800,8 @@ def run_crud(b: Bench) -> dict[str, Any]:
 
 def run_ownership(b: Bench) -> dict[str, Any]:
     """Membership changes at 50, 200 and 500 simulated nodes: loop time, slots moved, balance
-    (cronman.bench.ownership; pure computation, no stack)."""
-    from cronman.bench.ownership import render, run
+    (bench.ownership; pure computation, no stack)."""
+    from bench.ownership import render, run
 
     figures = run(changes=b.i("ownership.changes"))
     b.say(render([{"nodes": int(n), **r} for n, r in figures["by_nodes"].items()]))
@@ -810,8 +810,8 @@ def run_ownership(b: Bench) -> dict[str, Any]:
 
 def run_footprint(b: Bench) -> dict[str, Any]:
     """Memory per owned job, Redis bytes per claim, PostgreSQL bytes per history row
-    (cronman.bench.footprint; starts a Redis and a PostgreSQL of its own)."""
-    from cronman.bench.footprint import run
+    (bench.footprint; starts a Redis and a PostgreSQL of its own)."""
+    from bench.footprint import run
 
     return run(b.i("footprint.jobs"), b.i("footprint.claims"), b.i("footprint.rows"), b.i("footprint.loaded"))
 

@@ -25,11 +25,11 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from cronman.bench.ledger import analyse
-from cronman.bench.loader import JobTemplate, copy_jobs
+from bench.ledger import analyse
+from bench.loader import JobTemplate, copy_jobs
 
 if TYPE_CHECKING:
-    from cronman.bench.scenarios import Bench
+    from bench.scenarios import Bench
 
 TEAMS = ("ops", "billing", "payments", "search", "identity", "inventory", "notifications", "ml", "growth", "ledger")
 TASKS = ("sync", "report", "cleanup", "reindex", "invoice-run", "token-rotation", "digest", "export", "warmup")
@@ -120,19 +120,9 @@ def memory_check(jobs: int) -> None:
 
 
 def run_scale10m(b: Bench) -> dict[str, Any]:
-    from cronman.bench.scenarios import node_counters, sleep_until
-    from cronman.bench.stack import CpuMeter
-
     stack = b.stack
     assert stack.receiver is not None
     count, probes = b.i("scale10m.jobs"), b.i("scale10m.probes")
-    timeout = b.p("scale10m.ready_timeout")
-    warmup, measure, kill_after, tail = (
-        b.p("scale10m.warmup"),
-        b.p("scale10m.measure"),
-        b.p("scale10m.kill_after"),
-        b.p("scale10m.tail"),
-    )
     memory_check(count)
     stack.reset()
     slots: dict[int, int] = {}
@@ -140,6 +130,45 @@ def run_scale10m(b: Bench) -> dict[str, Any]:
     b.say(f"  scale10m: loading {count:,} jobs ({probes:,} of them every second)")
     load = copy_jobs(stack.database_url, generated, count, slots)
     b.say(f"  scale10m: loaded in {load['copy_s']}s ({load['jobs_per_s']:,.0f}/s); starting {b.i('nodes')} nodes")
+    nodes, up = _start_nodes(b, slots)
+    w = _kill_window(b, nodes, probe_schedules)
+    fig, after, refire = w["fig"], w["after"], w["refire"]
+    at_ready, settled_rss, shares = up["rss_mb_at_ready"], up["rss_mb_settled"], up["share"]
+    return {
+        "jobs": count,
+        "probes": probes,
+        "node_ready_s": up["node_ready_s"],
+        "readyz_s": {n.node_id: round(n.ready_after or 0.0, 2) for n in nodes},
+        "ready_cpu": up["ready_cpu"],
+        "rss_mb_per_node": max(max(at_ready.values()), max(settled_rss.values())),
+        "rss_mb_at_ready": at_ready,
+        "rss_mb_settled": settled_rss,
+        "rss_mb_after_failover": w["after_rss"],
+        "bytes_per_owned_job": round(max(settled_rss.values()) * 2**20 / max(shares.values())),
+        "share": shares,
+        "killed": w["killed"],
+        "killed_after_s": w["killed_after_s"],
+        "failover_refire_s": round(refire, 2) if after.missed == 0 else None,
+        "failover_refire_s_delivered": round(refire, 2),
+        "missed": fig.missed,
+        "doubled": fig.doubled,
+        "probe_lag_ms": fig.lag_ms,
+        "probe_lag_ms_15s_after_kill": after.lag_ms,
+        "other_deliveries": w["others"],
+        "other_per_s": w["other_per_s"],
+        "load": load,
+        "cpu": w["cpu"],
+        "node_counters": w["counters"],
+        "stop": w["stop"],
+    }
+
+
+def _start_nodes(b: Bench, slots: dict[int, int]) -> tuple[list[Any], dict[str, Any]]:
+    """Start the nodes together and wait for each to own its share of the loaded jobs: the nodes,
+    and how long it took, with what (RSS at ready and settled, the machine's cores meanwhile)."""
+    from bench.stack import CpuMeter
+
+    stack, timeout = b.stack, b.p("scale10m.ready_timeout")
     t_start = time.monotonic()
     nodes = stack.start_nodes(b.i("nodes"))
     # where becoming ready spends the machine: the nodes' and PostgreSQL's cores, and how busy
@@ -153,6 +182,7 @@ def run_scale10m(b: Bench) -> dict[str, Any]:
     settled_rss = {n.node_id: round(n.rss_mb(), 1) for n in nodes}
     members = sorted(n.node_id for n in nodes)
     shares = {n.node_id: stack.expected_jobs(n.node_id, members, slots) for n in nodes}
+    warmup, measure, kill_after = b.p("scale10m.warmup"), b.p("scale10m.measure"), b.p("scale10m.kill_after")
     b.say(
         f"  scale10m: every node owns its share {owning:.1f}s after start; RSS {max(settled_rss.values()):,.0f} MB"
         f" (largest); {warmup:g}s warm-up, then SIGKILL of one node {kill_after:g}s into {measure:g}s"
@@ -162,6 +192,25 @@ def run_scale10m(b: Bench) -> dict[str, Any]:
         + ", ".join(f"{k} {v:.2f}" for k, v in ready_cpu["cores_used"].items() if v)
         + " cores"
     )
+    return nodes, {
+        "node_ready_s": round(owning, 2),
+        "ready_cpu": ready_cpu,
+        "rss_mb_at_ready": at_ready,
+        "rss_mb_settled": settled_rss,
+        "share": shares,
+    }
+
+
+def _kill_window(b: Bench, nodes: list[Any], probe_schedules: dict[str, Any]) -> dict[str, Any]:
+    """After the warm-up, the measured window with one node SIGKILLed in it, and the tail: what the
+    probes got, and how long the occurrences due after the kill took to be delivered."""
+    from bench.scenarios import node_counters, sleep_until
+    from bench.stack import CpuMeter
+
+    stack = b.stack
+    assert stack.receiver is not None
+    warmup, measure = b.p("scale10m.warmup"), b.p("scale10m.measure")
+    kill_after, tail = b.p("scale10m.kill_after"), b.p("scale10m.tail")
     t0 = math.ceil(time.time()) + warmup
     t1 = t0 + measure
     sleep_until(t0 - 0.5)
@@ -179,38 +228,22 @@ def run_scale10m(b: Bench) -> dict[str, Any]:
     after_rss = {n.node_id: round(n.rss_mb(), 1) for n in survivors}
     arrivals = stack.receiver.snapshot()
     stopped = stack.stop_nodes()
-    fig = analyse(probe_schedules, arrivals, t0, t1)
     after = analyse(probe_schedules, arrivals, killed_at, min(t1, killed_at + 15))
     # the latest delivery of an occurrence due after the kill, from its due time (or the kill)
     refire = 0.0
     for (_, due_ms), at in after.first_arrival.items():
         refire = max(refire, at - max(due_ms / 1000, killed_at))
     others = sum(1 for a in arrivals if a.at >= t0 and a.job_id not in probe_schedules)
-    ready = {n.node_id: round(n.ready_after or 0.0, 2) for n in nodes}
     return {
-        "jobs": count,
-        "probes": probes,
-        "node_ready_s": round(owning, 2),
-        "readyz_s": ready,
-        "ready_cpu": ready_cpu,
-        "rss_mb_per_node": max(max(at_ready.values()), max(settled_rss.values())),
-        "rss_mb_at_ready": at_ready,
-        "rss_mb_settled": settled_rss,
-        "rss_mb_after_failover": after_rss,
-        "bytes_per_owned_job": round(max(settled_rss.values()) * 2**20 / max(shares.values())),
-        "share": shares,
+        "fig": analyse(probe_schedules, arrivals, t0, t1),
+        "after": after,
+        "refire": refire,
+        "after_rss": after_rss,
         "killed": victim,
         "killed_after_s": round(killed_at - t0, 2),
-        "failover_refire_s": round(refire, 2) if after.missed == 0 else None,
-        "failover_refire_s_delivered": round(refire, 2),
-        "missed": fig.missed,
-        "doubled": fig.doubled,
-        "probe_lag_ms": fig.lag_ms,
-        "probe_lag_ms_15s_after_kill": after.lag_ms,
-        "other_deliveries": others,
+        "others": others,
         "other_per_s": round(others / (t1 + tail - t0), 1),
-        "load": load,
         "cpu": cpu,
-        "node_counters": counters,
+        "counters": counters,
         "stop": stopped,
     }

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cronman.bench.scenarios import Bench
+    from bench.scenarios import Bench
 
 _SCRIPT = """-- a cronman delivery, as a node sends it
 wrk.method = "POST"
 wrk.body = '{"n":1}'
 wrk.headers["Content-Type"] = "application/json"
-wrk.headers["User-Agent"] = "cronman/bench"
+wrk.headers["User-Agent"] = "bench"
 wrk.headers["Cronman-Job-Id"] = "limit-000001"
 wrk.headers["Cronman-Execution-Id"] = "5f0c6f1e-9a43-5c53-9a39-6f1f3c2d7a10"
 wrk.headers["Cronman-Scheduled-For"] = "2030-01-01T00:00:00Z"
@@ -102,7 +102,7 @@ def run_wrk(url: str, workdir: Path, seconds: float, connections: int, threads: 
 def run_limit(b: Bench) -> dict[str, Any]:
     """The ``limit`` scenario: wrk against the ledger receiver, with no node running. Besides the
     rate, the CPU time one request costs wrk and the receiver (the ``floor`` yardstick's request)."""
-    from cronman.bench.stack import CpuMeter
+    from bench.stack import CpuMeter
 
     stack = b.stack
     assert stack.receiver is not None

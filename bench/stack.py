@@ -18,7 +18,7 @@ from typing import Any
 
 import requests
 
-from cronman.bench.receiver import ReceiverProcess
+from bench.receiver import ReceiverProcess
 from cronman.embedded import Child, EmbeddedPostgres, EmbeddedRedis, free_port, free_ports
 from cronman.hashing import owned_slots
 
@@ -92,7 +92,7 @@ class BenchStack:
         self.redis_url = self.redis.start()
         upgrade(self.database_url)
         if self.statements:
-            from cronman.bench.storeprofile import enable_statements
+            from bench.storeprofile import enable_statements
 
             enable_statements(self.database_url)
         engine = make_engine(self.database_url, pool_size=1)
@@ -247,7 +247,7 @@ class BenchStack:
         """No nodes, no jobs, no history, an empty Redis and an empty ledger."""
         import redis as redis_lib
 
-        from cronman.bench.loader import reset_store
+        from bench.loader import reset_store
 
         self.stop_nodes()
         reset_store(self.database_url)

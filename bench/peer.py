@@ -4,7 +4,7 @@ AsyncIOScheduler on uvloop when it is installed, one aiohttp session with keep-a
 connections), coalescing off, a generous misfire grace time and room for overlapping instances,
 and its loggers at WARNING. It runs in its own process for a fixed time and then stops:
 
-    python -m cronman.bench.peer --url http://127.0.0.1:PORT/hook --jobs 5000 --seconds 45
+    python -m bench.peer --url http://127.0.0.1:PORT/hook --jobs 5000 --seconds 45
 
 Every request carries the same metadata as a cronman delivery, including the occurrence's
 scheduled time. APScheduler does not hand a job its scheduled time, so the executor below is
@@ -26,8 +26,8 @@ from typing import Any
 
 import aiohttp
 
+from bench import new_loop
 from cronman import __version__
-from cronman.bench import new_loop
 from cronman.execution import execution_id
 from cronman.schedule import phase_for
 from cronman.timeutil import iso, to_ms
@@ -168,7 +168,7 @@ async def run_peer(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cronman.bench.peer")
+    p = argparse.ArgumentParser(prog="python -m bench.peer")
     p.add_argument("--url", required=True)
     p.add_argument("--jobs", type=int, default=5000)
     p.add_argument("--prefix", default="steady-")

@@ -1,7 +1,7 @@
 """What one job, one claim and one history row cost, measured (the figures behind docs/scaling.md):
 
     cronman bench --scenarios footprint
-    python -m cronman.bench.footprint [--jobs 100000] [--claims 20000] [--rows 50000] [--loaded 200000] [--json FILE]
+    python -m bench.footprint [--jobs 100000] [--claims 20000] [--rows 50000] [--loaded 200000] [--json FILE]
 
 - node memory per owned job: Python heap allocated (tracemalloc) to decode and install jobs in a
   firer: the job object, its timing, its timer entry and its share of the node's maps. Jobs that
@@ -367,7 +367,7 @@ def _jobs_bytes(url: str, count: int) -> float:
     """Bytes per job in the jobs table with its indexes, for jobs loaded as the bench loads them."""
     import psycopg2
 
-    from cronman.bench.loader import JobTemplate, copy_jobs
+    from bench.loader import JobTemplate, copy_jobs
 
     template = JobTemplate.of(
         {
@@ -395,14 +395,14 @@ def load_rss(url: str, count: int, work: Path) -> dict[str, float]:
     a traced heap does not)."""
     import subprocess
 
-    from cronman.bench import scale10m
-    from cronman.bench.loader import copy_jobs
+    from bench import scale10m
+    from bench.loader import copy_jobs
 
     jobs, _ = scale10m.rows(count, 0, "https://hooks.example.com/cron")
     copy_jobs(url, jobs, count)
     out = work / "load-rss.json"
     subprocess.run(
-        [sys.executable, "-m", "cronman.bench.footprint", "--load-rss", url, "--json", str(out)],
+        [sys.executable, "-m", "bench.footprint", "--load-rss", url, "--json", str(out)],
         check=True,
         timeout=600,
     )
@@ -485,7 +485,7 @@ def run(jobs: int = 100_000, claims: int = 20_000, rows: int = 50_000, loaded: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cronman.bench.footprint", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.footprint", description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=100_000)
     p.add_argument("--claims", type=int, default=20_000)
     p.add_argument("--rows", type=int, default=50_000)

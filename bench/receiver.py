@@ -1,7 +1,7 @@
 """The ledger receiver: a fast local HTTP endpoint that answers 200 at once and records, for every
 request, (Cronman-Job-Id, Cronman-Scheduled-For, Cronman-Execution-Id, arrival time).
 
-It runs in a process of its own (``python -m cronman.bench.receiver``) so that its work is not
+It runs in a process of its own (``python -m bench.receiver``) so that its work is not
 charged to the process under test: a raw asyncio Protocol on uvloop when it is installed, with
 keep-alive and pipelining and a minimal HTTP/1.1 parser (Content-Length bodies only; every
 cronman delivery and every bench client sends one).
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
-from cronman.bench import new_loop
+from bench import new_loop
 
 _RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
 _BAD = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -198,7 +198,7 @@ def _control(loop: asyncio.AbstractEventLoop, ledger: Ledger, out: IO[str]) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cronman.bench.receiver")
+    p = argparse.ArgumentParser(prog="python -m bench.receiver")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     args = p.parse_args(argv)
@@ -267,7 +267,7 @@ class ReceiverProcess:
         log = open(self.workdir / "receiver.log", "ab")  # noqa: SIM115 - the child keeps its own copy
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cronman.bench.receiver", "--host", self.host],
+                [sys.executable, "-m", "bench.receiver", "--host", self.host],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,

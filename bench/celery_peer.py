@@ -1,5 +1,5 @@
 """The ``celery`` scenario: Celery beat with RedBeat feeding Celery workers that make the HTTP call
-(:mod:`cronman.bench.celery_app`), on the steady scenario's job set (the same ids, number of jobs,
+(:mod:`bench.celery_app`), on the steady scenario's job set (the same ids, number of jobs,
 interval and phases), at the same ledger receiver, on the bench's own Redis (database 1: the
 broker's queue and RedBeat's schedules) and on the same machine.
 
@@ -10,9 +10,9 @@ pool Celery's documentation gives for I/O-bound tasks; ``--param celery.gevent=0
 prefork pool instead, ``celery.concurrency`` children each), prefetching four messages a slot,
 early acknowledgement, no result backend and no events, without gossip, mingle and heartbeat.
 
-The ledger counts the peer as it counts cronman (:mod:`cronman.bench.ledger`): an occurrence is
+The ledger counts the peer as it counts cronman (:mod:`bench.ledger`): an occurrence is
 (job id, scheduled time) of the steady grid, and a Celery delivery's scheduled time is the grid
-instant at or before the instant beat sent it for (see :mod:`cronman.bench.celery_app`). Beat's
+instant at or before the instant beat sent it for (see :mod:`bench.celery_app`). Beat's
 interval schedules drift (each run is due ``every`` after the previous send): a job whose drift
 passes one interval skips a grid instant, counted missed, which is what the job's owner sees.
 ``lag_ms`` is against the grid (drift included), ``lag_ms_own_due`` against the instant beat meant,
@@ -28,18 +28,19 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from cronman.bench.ledger import analyse, percentile
-from cronman.bench.loader import JobTemplate, payload_of
-from cronman.bench.receiver import Arrival
-from cronman.bench.stack import CpuMeter
+from bench import checkout_on_path
+from bench.ledger import analyse, percentile
+from bench.loader import JobTemplate, payload_of
+from bench.receiver import Arrival
+from bench.stack import CpuMeter
 from cronman.embedded import Child
 from cronman.schedule import phase_for
 from cronman.timeutil import parse_iso
 
 if TYPE_CHECKING:
-    from cronman.bench.scenarios import Bench
+    from bench.scenarios import Bench
 
-APP = "cronman.bench.celery_app"
+APP = "bench.celery_app"
 DB = 1  # the bench's Redis database for the peer (cronman's keys are in 0)
 INSTALL = "pip install -e '.[bench]'"
 
@@ -202,13 +203,15 @@ def run_celery(b: Bench) -> dict[str, Any]:
     warmup, measure, tail = b.p("celery.warmup"), b.p("celery.measure"), b.p("celery.tail")
     pool = "gevent" if b.i("celery.gevent") and _gevent() else "prefork"
     redis_url = stack.redis.url(DB)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("CRONMAN_", "BENCH_CELERY_"))},
-        "BENCH_CELERY_REDIS_URL": redis_url,
-        "BENCH_CELERY_HTTP_POOL": str(b.i("celery.concurrency") if pool == "gevent" else 1),
-        "BENCH_CELERY_PREFETCH": str(b.i("celery.prefetch")),
-    }
-    from cronman.bench import celery_app
+    env = checkout_on_path(
+        {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("CRONMAN_", "BENCH_CELERY_"))},
+            "BENCH_CELERY_REDIS_URL": redis_url,
+            "BENCH_CELERY_HTTP_POOL": str(b.i("celery.concurrency") if pool == "gevent" else 1),
+            "BENCH_CELERY_PREFETCH": str(b.i("celery.prefetch")),
+        }
+    )
+    from bench import celery_app
 
     ids = [f"steady-{i:06d}" for i in range(jobs)]
     t = time.monotonic()
@@ -267,8 +270,5 @@ def run_celery(b: Bench) -> dict[str, Any]:
         alive_at_end=alive,
         killed_after_sigterm=killed,
     )
-    b.say(
-        f"  celery: {fires:.0f} fires/s, lag p99 {fig.lag_ms['p99']} ms, "
-        f"{fig.missed} missed, {fig.doubled} doubled"
-    )
+    b.say(f"  celery: {fires:.0f} fires/s, lag p99 {fig.lag_ms['p99']} ms, {fig.missed} missed, {fig.doubled} doubled")
     return out

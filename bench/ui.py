@@ -17,11 +17,11 @@ from urllib.parse import quote
 import psycopg2
 import requests
 
-from cronman.bench.loader import JobTemplate, copy_jobs
+from bench.loader import JobTemplate, copy_jobs
 from cronman.settings import Settings
 
 if TYPE_CHECKING:
-    from cronman.bench.scenarios import Bench
+    from bench.scenarios import Bench
 
 NAMESPACE = "bench"
 TEAMS = ("payments", "search", "ads", "mail", "infra")

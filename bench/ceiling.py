@@ -2,7 +2,7 @@
 (aiohttp, one keep-alive session, ~100 requests in flight) sending POSTs shaped like cronman's
 deliveries (same body size and headers) to the ledger receiver. It runs in its own process:
 
-    python -m cronman.bench.ceiling --url http://127.0.0.1:PORT/hook --count 150000
+    python -m bench.ceiling --url http://127.0.0.1:PORT/hook --count 150000
 
 and prints one JSON line: requests sent, errors, seconds and requests per second.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
+from bench import new_loop
 from cronman import __version__
-from cronman.bench import new_loop
 from cronman.timeutil import iso
 
 
@@ -79,7 +79,7 @@ async def blast(url: str, count: int, concurrency: int, prefix: str, jobs: int) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cronman.bench.ceiling")
+    p = argparse.ArgumentParser(prog="python -m bench.ceiling")
     p.add_argument("--url", required=True)
     p.add_argument("--count", type=int, required=True)
     p.add_argument("--concurrency", type=int, default=100)

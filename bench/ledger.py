@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cronman.bench.receiver import Arrival
+from bench.receiver import Arrival
 from cronman.schedule import timing_from_dict
 from cronman.timeutil import parse_iso
 
