@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -376,7 +376,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cronman", description="REST cron management with a replicated scheduler.")
     p.add_argument("--version", action="version", version=f"cronman {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_server_parsers(sub)
+    _add_key_parsers(sub)
+    _add_bench_parser(sub)
+    _add_sim_parser(sub)
+    _add_receive_parser(sub)
 
+    from cronman import cli_apply, cli_calendars, cli_config, cli_jobs
+
+    cli_jobs.add_parsers(sub)
+    cli_calendars.add_parsers(sub)
+    cli_apply.add_parsers(sub)
+    cli_config.add_parsers(sub)
+    return p
+
+
+def _add_server_parsers(sub: Any) -> None:
+    """The system's own processes: dev, api, scheduler, migrate, maintain."""
     s = sub.add_parser("dev", help="run the whole system locally (embedded PostgreSQL, Redis, SQS)")
     s.add_argument("--nodes", type=int, default=3, help="scheduler nodes (default 3)")
     s.add_argument("--api-port", type=int, default=8080, help="API port (default 8080)")
@@ -400,6 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--today", default=None, help="act as if today were YYYY-MM-DD (UTC)")
     s.set_defaults(fn=cmd_maintain)
 
+
+def _add_key_parsers(sub: Any) -> None:
+    """API keys and the signing secrets of deliveries."""
     s = sub.add_parser("keys", help="create, list and revoke API keys (each bound to a namespace)")
     keys = s.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     k = keys.add_parser("create", help="create a key for a namespace; prints it once, alone on the last line")
@@ -420,6 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--namespace", default="default", help="the namespace whose deliveries it signs (default: default)")
     k.set_defaults(fn=cmd_secrets_rotate)
 
+
+def _add_bench_parser(sub: Any) -> None:
     s = sub.add_parser("bench", help="benchmark a private stack of its own (see docs/performance.md)")
     s.add_argument(
         "--scenarios",
@@ -444,6 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep", action="store_true", help="keep the work directory and its logs")
     s.set_defaults(fn=cmd_bench)
 
+
+def _add_sim_parser(sub: Any) -> None:
     s = sub.add_parser("sim", help="run the deterministic simulation of a cluster under faults")
     s.add_argument("--seeds", type=int, default=100, help="how many seeds to run (default 100)")
     s.add_argument(
@@ -480,6 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(fn=cmd_sim)
 
+
+def _add_receive_parser(sub: Any) -> None:
     s = sub.add_parser("receive", help="a local HTTP receiver that prints each delivery")
     s.add_argument("--port", type=int, default=9000)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
@@ -488,14 +513,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--fail-status", type=int, default=500)
     s.set_defaults(fn=cmd_receive)
-
-    from cronman import cli_apply, cli_calendars, cli_config, cli_jobs
-
-    cli_jobs.add_parsers(sub)
-    cli_calendars.add_parsers(sub)
-    cli_apply.add_parsers(sub)
-    cli_config.add_parsers(sub)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
