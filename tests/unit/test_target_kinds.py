@@ -22,7 +22,7 @@ from scheduler_node.watch import watch_senders
 
 
 def test_every_target_model_has_a_sender_and_every_sender_a_model() -> None:
-    assert TARGET_KINDS == ("http", "sqs")
+    assert TARGET_KINDS[:2] == ("http", "sqs")  # and any kind added since
     assert tuple(registered()) == TARGET_KINDS
     for kind, model in TARGET_MODELS.items():
         assert issubclass(model, TargetModel)
