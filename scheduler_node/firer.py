@@ -33,16 +33,17 @@ from cronman import signing
 from cronman.calendars import SkipSummary
 from cronman.errors import TransientError
 from cronman.execution import Status, Trigger, backfill_of, execution_id
-from cronman.hashing import slot_of
 from cronman.misfire import MisfirePlan
 from cronman.schedule import Timing
 from cronman.scripts import resume_cancellation
 from cronman.timeutil import iso
+from scheduler_node.aio import wait_event
 from scheduler_node.backlog import Backlog
-from scheduler_node.execution import Descriptor, Execution, Stage
+from scheduler_node.execution import Execution, Stage
 from scheduler_node.gates import InFlight, PerHost
 from scheduler_node.history import HistoryRow, HistoryWriter, clean_text, row_from_text, row_to_text
 from scheduler_node.jobs import OwnedJob
+from scheduler_node.lifecycle import adoptable, next_occurrence
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import (
     ClaimResult,
@@ -58,10 +59,12 @@ from scheduler_node.parts import (
 from scheduler_node.retry import decide
 from scheduler_node.senders import Senders
 from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
-from scheduler_node.store import Attempts, Ident, NodeStore, ends, one_row_per_attempt
+from scheduler_node.store import Attempts, Ident, NodeStore
+from scheduler_node.sweeper import Sweeper
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.timetable import PLACE_BITS, Timetable
 from scheduler_node.tracing import Tracing
+from scheduler_node.verify import fold
 
 # What the cluster's configuration says of a won execution before it is sent (Firer.screen): end it
 # with this status and reason, and for a skipped span of excluded days, what its row stands for.
@@ -74,11 +77,7 @@ MAX_BATCH = 5000  # due executions handled per timer pass
 # backlog with the catch-up's other late occurrences (see take_queued), at most LATE_MOVED a pass.
 LATE_MS = 5000
 LATE_MOVED = 50_000
-FINAL = frozenset(
-    {Status.SUCCEEDED.value, Status.PERMANENTLY_FAILED.value, Status.SKIPPED.value, Status.CANCELLED.value}
-)
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
-_SWEEP_LIMIT = 500  # open claims looked at per slot per sweep
 _PARK_BATCH = 1000  # executions parked per call
 _PARK_CALLS = 4  # park calls out at once, of those sent within a third of a lease (see _park)
 _UNANSWERED_MAX = 1_000_000  # names of claims asked for without an answer, kept to ask again
@@ -107,16 +106,6 @@ class FirerConfig:
     # of them join each pass all the same.
     backlog_room: int | None = None
     backlog_min: int = 50
-
-
-async def wait_event(event: asyncio.Event, timeout: float) -> None:
-    """Wait for ``event`` at most ``timeout`` seconds. (asyncio.wait_for on Python 3.11 can swallow
-    a cancellation that races with the event; asyncio.timeout does not.)"""
-    try:
-        async with asyncio.timeout(timeout):
-            await event.wait()
-    except TimeoutError:
-        pass
 
 
 class Firer:
@@ -223,7 +212,6 @@ class Firer:
         # park calls out (loop time each was sent), at most _PARK_CALLS sent within a third of a lease
         self._parking: dict[int, float] = {}
         self._park_calls = itertools.count()
-        self._sweep_wake = asyncio.Event()
         self._done_wake = asyncio.Event()
         self.stopping = False
         self.progress_ms: int | None = None  # every occurrence due up to here has been claimed
@@ -242,6 +230,17 @@ class Firer:
         self._passes = 0
         self._fired_recent: list[int] = []  # fired-at times of the last second (fires per second)
         self._lags: list[int] = []  # recent first-attempt lags (ms)
+        self.sweeper = Sweeper(
+            self,
+            claims=claims,
+            store=store,
+            history=history,
+            spawn=self._spawn,
+            rng=self.rng,
+            every_s=cfg.sweep_seconds,
+            rows_after_ms=cfg.unrecorded_after_ms,
+            slot_count=cfg.slots,
+        )
 
     @property
     def jobs(self) -> dict[str, OwnedJob]:
@@ -282,7 +281,7 @@ class Firer:
         place = self.table.place(job, old)
         self.jobs[job.id] = job
         if not job.paused:
-            nxt = _next(job, after_ms, timing)
+            nxt = next_occurrence(job, after_ms, timing)
             if nxt is not None:
                 self.table.schedule(job, place, nxt)
         self._wake.set()
@@ -425,13 +424,13 @@ class Firer:
     def sweep_soon(self) -> None:
         """Sweep now, not at the next interval: slots were just taken over, and what a holder gone
         from them left (claims whose lease ran out) is taken at once."""
-        self._sweep_wake.set()
+        self.sweeper.soon()
 
     def stop(self) -> None:
         """The timer and the sweeper end after the pass they are in."""
         self.stopping = True
         self._wake.set()
-        self._sweep_wake.set()
+        self.sweeper.soon()
 
     # ------------------------------------------------------------------ the timer
     async def run_timer(self) -> None:
@@ -493,7 +492,7 @@ class Firer:
                 moved += 1
             else:
                 due.extend(self.occurrence(job, when))
-            table.schedule(job, place, _next(job, when))
+            table.schedule(job, place, next_occurrence(job, when))
             if len(due) >= MAX_BATCH or moved >= LATE_MOVED:
                 break
 
@@ -574,7 +573,7 @@ class Firer:
             if due:
                 await self._claim(due)
             if retries:
-                await self._take(retries)
+                await self.take(retries)
             if self.throttle is not None and self.throttle.waiting:
                 for e in await self.throttle.grant(self.clock()):
                     self._granted(e)
@@ -715,7 +714,7 @@ class Firer:
         e.stage = Stage.WAITING
         self.held[e.ticket.name] = e
 
-    async def _take(self, items: list[Execution]) -> None:
+    async def take(self, items: list[Execution]) -> None:
         """Take executions whose time came back from the claim store: our own parked retries,
         and open claims of our slots whose holder is gone (found by the sweep)."""
         # One take of an execution at a time: the timer and the sweep both come to a parked retry
@@ -863,7 +862,7 @@ class Firer:
             # does for what is held. Its timer does not derive the occurrence again (the same
             # schedule keeps its timer entry). Seed 74337.
             since = self._recreated.get(current.id)
-            if since is not None and since[0] == current.incarnation and _adoptable(current, e.d, since[1]):
+            if since is not None and since[0] == current.incarnation and adoptable(current, e.d, since[1]):
                 if self.trace:
                     self.trace("adopt", e, f"by incarnation {current.incarnation} (just claimed)")
                 e.job = current
@@ -915,12 +914,12 @@ class Firer:
         # delivered with success is not delivered again when it takes the execution back over
         # before its row is written (seed 904).
         idents = {e.ident for e in items}
-        _fold(found, self.history.unwritten(idents))
+        fold(found, self.history.unwritten(idents))
         # The same for what it finished and wrote already, and then found taken over, for when
         # the database cannot say (seed 40733).
         superseded = self._finished_superseded
         if superseded:
-            _fold(found, [superseded[i] for i in idents if i in superseded])
+            fold(found, [superseded[i] for i in idents if i in superseded])
         for e in items:
             e.verify = False
             if e.stage is not Stage.WAITING:
@@ -947,52 +946,23 @@ class Firer:
 
     # ------------------------------------------------------------------ sweeping
     async def run_sweeper(self, ready: Callable[[], bool]) -> None:
-        """Look at the open claims of the slots this node owns: take over those whose holder's
-        lease ran out or whose parking time came; write history rows whose writer died."""
-        loop = asyncio.get_running_loop()
-        rows_every = self.cfg.unrecorded_after_ms / 4000
-        rows_at = loop.time() + rows_every
-        while not self.stopping:
-            await wait_event(self._sweep_wake, self.cfg.sweep_seconds * (0.75 + 0.5 * self.rng.random()))
-            if not self.stopping:
-                self._sweep_wake.clear()
-            if self.stopping or not ready() or not self.slots:
-                continue
-            rows = loop.time() >= rows_at
-            if rows:
-                rows_at = loop.time() + rows_every
-            try:
-                await self.sweep(rows=rows)
-            except TransientError as exc:
-                log.warning("sweep failed: %s", exc)
-            except Exception:  # noqa: BLE001 - the next sweep tries again
-                log.exception("sweep failed")
+        """The sweeper's loop (see Sweeper.run)."""
+        await self.sweeper.run(ready)
 
     async def sweep(self, rows: bool = True) -> None:
-        age = self.cfg.unrecorded_after_ms if rows else -1
-        swept = await self.claims.sweep(sorted(self.slots), _SWEEP_LIMIT, age)
-        found: list[Execution] = []
-        unknown: dict[str, list[tuple[int, Descriptor]]] = {}
-        for slot, members in swept.due.items():
-            for member in members:
-                mine = self.parked.get(member)
-                if mine is not None:
-                    found.append(mine)
-                    continue
-                try:
-                    d = Descriptor.parse(member)
-                except ValueError:
-                    log.error("unreadable entry among open claims", extra={"member": member[:200]})
-                    continue
-                job = self.jobs.get(d.job_id)
-                if job is None or job.incarnation != d.incarnation:
-                    unknown.setdefault(d.job_id, []).append((slot, d))
-                    continue
-                e = Execution.found(job, d)
-                if e.ticket.name not in self.held and e.ticket.name not in self.closing:
-                    found.append(e)
-        if unknown:
-            found.extend(await self._orphans(unknown))
+        await self.sweeper.sweep(rows)
+
+    def recorded(self, rows: list[HistoryRow]) -> None:
+        """The history writer wrote these rows: drop their copies from the claim store."""
+        self.sweeper.recorded(rows)
+
+    def parked_here(self, member: str) -> Execution | None:
+        return self.parked.get(member)
+
+    def holds(self, name: str) -> bool:
+        return name in self.held or name in self.closing
+
+    def retake(self, found: list[Execution]) -> None:
         if self._untaken:  # taken by a call whose answer was lost: taken again (not due: its lease is ours)
             listed = {e.ticket.member for e in found}
             for name, e in list(self._untaken.items()):
@@ -1000,61 +970,6 @@ class Firer:
                     del self._untaken[name]
                 elif e.ticket.member not in listed:
                     found.append(e)
-        if found:
-            await self._take(found)
-        if swept.unrecorded:
-            self._recover_rows(swept.unrecorded)
-
-    async def _orphans(self, unknown: dict[str, list[tuple[int, Descriptor]]]) -> list[Execution]:
-        """Open claims of jobs this node does not know: of a deleted job (or an earlier
-        incarnation of it) they are taken over to be cancelled, unless the job created again has
-        the same occurrence: then it is the new incarnation's to deliver, as :meth:`_adopt` does
-        for what this node holds (seed 70469: a node took over a handed-over claim of the earlier
-        incarnation and cancelled it, and the new one's occurrence was never delivered). Of a job
-        this node has not loaded yet, or whose new incarnation it has not read yet, they are left
-        for a later sweep."""
-        live = await self.store.live_incarnations(sorted(unknown))
-        out: list[Execution] = []
-        for job_id, ds in unknown.items():
-            known = self.jobs.get(job_id)
-            incarnation, created_ms = live.get(job_id, (None, 0))
-            for slot, d in ds:
-                if incarnation == d.incarnation:
-                    continue  # a job this node will learn of shortly
-                if incarnation is not None and (known is None or known.incarnation != incarnation):
-                    continue  # created again: decided once this node has read the new incarnation
-                if known is not None and _adoptable(known, d, created_ms - 1):
-                    e = Execution.found(known, d)
-                    if self.trace:
-                        self.trace("adopt", e, f"by incarnation {known.incarnation} (taken over)")
-                    out.append(e)
-                    continue
-                out.append(Execution(OwnedJob.gone(job_id, slot, d.incarnation), d))
-        return out
-
-    def _recover_rows(self, rows: list[tuple[int, str]]) -> None:
-        """History rows delivered long ago and still not known to be written: write them (the same
-        row written twice counts once), then the writer's callback forgets them."""
-        for _, text in rows:
-            try:
-                row = row_from_text(text)
-            except (ValueError, TypeError):
-                log.error("unreadable history row kept in the claim store", extra={"row": text[:200]})
-                continue
-            self.history.add(row)
-
-    def recorded(self, rows: list[HistoryRow]) -> None:
-        """The history writer wrote these rows: drop their copies from the claim store."""
-        slots = self.cfg.slots
-        kept = [(slot_of(r.job_id, slots), row_to_text(r)) for r in rows if r.status in FINAL]
-        if kept:
-            self._spawn(self._forget_rows(kept))
-
-    async def _forget_rows(self, rows: list[tuple[int, str]]) -> None:
-        try:
-            await self.claims.recorded(rows)
-        except TransientError as exc:  # they are found and written again later: harmless
-            log.debug("could not forget recorded rows: %s", exc)
 
     # ------------------------------------------------------------------ leases
     async def run_renewer(self) -> None:
@@ -1561,7 +1476,7 @@ class Firer:
             if (
                 e.job.incarnation != job.incarnation
                 and e.job.namespace == job.namespace  # (another tenant's job: its own accounting)
-                and _adoptable(job, e.d, since_ms)
+                and adoptable(job, e.d, since_ms)
             ):
                 if self.trace:
                     self.trace("adopt", e, f"by incarnation {job.incarnation}")
@@ -1601,7 +1516,7 @@ class Firer:
             and job.opts.delete_after
             and e.trigger == Trigger.SCHEDULE
             and e.event_index == job.opts.events - 1
-            and _next(job, e.scheduled_ms) is None
+            and next_occurrence(job, e.scheduled_ms) is None
         ):
             self._completed.append((job.id, job.version))
             if len(self._completed) == 1:
@@ -1853,38 +1768,3 @@ class Firer:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _adoptable(job: OwnedJob, d: Descriptor, since_ms: int) -> bool:
-    """Whether an execution of an earlier incarnation of ``job``'s id is an occurrence of ``job``
-    (created again, scheduled from ``since_ms``): a scheduled one, after then, on its schedule."""
-    return (
-        d.job_id == job.id
-        and d.incarnation != job.incarnation
-        and d.trigger == Trigger.SCHEDULE
-        and not d.suffix
-        and not job.paused
-        and d.scheduled_ms > since_ms
-        and _next(job, d.scheduled_ms - 1) == d.scheduled_ms
-    )
-
-
-def _fold(found: dict[Ident, Attempts], rows: Iterable[HistoryRow]) -> None:
-    """Add history rows not written yet to what history says of their executions, as
-    ``NodeStore.attempts`` would once they are written (one row per attempt, as the store keeps
-    it: ``one_row_per_attempt``)."""
-    for r in one_row_per_attempt(rows):
-        ident = (r.job_id, r.scheduled_ms, r.event_index, r.trigger)
-        old = found.get(ident, Attempts(0, False))
-        final = old.final or r.status in FINAL
-        ended = (old.final and not old.only_skipped) or ends(r.status, r.error)
-        found[ident] = Attempts(max(old.last_attempt, r.attempt), final, final and not ended)
-
-
-def _next(job: OwnedJob, after_ms: int, timing: Timing | None = None) -> int | None:
-    """The job's next occurrence; a schedule that cannot compute one has none (logged)."""
-    try:
-        return (job.timing if timing is None else timing).next_after(after_ms)
-    except Exception:  # noqa: BLE001 - one job's schedule never stops the timer
-        log.exception("cannot compute the next occurrence", extra={"job_id": job.id})
-        return None

@@ -214,7 +214,7 @@ def test_rows_not_written_yet_say_what_history_will_say(db) -> None:  # type: ig
     import asyncio
     import itertools
 
-    from scheduler_node.firer import _fold
+    from scheduler_node.verify import fold
 
     statuses = ["failed", "succeeded", "permanently_failed", "skipped", "cancelled"]
     when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -228,7 +228,7 @@ def test_rows_not_written_yet_say_what_history_will_say(db) -> None:  # type: ig
             rows = [row] if b is None else [row, row._replace(attempt=1 if same_attempt else 2, status=b)]
             cases.append(rows)
     folded: dict[tuple[str, int, int, str], Attempts] = {}
-    _fold(folded, [r for rows in cases for r in rows])
+    fold(folded, [r for rows in cases for r in rows])
     asyncio.run(_write(db, [r for rows in cases for r in rows]))
     store = PgNodeStore(db, ThreadPoolExecutor(1))
     idents = [(job, rows[0].scheduled_ms, 0, "schedule") for rows in cases]

@@ -31,6 +31,7 @@ from scheduler_node.sim.world import (
     draw_timings,
 )
 from scheduler_node.standby import Standby, Verdict
+from scheduler_node.sweeper import Sweeper
 
 SEEDS = int(os.environ.get("CRONMAN_SIM_SEEDS", "501"))  # (from 7,500,001: 167 at the shipped timings)
 START = int(os.environ.get("CRONMAN_SIM_START", str(TIMINGS_FROM + 1)))
@@ -564,7 +565,7 @@ def test_the_simulation_finds_a_broken_core(monkeypatch: pytest.MonkeyPatch, bro
         async def sweep(self, rows=True):  # type: ignore[no-untyped-def]
             return None
 
-        monkeypatch.setattr(Firer, "sweep", sweep)
+        monkeypatch.setattr(Sweeper, "sweep", sweep)
     elif broken.startswith("a standby"):
         monkeypatch.setattr(Standby, "verdict", lambda self, leader, item, now_ms, now: Verdict.COVERED)
     else:
