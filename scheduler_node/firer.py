@@ -41,7 +41,7 @@ from scheduler_node.aio import wait_event
 from scheduler_node.backlog import Backlog
 from scheduler_node.execution import Execution, Stage
 from scheduler_node.gates import InFlight, PerHost
-from scheduler_node.history import HistoryRow, HistoryWriter, clean_text, row_from_text, row_to_text
+from scheduler_node.history import HistoryRow, HistoryWriter, clean_text, row_to_text
 from scheduler_node.jobs import OwnedJob
 from scheduler_node.lifecycle import adoptable, next_occurrence
 from scheduler_node.metrics import NodeMetrics
@@ -59,12 +59,12 @@ from scheduler_node.parts import (
 from scheduler_node.retry import decide
 from scheduler_node.senders import Senders
 from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
-from scheduler_node.store import Attempts, Ident, NodeStore
+from scheduler_node.store import NodeStore
 from scheduler_node.sweeper import Sweeper
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.timetable import PLACE_BITS, Timetable
 from scheduler_node.tracing import Tracing
-from scheduler_node.verify import fold
+from scheduler_node.verify import Verifier
 
 # What the cluster's configuration says of a won execution before it is sent (Firer.screen): end it
 # with this status and reason, and for a skipped span of excluded days, what its row stands for.
@@ -81,7 +81,6 @@ _OVERLAP = "overlap: the previous execution of this job was still in flight"
 _PARK_BATCH = 1000  # executions parked per call
 _PARK_CALLS = 4  # park calls out at once, of those sent within a third of a lease (see _park)
 _UNANSWERED_MAX = 1_000_000  # names of claims asked for without an answer, kept to ask again
-_SUPERSEDED_MAX = 10_000  # final rows kept of executions finished here and found taken over
 WAITING_LEASES = 3  # an execution waiting for a permit or a slot is leased this many leases at a time
 RECREATED_KEPT = 10_000  # jobs deleted and created again remembered for adoption (the latest)
 RETAKE_MS = 250  # a parked retry whose take found a live lease is taken again at least this much later
@@ -140,10 +139,6 @@ class Firer:
         # calendar excludes its day; the row may stand for the rest of the span: see Verdict) or
         # cancel it (its backfill was cancelled); None: send it.
         self.screen = screen
-        # The misfire plan an execution taken over from another holder carries, if it is the one
-        # a catch-up claimed to carry its outage's plan (a taker rebuilds it from its descriptor,
-        # which does not say; see _verify); None: it is delivered late like any taken over.
-        self.misfire_of = misfire
         self.rng = rng or random.Random()
         self.lease_s = cfg.lease_ms / 1000
         # What happens to executions, step by step, for whoever watches (the simulation's --trace).
@@ -158,10 +153,6 @@ class Firer:
         self.backlog = Backlog()
         # What the pass in progress claims (taken from ``due``; what it could not claim goes back)
         self.claiming: list[Execution] = []
-        # Slots taken over whose marks a loss of Redis's data lowered: occurrences up to how far
-        # they were fired anyway may have been delivered, and are checked against history.
-        self.verify_through: dict[int, int] = {}
-        self.to_verify: list[Execution] = []  # won, but check history before sending
         # Claims asked for by a call whose answer never came (it may have been applied): asked for
         # again, a claim of ours found there is ours (the claim script reads it only for these).
         self._unanswered: set[str] = set()
@@ -170,11 +161,6 @@ class Firer:
         # included. Taken again at the next sweep, a claim of ours found there is ours, so a takeover
         # whose answer was lost is sent within a sweep, not left for leases (seed 924420).
         self._untaken: dict[str, Execution] = {}
-        # The last row of attempts this node made of executions another node then took over (a
-        # done mark that found another node's claim, a claim lost while its attempt was out or
-        # while it waited to retry): should this node take that claim over in turn, what it did
-        # itself counts as history even when the database cannot say (see _verify).
-        self._finished_superseded: dict[Ident, HistoryRow] = {}
         self._to_release: list[Execution] = []  # won for a slot that moved away meanwhile
         # executions held: claimed and not over, by claim name
         self.held: dict[str, Execution] = {}
@@ -230,6 +216,15 @@ class Firer:
         self._passes = 0
         self._fired_recent: list[int] = []  # fired-at times of the last second (fires per second)
         self._lags: list[int] = []  # recent first-attempt lags (ms)
+        # history checks before sending, and what this node did itself that history may not hold
+        self.verifier = Verifier(
+            store=store,
+            history=history,
+            misfire_of=misfire,
+            proceed=self._proceed,
+            close=self._close,
+            spawn=self._spawn,
+        )
         self.sweeper = Sweeper(
             self,
             claims=claims,
@@ -359,8 +354,7 @@ class Firer:
             return
         for job_id in [j.id for j in self.jobs.values() if j.slot in dropped]:
             self.table.pop(job_id)
-        for slot in dropped.intersection(self.verify_through):
-            del self.verify_through[slot]
+        self.verifier.drop_slots(dropped)
         self.due = [e for e in self.due if e.job.slot not in dropped]
         self.backlog.keep_only(lambda e: e.job.slot not in dropped)
         for member in [m for m, e in self.parked.items() if e.job.slot in dropped]:
@@ -383,11 +377,11 @@ class Firer:
     def verify_through_at_least(self, slot: int, ms: int) -> None:
         """Occurrences of ``slot`` due up to ``ms`` are checked against history before sending
         (they may have been delivered before a loss of Redis's data)."""
-        self.verify_through[slot] = max(self.verify_through.get(slot, -1), ms)
+        self.verifier.mark_at_least(slot, ms)
 
     def verify_slot_through(self, slot: int, ms: int) -> None:
         """As :meth:`verify_through_at_least`, for a slot just taken over: its mark is ``ms``."""
-        self.verify_through[slot] = ms
+        self.verifier.mark(slot, ms)
 
     def lower_progress(self, before_ms: int) -> None:
         """Claims made since ``before_ms`` may be lost: progress is not past it until the next
@@ -402,9 +396,8 @@ class Firer:
 
     def forget_verified(self) -> None:
         """Slots checked against history only through what progress has passed are not any more."""
-        progress = self.progress_ms
-        if self.verify_through and progress is not None:
-            self.verify_through = {s: t for s, t in self.verify_through.items() if t > progress}
+        if self.progress_ms is not None:
+            self.verifier.forget_through(self.progress_ms)
 
     def feed_read(self, started_ms: int) -> None:
         """A read of the change feed that began at ``started_ms`` succeeded."""
@@ -412,7 +405,8 @@ class Firer:
 
     def occurrence(self, job: OwnedJob, when: int, trigger: str = Trigger.SCHEDULE) -> list[Execution]:
         out = [Execution.of(job, when, i, trigger) for i in range(job.opts.events)]
-        if self.verify_through and when <= self.verify_through.get(job.slot, -1):
+        through = self.verifier.through
+        if through and when <= through.get(job.slot, -1):
             for e in out:  # its slot's mark was lowered by a loss of Redis's data past this time
                 e.verify = True
         return out
@@ -838,9 +832,7 @@ class Firer:
         """A claim is ours: first learn from history where it stands if it must (a takeover, a
         claim Redis had lost), then check it is still wanted, then queue it for delivery."""
         if e.verify:
-            self.to_verify.append(e)
-            if len(self.to_verify) == 1:
-                self._spawn(self._verify())
+            self.verifier.check(e)
             return
         self._proceed(e)
 
@@ -896,53 +888,6 @@ class Firer:
             self._finish_with(e, *verdict)
             return
         self._dispatch(e)
-
-    async def _verify(self) -> None:
-        """Executions whose claim record was lost, taken over, or caught up after their finished
-        marks expired: ask history whether they already ended, and from which attempt to go on."""
-        await asyncio.sleep(0)
-        items, self.to_verify = self.to_verify, []
-        try:
-            found = await self.store.attempts([e.ident for e in items])
-        except TransientError as exc:
-            log.warning("could not check history before a takeover, delivering: %s", exc)
-            found = {}
-        except Exception:  # noqa: BLE001 - cannot verify: deliver (at least once)
-            log.exception("could not check history before a takeover")
-            found = {}
-        # What this node did itself and has not written yet counts as history: an attempt it
-        # delivered with success is not delivered again when it takes the execution back over
-        # before its row is written (seed 904).
-        idents = {e.ident for e in items}
-        fold(found, self.history.unwritten(idents))
-        # The same for what it finished and wrote already, and then found taken over, for when
-        # the database cannot say (seed 40733).
-        superseded = self._finished_superseded
-        if superseded:
-            fold(found, [superseded[i] for i in idents if i in superseded])
-        for e in items:
-            e.verify = False
-            if e.stage is not Stage.WAITING:
-                continue
-            seen: Attempts | None = found.get(e.ident)
-            if e.taken and e.misfire is None and (seen is None or seen.only_skipped):
-                # Taken over, nothing of it attempted: if it is the occurrence a catch-up claimed
-                # to carry an outage's misfire plan, it carries it again here (seed 930278).
-                e.misfire = self.misfire_of(e)
-            if seen is not None and not e.d.suffix:
-                # A skip recorded for an occurrence the claim store shows was attempted, or that a
-                # node claimed (a misfire plan that counted as missed what a node had claimed just
-                # before the whole cluster stopped: it was due while a node ran), does not end it:
-                # its retry goes on, or it is delivered late like any occurrence taken over (seed
-                # 79428).
-                if seen.final and not (seen.only_skipped and (e.attempt >= 2 or e.taken)):
-                    self._close(e, "done", "")
-                    continue
-                e.attempt = max(e.attempt, seen.last_attempt + 1)
-            elif seen is not None and seen.final and seen.last_attempt >= e.attempt:
-                self._close(e, "done", "")  # a redelivery that already ran
-                continue
-            self._proceed(e)
 
     # ------------------------------------------------------------------ sweeping
     async def run_sweeper(self, ready: Callable[[], bool]) -> None:
@@ -1036,7 +981,7 @@ class Firer:
         if e.stage is Stage.OVER:
             return
         self._superseded(e, "lost the claim on an execution")
-        self._remember_failed(e)
+        self.verifier.remember_failed(e)
         if e.stage is Stage.WAITING:
             self._unwait(e)
         self.held.pop(e.ticket.name, None)
@@ -1272,7 +1217,7 @@ class Firer:
         if e.superseded:  # another node has it now; it records its own attempts
             e.stage = Stage.OVER
             self.held.pop(e.ticket.name, None)
-            self._remember_finished(e, row)
+            self.verifier.remember(e, row)
             return
         if status is Status.FAILED:
             e.failed_row = row._replace(response=None)
@@ -1398,7 +1343,7 @@ class Firer:
                 for (e, _, _), r in zip(items, results, strict=True):
                     if r is RenewResult.LOST:
                         self._superseded(e, "lost the claim on an execution waiting to retry")
-                        self._remember_failed(e)
+                        self.verifier.remember_failed(e)
                         self.parked.pop(e.ticket.member, None)
                         e.stage = Stage.OVER
                 return
@@ -1637,29 +1582,8 @@ class Firer:
                 if not marked:
                     self._superseded(e, "another node took over an execution this node delivered")
                     if row:
-                        self._remember_superseded(e, row)
+                        self.verifier.remember_text(e, row)
             self.metrics.in_flight.set(len(self.held))
-
-    def _remember_superseded(self, e: Execution, row: str) -> None:
-        try:
-            finished = row_from_text(row)
-        except (ValueError, TypeError):
-            return
-        self._remember_finished(e, finished)
-
-    def _remember_failed(self, e: Execution) -> None:
-        """A claim lost while the execution waited to retry: its failed attempt here is history
-        (seed 8306635: the park's answer said another node had it; taken back while PostgreSQL was
-        down, the attempt this node had made was sent again)."""
-        if e.failed_row is not None:
-            self._remember_finished(e, e.failed_row)
-
-    def _remember_finished(self, e: Execution, row: HistoryRow) -> None:
-        kept = self._finished_superseded
-        kept.pop(e.ident, None)
-        kept[e.ident] = row._replace(response=None)
-        if len(kept) > _SUPERSEDED_MAX:
-            del kept[next(iter(kept))]
 
     # ------------------------------------------------------------------ handing over
     def _hand_over(self, which: Callable[[Execution], bool], patience: float = 3.0) -> None:
