@@ -35,7 +35,6 @@ from cronman.errors import TransientError
 from cronman.execution import Status, Trigger, backfill_of, execution_id
 from cronman.misfire import MisfirePlan
 from cronman.schedule import Timing
-from cronman.scripts import resume_cancellation
 from cronman.timeutil import iso
 from scheduler_node.aio import wait_event
 from scheduler_node.backlog import Backlog
@@ -43,13 +42,13 @@ from scheduler_node.execution import Execution, Stage
 from scheduler_node.gates import InFlight, PerHost
 from scheduler_node.history import HistoryRow, HistoryWriter, clean_text, row_to_text
 from scheduler_node.jobs import OwnedJob
+from scheduler_node.leases import Leases
 from scheduler_node.lifecycle import adoptable, next_occurrence
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import (
     ClaimResult,
     Claims,
     Delivery,
-    Finish,
     Hold,
     Outcome,
     RenewResult,
@@ -78,10 +77,7 @@ MAX_BATCH = 5000  # due executions handled per timer pass
 LATE_MS = 5000
 LATE_MOVED = 50_000
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
-_PARK_BATCH = 1000  # executions parked per call
-_PARK_CALLS = 4  # park calls out at once, of those sent within a third of a lease (see _park)
 _UNANSWERED_MAX = 1_000_000  # names of claims asked for without an answer, kept to ask again
-WAITING_LEASES = 3  # an execution waiting for a permit or a slot is leased this many leases at a time
 RECREATED_KEPT = 10_000  # jobs deleted and created again remembered for adoption (the latest)
 RETAKE_MS = 250  # a parked retry whose take found a live lease is taken again at least this much later
 PAUSE_RECHECK_MS = 1000  # a takeover this node cannot judge paused yet is parked again this long
@@ -161,28 +157,17 @@ class Firer:
         # included. Taken again at the next sweep, a claim of ours found there is ours, so a takeover
         # whose answer was lost is sent within a sweep, not left for leases (seed 924420).
         self._untaken: dict[str, Execution] = {}
-        self._to_release: list[Execution] = []  # won for a slot that moved away meanwhile
-        # executions held: claimed and not over, by claim name
-        self.held: dict[str, Execution] = {}
-        self.parked: dict[str, Execution] = {}  # by index member
         self.taking: set[str] = set()  # index members whose take is out
         self.gate: InFlight[Execution] = InFlight(cfg.max_in_flight, cfg.namespace_share)
         self.hosts: PerHost[Execution] = PerHost(senders.places)
         self.sending: dict[asyncio.Future[Outcome], tuple[Execution, int]] = {}
         self._reverify: list[Execution] = []
-        self._done_pending: list[tuple[Execution, str, str]] = []
-        self._done_in_flight = 0  # done calls out (drain waits for them: see drain)
-        # Finished here, their done marks on the way: until a mark lands the claim store still
-        # shows the claim as this node's first attempt, which it would let this node win again.
-        self.closing: dict[str, Execution] = {}
         # Claim and take calls out, by claim name, and the names among them this node finished
         # meanwhile by another path: an answer applied before the done mark and arriving after it
         # (a claim asked again after its answer was lost, while the sweep took the same claim
         # over) starts nothing (seed 917685).
         self._acquiring: dict[str, int] = {}
         self._finished_meanwhile: set[str] = set()
-        self._renewing = 0  # renewal calls out (a handover waits for them: see _release)
-        self._renewed = asyncio.Event()
         self._completed: list[tuple[str, int]] = []  # jobs to delete (delete_after_completion)
         # Jobs deleted and created again: (new incarnation, scheduled from), for executions of the
         # earlier one that were on their way to a claim when the new one arrived (see _proceed).
@@ -190,15 +175,6 @@ class Firer:
         self._seq = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
-        # Executions waiting to retry whose claims are to be parked, with when they retry: parked by
-        # a few calls at a time (_PARK_CALLS, see _park), as many as are waiting then each (a receiver that
-        # times out a thousand requests at once makes a thousand of them in one pass, and a call
-        # each ran the node's Redis connections out).
-        self._to_park: list[tuple[Execution, int, bool]] = []  # (execution, due, advance: see Hold)
-        # park calls out (loop time each was sent), at most _PARK_CALLS sent within a third of a lease
-        self._parking: dict[int, float] = {}
-        self._park_calls = itertools.count()
-        self._done_wake = asyncio.Event()
         self.stopping = False
         self.progress_ms: int | None = None  # every occurrence due up to here has been claimed
         # This node's timer ran through here, taking what came due on time to claim (late work it
@@ -225,6 +201,16 @@ class Firer:
             close=self._close,
             spawn=self._spawn,
         )
+        # the claims this node holds: leases, parked retries, done marks, handovers
+        self.leases = Leases(
+            self,
+            claims=claims,
+            clock=clock,
+            metrics=metrics,
+            memory=self.verifier,
+            spawn=self._spawn,
+            lease_ms=cfg.lease_ms,
+        )
         self.sweeper = Sweeper(
             self,
             claims=claims,
@@ -241,6 +227,21 @@ class Firer:
     def jobs(self) -> dict[str, OwnedJob]:
         """The jobs this node owns, by id (the table's: see Timetable)."""
         return self.table.jobs
+
+    @property
+    def held(self) -> dict[str, Execution]:
+        """Executions claimed here and not over, by claim name (the leases')."""
+        return self.leases.held
+
+    @property
+    def parked(self) -> dict[str, Execution]:
+        """Executions waiting here to retry, by index member (the leases')."""
+        return self.leases.parked
+
+    @property
+    def closing(self) -> dict[str, Execution]:
+        """Executions finished here whose done marks are on their way, by claim name (the leases')."""
+        return self.leases.closing
 
     @property
     def backlogged(self) -> int:
@@ -357,8 +358,7 @@ class Firer:
         self.verifier.drop_slots(dropped)
         self.due = [e for e in self.due if e.job.slot not in dropped]
         self.backlog.keep_only(lambda e: e.job.slot not in dropped)
-        for member in [m for m, e in self.parked.items() if e.job.slot in dropped]:
-            self.parked.pop(member).stage = Stage.OVER  # stays parked in the claim store
+        self.leases.drop_parked(lambda e: e.job.slot in dropped)  # stays parked in the claim store
         self._hand_over(lambda e: e.job.slot in dropped)
 
     def enqueue(self, executions: Iterable[Execution], verify: bool | None = None) -> None:
@@ -672,7 +672,7 @@ class Firer:
                         # queued in the backlog for minutes): the claim proves nothing, history does,
                         # so an occurrence delivered before is not delivered again (seed 7601620).
                         e.verify = True
-                    self._hold(e, asked)
+                    self.leases.hold(e, asked)
                     self._won(e)
                 elif r is ClaimResult.SKIPPED:
                     won += 1
@@ -702,11 +702,6 @@ class Firer:
                 acquiring[n] = left
             elif meanwhile:
                 meanwhile.discard(n)
-
-    def _hold(self, e: Execution, asked: float) -> None:
-        e.lease_until = asked + self.lease_s
-        e.stage = Stage.WAITING
-        self.held[e.ticket.name] = e
 
     async def take(self, items: list[Execution]) -> None:
         """Take executions whose time came back from the claim store: our own parked retries,
@@ -752,7 +747,7 @@ class Firer:
                 },
             )
         if lost:
-            self.repark_all()  # Redis lost keys: it lost the other parked retries too
+            self.leases.repark_all()  # Redis lost keys: it lost the other parked retries too
             results2 = await self.claims.renew([Hold(e.ticket, e.attempt, self.cfg.lease_ms) for e in lost])
             for e, r in zip(lost, results2, strict=True):
                 # (claimed again meanwhile by this node, a loss's catch-up say: that one goes on)
@@ -760,7 +755,7 @@ class Firer:
                     e.stage = Stage.OVER
                     continue
                 e.verify = True
-                self._hold(e, asked)
+                self.leases.hold(e, asked)
                 self._won(e)
 
     def _taken(
@@ -778,7 +773,7 @@ class Firer:
                 e.stage = Stage.OVER  # finished here by another path while the take was out
                 continue
             if ours:
-                del self.parked[e.ticket.member]
+                self.leases.unpark(e)
             elif e.ticket.member in parked or e.ticket.name in self.held or e.ticket.name in self.closing:
                 # It left this node's hands while the take was out: closed (a pause or a delete
                 # cancelled it; its done mark lands on the claim just taken), handed over (its
@@ -789,7 +784,7 @@ class Firer:
                     and took.state in (TakeState.TAKEN, TakeState.TAKEN_UNKNOWN)
                 ):
                     e.attempt = max(e.attempt, took.attempt)
-                    self._park(e, self.clock(), here=False)
+                    self.leases.park(e, self.clock(), here=False)
                 continue
             if took.state in (TakeState.TAKEN, TakeState.TAKEN_UNKNOWN):
                 if not ours:
@@ -804,7 +799,7 @@ class Firer:
                 # park answered LOST) is past. Left set, _send would refuse it forever, and the
                 # renewer would keep its lease, so no other node could take it either (seed 83247).
                 e.superseded = False
-                self._hold(e, asked)
+                self.leases.hold(e, asked)
                 self._won(e)
             elif took.state is TakeState.UNKNOWN:
                 # Redis lost the claim and its index entry since they were found: our parked retry,
@@ -822,7 +817,7 @@ class Firer:
                 # holds for a long backoff is not asked after all that time. The sweep, which goes by
                 # Redis's clock, finds this same execution. Never dropped: a sweep would take it back
                 # at the attempt before and send that again (seed 463).
-                self.parked[e.ticket.member] = e
+                self.leases.keep_parked(e)
                 self._later(max(self.clock() + RETAKE_MS, took.attempt), e)
             else:
                 e.stage = Stage.OVER
@@ -842,11 +837,7 @@ class Firer:
             # The slot moved to other nodes while this one was claiming: theirs to do.
             if self.trace:
                 self.trace("release", e, "the slot moved")
-            self.held.pop(e.ticket.name, None)
-            e.stage = Stage.OVER
-            self._to_release.append(e)
-            if len(self._to_release) == 1:
-                self._spawn(self._release_moved())
+            self.leases.hand_back(e)
             return
         if current is not None and current.incarnation != e.job.incarnation:
             # Claimed for an earlier incarnation while the new one arrived (a claim made again
@@ -870,7 +861,7 @@ class Firer:
                 # the job again).
                 if self.trace:
                     self.trace("defer", e, "paused in a view of the job older than the occurrence")
-                self._park(e, self.clock() + PAUSE_RECHECK_MS, here=False)
+                self.leases.park(e, self.clock() + PAUSE_RECHECK_MS, here=False)
                 return
             self._cancel(e, "the job was paused")
             return
@@ -918,91 +909,15 @@ class Firer:
 
     # ------------------------------------------------------------------ leases
     async def run_renewer(self) -> None:
-        """Keep the leases of what this node holds. An execution in flight is renewed every third
-        of a lease; one waiting for a permit or a delivery slot gets leases of WAITING_LEASES
-        leases, renewed when one lease is left, so a deep backlog costs Redis little. One finished
-        whose done mark has not landed after a third of a lease (done marks go one round trip at
-        a time, and a slow Redis queues them) is renewed too: its lease must not run out before
-        the mark says it is over (seed 820443 with db_hang: a finished retry taken over and
-        delivered again while its done mark waited behind a slow one)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.lease_s / 3)
-            try:
-                now = loop.time()
-                soon, closed = now + self.lease_s * 1.5, now + self.lease_s * 2 / 3
-                items = [
-                    e
-                    for e in self.held.values()
-                    if e.stage is Stage.SENDING or (e.stage is Stage.WAITING and e.lease_until < soon)
-                ]
-                if self.closing:
-                    items += [e for e in self.closing.values() if e.stage is Stage.FINISHING and e.lease_until < closed]
-                await self._renew(items)
-                if self.throttle is not None:
-                    await self.throttle.renew(self.clock())
-                self.senders.maintain()
-                self.metrics.waiting_for_connection.set(self.hosts.queued)
-            except TransientError as exc:
-                log.warning("lease renewal failed: %s", exc)
-
-    async def _renew(self, items: list[Execution]) -> None:
-        if not items:
-            return
-        asked = asyncio.get_running_loop().time()
-        lease = self.cfg.lease_ms
-        durations = [lease * WAITING_LEASES if e.stage is Stage.WAITING else lease for e in items]
-        self._renewing += 1
-        try:
-            results = await self.claims.renew(
-                [Hold(e.ticket, e.attempt, d) for e, d in zip(items, durations, strict=True)]
-            )
-        finally:
-            self._renewing -= 1
-            if not self._renewing:
-                self._renewed.set()
-        reclaimed = False
-        for e, r, d in zip(items, results, durations, strict=True):
-            if e.stage is Stage.FINISHING:  # the done mark's answer says whether it was still ours
-                if r is not RenewResult.LOST:
-                    e.lease_until = asked + d / 1000
-            elif r is RenewResult.LOST:
-                self._lose(e)
-            elif e.stage in (Stage.WAITING, Stage.SENDING):
-                e.lease_until = asked + d / 1000
-            reclaimed = reclaimed or r is RenewResult.RECLAIMED
-        if reclaimed:
-            self.repark_all()  # Redis lost keys: put back the parked retries it lost too
-
-    def _lose(self, e: Execution) -> None:
-        """Another node took the execution over (our lease ran out: a pause, a stall)."""
-        if self.trace:
-            self.trace("lost", e, e.stage.name)
-        if e.stage is Stage.OVER:
-            return
-        self._superseded(e, "lost the claim on an execution")
-        self.verifier.remember_failed(e)
-        if e.stage is Stage.WAITING:
-            self._unwait(e)
-        self.held.pop(e.ticket.name, None)
-        if e.stage is not Stage.SENDING:
-            e.stage = Stage.OVER
-        else:
-            e.superseded = True  # the attempt in flight finishes; nothing follows it here
-
-    def _superseded(self, e: Execution, message: str) -> None:
-        """Count an execution another node took over, once, however this node learned of it."""
-        if not e.superseded:
-            e.superseded = True
-            self.metrics.claim["superseded"].inc()
-            log.warning(message, extra={"job_id": e.d.job_id, "execution_id": e.id})
+        """The leases' renewal loop (see Leases.run_renewer)."""
+        await self.leases.run_renewer()
 
     async def _confirm_late(self) -> None:
         """Renew, in one round trip, the claims of executions whose lease ran out before they
         were sent; send those still held, drop those another node took over."""
         items, self._reverify = self._reverify, []
         try:
-            await self._renew(items)
+            await self.leases.renew(items)
         except TransientError:
             self._reverify[:0] = items
             raise
@@ -1010,7 +925,7 @@ class Firer:
             if e.stage is Stage.WAITING and not e.superseded:
                 self._start(e)
             elif e.stage is Stage.WAITING:
-                self._unwait(e)
+                self.unwait(e)
 
     # ------------------------------------------------------------------ delivery
     def _dispatch(self, e: Execution) -> None:
@@ -1106,7 +1021,7 @@ class Firer:
         now = self.clock()
         self._outcome(e, Outcome(False, None, error), now, now)
 
-    def _unwait(self, e: Execution) -> None:
+    def unwait(self, e: Execution) -> None:
         if self.throttle is not None:
             self.throttle.release(e)
         place, e.place = e.place, None
@@ -1216,146 +1131,38 @@ class Firer:
         row = self._record(e, status, outcome.http_status, error, fired, finished, response=outcome.response)
         if e.superseded:  # another node has it now; it records its own attempts
             e.stage = Stage.OVER
-            self.held.pop(e.ticket.name, None)
+            self.leases.let_go(e)
             self.verifier.remember(e, row)
             return
         if status is Status.FAILED:
             e.failed_row = row._replace(response=None)
             e.attempt += 1
             if job.slot not in self.slots:  # the slot moved meanwhile: its new owners retry it
-                self._park(e, finished + delay, here=False, advance=True)
+                self.leases.park(e, finished + delay, here=False, advance=True)
             elif gone or (current is not None and current.paused):
                 self._finish_with(e, Status.CANCELLED, "no retry: the job was " + ("deleted" if gone else "paused"))
             else:
-                self._park(e, finished + delay, advance=True)
+                self.leases.park(e, finished + delay, advance=True)
             return
         self._close(e, status.value, row_to_text(row))
 
-    def _park(self, e: Execution, due_ms: int, here: bool = True, advance: bool = False) -> None:
-        """Wait to retry: the claim is parked in the claim store until then (so that whoever owns
-        the slot may take it if this node is gone), and this node takes it back at that time
-        (unless ``here`` is False: the slot is someone else's now). ``advance``: the park moves the
-        claim on to the execution's next attempt, and is made once (see Hold)."""
-        if self.trace:
-            self.trace("park", e, f"attempt {e.attempt} at {due_ms}" + ("" if here else " (for the slot's owners)"))
-        self.held.pop(e.ticket.name, None)
-        if here:
-            e.stage = Stage.PARKED
-            self.parked[e.ticket.member] = e
-            self._later(due_ms, e)
-            self._wake.set()
-        else:
-            e.stage = Stage.OVER
-        self._to_park.append((e, due_ms, advance))
-        # A park waits for a call of its own only behind calls Redis answers promptly: calls out
-        # for a third of a lease (a slow Redis) hold no park back, which must land before its
-        # attempt's lease runs out (seed 923251).
-        now = asyncio.get_running_loop().time()
-        if sum(1 for sent in self._parking.values() if sent > now - self.lease_s / 3) < _PARK_CALLS:
-            call = next(self._park_calls)
-            self._parking[call] = now
-            self._spawn(self._park_queued(call))
+    def retry_at(self, when: int, e: Execution) -> None:
+        self._later(when, e)
+        self._wake.set()
+
+    def landed(self, name: str) -> None:
+        if self._acquiring and name in self._acquiring:  # (see _acquiring)
+            self._finished_meanwhile.add(name)
+
+    async def beat(self) -> None:
+        if self.throttle is not None:
+            await self.throttle.renew(self.clock())
+        self.senders.maintain()
+        self.metrics.waiting_for_connection.set(self.hosts.queued)
 
     def repark_all(self) -> None:
         """Park again every retry parked here (Redis lost its data: it lost them too)."""
-        if self.parked:
-            self._spawn(self._repark(list(self.parked.values())))
-
-    async def _repark(self, items: list[Execution], patience: float = 3.0) -> None:
-        """Park again what waits to retry here (idempotent): after Redis lost keys, or before this
-        node stops, so that whoever owns the slot finds it. Tried for ``patience`` seconds. Each is
-        a park on to its attempt (``advance``): where the claim holds it already (the park made,
-        or the retry taken back since, with a take still on its way) it changes nothing."""
-        await self._keep_trying(
-            lambda: self.claims.renew(
-                [
-                    Hold(e.ticket, e.attempt, max(0, e.due_ms - self.clock()), advance=True)
-                    for e in items
-                    if self._still_parked(e)
-                ]
-            ),
-            patience,
-            f"could not park {len(items)} executions waiting to retry",
-        )
-
-    def _still_parked(self, e: Execution) -> bool:
-        """Parked here, not taken back meanwhile: a park tried again (its answer lost, maybe made)
-        must not move the deadline of a claim this node has since taken back and is sending (seed
-        300094: the other owner found it due and delivered the attempt again)."""
-        return e.stage is Stage.PARKED and self.parked.get(e.ticket.member) is e
-
-    async def _keep_trying(self, call: Callable[[], Awaitable[Any]], patience: float, what: str) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + patience
-        pause = 0.2
-        while True:
-            try:
-                await call()
-                return True
-            except TransientError as exc:
-                if loop.time() + pause > deadline:
-                    log.error("%s: %s", what, exc)
-                    return False
-                log.warning("%s, retrying: %s", what, exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 2.0)
-
-    async def _park_queued(self, call: int) -> None:
-        """Park what is queued, a batch a call, until nothing is (what comes meanwhile goes in the
-        next call of one of the _PARK_CALLS tasks that do this: a park never waits behind more
-        than that many calls out, a slow one included, where one call at a time made a park wait
-        until its lease had run out behind a slow spell of Redis, seed 100376; calls out longer than
-        a third of a lease hold no park back, see _park)."""
-        try:
-            for _ in range(1_000_000):  # bound: each round takes what is queued
-                if not self._to_park:
-                    return
-                batch, self._to_park = self._to_park[:_PARK_BATCH], self._to_park[_PARK_BATCH:]
-                self._parking[call] = asyncio.get_running_loop().time()
-                await self._park_now(batch)
-        finally:
-            del self._parking[call]
-
-    async def _park_now(self, items: list[tuple[Execution, int, bool]]) -> None:
-        """Tried until it lands, for as long as the claims it moves can be held: a park that never
-        lands leaves its claim held by this node, for up to WAITING_LEASES leases after a wait for
-        a permit or a slot, and a node that gives its slot up meanwhile takes the retry along
-        (seed 8102813: a node cut off from Redis 6 s parked retries that waited for a slot under a
-        30 s lease; it gave up after 2 s, gave the slot up, and the retries waited 90 s)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + WAITING_LEASES * self.lease_s
-        for attempt in range(100_000):  # bound: the deadline ends it first
-            if attempt:
-                # What was taken back meanwhile is no longer to be parked (_still_parked); what was
-                # queued meanwhile goes in this call, not after every try of this one (seed 300194).
-                room = _PARK_BATCH - len(items)
-                if room > 0 and self._to_park:
-                    items = items + self._to_park[:room]
-                    self._to_park = self._to_park[room:]
-                items = [item for item in items if item[0].stage is Stage.OVER or self._still_parked(item[0])]
-                if not items:
-                    return
-            try:
-                now = self.clock()
-                results = await self.claims.renew(
-                    [Hold(e.ticket, e.attempt, max(0, due - now), advance) for e, due, advance in items]
-                )
-                for (e, _, _), r in zip(items, results, strict=True):
-                    if r is RenewResult.LOST:
-                        self._superseded(e, "lost the claim on an execution waiting to retry")
-                        self.verifier.remember_failed(e)
-                        self.parked.pop(e.ticket.member, None)
-                        e.stage = Stage.OVER
-                return
-            except TransientError as exc:
-                if loop.time() >= deadline:
-                    break
-                if attempt < 5:
-                    log.warning("could not park %d executions waiting to retry: %s", len(items), exc)
-                await asyncio.sleep(min(0.2 * (attempt + 1), 2.0))
-        # Left to the lease: the claim runs out while the execution waits here, and whoever owns the
-        # slot then takes it; this node retries it at its time all the same (it is in ``parked``).
-        log.error("gave up parking %d executions waiting to retry", len(items))
+        self.leases.repark_all()
 
     def _record(
         self,
@@ -1433,12 +1240,12 @@ class Firer:
         for e in [e for e in self.held.values() if e.d.job_id == job_id and e.stage is Stage.WAITING]:
             if e.job.incarnation == keep:
                 continue
-            self._unwait(e)
+            self.unwait(e)
             self._cancel(e, reason)
         for e in [e for e in self.parked.values() if e.d.job_id == job_id]:
             if e.job.incarnation == keep:
                 continue
-            del self.parked[e.ticket.member]
+            self.leases.unpark(e)
             self._cancel(e, reason)
         self.due = [e for e in self.due if e.d.job_id != job_id or (keep is not None and e.job.incarnation == keep)]
         self.backlog.cancel(job_id, keep)  # those in the backlog are let go as they come out of it
@@ -1447,13 +1254,7 @@ class Firer:
         """A final outcome: mark the claim done, and delete a job that has nothing left."""
         if self.trace:
             self.trace("close", e, status)
-        e.stage = Stage.FINISHING
-        self.held.pop(e.ticket.name, None)
-        self.parked.pop(e.ticket.member, None)
-        self.closing[e.ticket.name] = e
-        self._done_pending.append((e, status, row))
-        self._done_wake.set()
-        self.metrics.in_flight.set(len(self.held))
+        self.leases.close(e, status, row)
         job = e.job
         if (
             status != "done"
@@ -1544,46 +1345,11 @@ class Firer:
 
     # ------------------------------------------------------------------ done marks
     async def run_done(self) -> None:
-        while True:
-            resume_cancellation()  # (a Redis call that swallowed it: see there)
-            await self._done_wake.wait()
-            # No waiting to gather more: between a delivery and its done mark, a node that dies
-            # leaves the replica to deliver again, so that window stays one round trip.
-            self._done_wake.clear()
-            try:
-                await self.flush_done()
-            except TransientError as exc:
-                log.warning("marking executions done failed, retrying: %s", exc)
-                await asyncio.sleep(0.5)
-                self._done_wake.set()
+        """The done marks' loop (see Leases.run_done)."""
+        await self.leases.run_done()
 
     async def flush_done(self) -> None:
-        """Coalesced: whatever finished while the previous round trip was out goes in the next."""
-        while self._done_pending:
-            batch, self._done_pending = self._done_pending, []
-            self._done_in_flight += 1
-            try:
-                ok = await self.claims.done([Finish(e.ticket, st, e.attempt, row) for e, st, row in batch])
-            except BaseException:
-                self._done_pending[:0] = batch
-                # The done loop tries them again, whoever's call this was (a stopping node's drain
-                # that gives up leaves them to it: seed 7602992).
-                self._done_wake.set()
-                raise
-            finally:
-                self._done_in_flight -= 1
-            acquiring = self._acquiring
-            for (e, _, row), marked in zip(batch, ok, strict=True):
-                e.stage = Stage.OVER
-                if self.closing.get(e.ticket.name) is e:
-                    del self.closing[e.ticket.name]
-                if acquiring and e.ticket.name in acquiring:  # (see _acquiring)
-                    self._finished_meanwhile.add(e.ticket.name)
-                if not marked:
-                    self._superseded(e, "another node took over an execution this node delivered")
-                    if row:
-                        self.verifier.remember_text(e, row)
-            self.metrics.in_flight.set(len(self.held))
+        await self.leases.flush_done()
 
     # ------------------------------------------------------------------ handing over
     def _hand_over(self, which: Callable[[Execution], bool], patience: float = 3.0) -> None:
@@ -1602,35 +1368,11 @@ class Firer:
         for e in waiting:
             if self.trace:
                 self.trace("hand over", e, f"attempt {e.attempt}")
-            self._unwait(e)
-            self.held.pop(e.ticket.name, None)
+            self.unwait(e)
+            self.leases.let_go(e)
             e.stage = Stage.OVER
         self._flow(moved, [])
-        self._spawn(self._release(waiting, patience))
-
-    async def _release_moved(self) -> None:
-        """Hand back together what was won for slots that moved away meanwhile: after a large
-        set of slots is dropped, the claims and checks in flight for them end by the thousand, and
-        a call each was more concurrent calls than the connection pool holds (heartbeats, renewals
-        and done marks failed with them, and leases ran out)."""
-        await asyncio.sleep(0)
-        items, self._to_release = self._to_release, []
-        if items:
-            await self._release(items)
-
-    async def _release(self, items: list[Execution], patience: float = 3.0) -> None:
-        # After the renewals out: one sent before the handover and applied after it would hold
-        # the claims for leases more, where nobody takes them (seed 920153).
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 2 * self.lease_s
-        while self._renewing and loop.time() < deadline:
-            self._renewed.clear()
-            await wait_event(self._renewed, deadline - loop.time())
-        await self._keep_trying(
-            lambda: self.claims.renew([Hold(e.ticket, e.attempt, 0) for e in items]),
-            patience,
-            f"could not hand over {len(items)} executions",
-        )
+        self._spawn(self.leases.release(waiting, patience))
 
     async def drain(self, timeout: float, handover_seconds: float = 20.0) -> None:
         """Stop: let deliveries in flight finish (their retries are parked like any), hand the
@@ -1644,29 +1386,10 @@ class Firer:
         if waiting:
             self._hand_over(lambda e: True, patience=handover_seconds)
         if self.parked:
-            await self._repark(list(self.parked.values()), patience=handover_seconds)
+            await self.leases.repark(list(self.parked.values()), patience=handover_seconds)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=handover_seconds + 1)
-        # Done marks: what is pending, and what the done loop has out (a slow call of its own is
-        # waited for, not cancelled with the loop: seed 300778).
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + handover_seconds
-        while (self._done_pending or self._done_in_flight) and loop.time() < deadline:
-            if not self._done_pending:
-                await asyncio.sleep(0.02)
-                continue
-            try:
-                await asyncio.wait_for(self.flush_done(), max(0.01, deadline - loop.time()))
-            except TimeoutError as exc:  # (left to the leases, as before)
-                log.warning("could not mark executions done at shutdown: %s", exc)
-                return
-            except TransientError as exc:
-                # Tried again while the handover time lasts: left to their leases, the executions
-                # finished here would be taken over and delivered again (seed 7602992).
-                log.warning("could not mark executions done at shutdown, retrying: %s", exc)
-                await asyncio.sleep(0.2)
-        if self._done_pending or self._done_in_flight:
-            log.warning("could not mark executions done at shutdown", extra={"executions": len(self._done_pending)})
+        await self.leases.land(handover_seconds)
 
     async def settle(self, timeout: float) -> None:
         """Wait (a while) for the short tasks this firer started to end."""

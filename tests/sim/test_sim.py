@@ -13,6 +13,7 @@ import pytest
 from cronman.settings import Settings
 from scheduler_node import node as node_module
 from scheduler_node.firer import Firer
+from scheduler_node.leases import Leases
 from scheduler_node.sim.check import Report
 from scheduler_node.sim.check import check as check_sim
 from scheduler_node.sim.run import digest, run_seed, run_seeds
@@ -556,10 +557,10 @@ def test_the_simulation_finds_a_broken_core(monkeypatch: pytest.MonkeyPatch, bro
     if broken == "retries are dropped":
         # (the execution ends after a failed attempt: forgetting it alone is not enough, since its
         # claim, left open, is taken over when its lease runs out and the retry is made after all)
-        def park(self, e, due_ms, here=True):  # type: ignore[no-untyped-def]
-            self._close(e, "failed", "")
+        def park(self, e, due_ms, here=True, advance=False):  # type: ignore[no-untyped-def]
+            self.close(e, "failed", "")
 
-        monkeypatch.setattr(Firer, "_park", park)
+        monkeypatch.setattr(Leases, "park", park)
     elif broken == "nobody takes over a dead node's claims":
 
         async def sweep(self, rows=True):  # type: ignore[no-untyped-def]
@@ -584,10 +585,10 @@ def test_a_failing_seeds_replay_names_the_options_of_its_run(
     faults, duration and timer passes it ran with (a replay without them is another run)."""
     from cronman.cli import main
 
-    def park(self, e, due_ms, here=True):  # type: ignore[no-untyped-def]
-        self._close(e, "failed", "")
+    def park(self, e, due_ms, here=True, advance=False):  # type: ignore[no-untyped-def]
+        self.close(e, "failed", "")
 
-    monkeypatch.setattr(Firer, "_park", park)  # a planted defect, so that seeds fail
+    monkeypatch.setattr(Leases, "park", park)  # a planted defect, so that seeds fail
     argv = ["sim", "--seeds", "3", "--faults", "redis_loss,kill", "--duration", "20", "--tick", "0.05"]
     assert main([*argv, "--processes", "1"]) == 1
     out = capsys.readouterr().out

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 from cronman.schedule import IntervalTiming
 from scheduler_node.execution import Execution
-from scheduler_node.firer import _PARK_CALLS, Firer, FirerConfig
+from scheduler_node.firer import Firer, FirerConfig
 from scheduler_node.jobs import Decoder, OwnedJob
+from scheduler_node.leases import PARK_CALLS
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import Hold, RenewResult
 from scheduler_node.senders import Senders
@@ -64,17 +65,17 @@ def test_a_park_does_not_wait_behind_park_calls_a_slow_redis_holds() -> None:
             metrics=NodeMetrics("n"),
         )
         firer.set_slots(frozenset({0}))
-        es = _executions(_PARK_CALLS + 3)
-        burst = es[:_PARK_CALLS]
-        for e in burst:  # one at a time: a call each, up to _PARK_CALLS out
-            firer._park(e, START + 1000, advance=True)
+        es = _executions(PARK_CALLS + 3)
+        burst = es[:PARK_CALLS]
+        for e in burst:  # one at a time: a call each, up to PARK_CALLS out
+            firer.leases.park(e, START + 1000, advance=True)
             await _passes()
         first = list(redis.calls)
-        firer._park(es[_PARK_CALLS], START + 1000, advance=True)  # behind calls just sent: waits
+        firer.leases.park(es[PARK_CALLS], START + 1000, advance=True)  # behind calls just sent: waits
         await _passes()
         waiting = list(redis.calls)
         await asyncio.sleep(LEASE_MS / 1000 / 3 + 0.05)  # the calls out are slow now
-        firer._park(es[_PARK_CALLS + 1], START + 1000, advance=True)
+        firer.leases.park(es[PARK_CALLS + 1], START + 1000, advance=True)
         await _passes()
         sent = list(redis.calls)
         redis.answer.set()
@@ -82,8 +83,8 @@ def test_a_park_does_not_wait_behind_park_calls_a_slow_redis_holds() -> None:
         return first, waiting, sent
 
     first, waiting, sent = asyncio.run(scenario())
-    names = [e.ticket.name for e in _executions(_PARK_CALLS + 3)]
-    assert first == [[n] for n in names[:_PARK_CALLS]]
+    names = [e.ticket.name for e in _executions(PARK_CALLS + 3)]
+    assert first == [[n] for n in names[:PARK_CALLS]]
     assert waiting == first  # a burst against a Redis that answers promptly: no more calls
     # behind calls out for a third of a lease, what is queued goes out at once, in one call
-    assert sent == [*first, names[_PARK_CALLS : _PARK_CALLS + 2]]
+    assert sent == [*first, names[PARK_CALLS : PARK_CALLS + 2]]
