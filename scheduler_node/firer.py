@@ -29,7 +29,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cronman import signing
 from cronman.calendars import SkipSummary
 from cronman.errors import TransientError
 from cronman.execution import Status, Trigger, backfill_of, execution_id
@@ -38,8 +37,8 @@ from cronman.schedule import Timing
 from cronman.timeutil import iso
 from scheduler_node.aio import wait_event
 from scheduler_node.backlog import Backlog
+from scheduler_node.delivery import Deliveries
 from scheduler_node.execution import Execution, Stage
-from scheduler_node.gates import InFlight, PerHost
 from scheduler_node.history import HistoryRow, HistoryWriter, clean_text, row_to_text
 from scheduler_node.jobs import OwnedJob
 from scheduler_node.leases import Leases
@@ -130,7 +129,6 @@ class Firer:
         self.store = store
         self.metrics = metrics
         self.throttle = throttle
-        self.secrets = secrets
         # What the cluster's configuration says of a won execution before it is sent: skip it (a
         # calendar excludes its day; the row may stand for the rest of the span: see Verdict) or
         # cancel it (its backfill was cancelled); None: send it.
@@ -158,10 +156,6 @@ class Firer:
         # whose answer was lost is sent within a sweep, not left for leases (seed 924420).
         self._untaken: dict[str, Execution] = {}
         self.taking: set[str] = set()  # index members whose take is out
-        self.gate: InFlight[Execution] = InFlight(cfg.max_in_flight, cfg.namespace_share)
-        self.hosts: PerHost[Execution] = PerHost(senders.places)
-        self.sending: dict[asyncio.Future[Outcome], tuple[Execution, int]] = {}
-        self._reverify: list[Execution] = []
         # Claim and take calls out, by claim name, and the names among them this node finished
         # meanwhile by another path: an answer applied before the done mark and arriving after it
         # (a claim asked again after its answer was lost, while the sweep took the same claim
@@ -211,6 +205,19 @@ class Firer:
             spawn=self._spawn,
             lease_ms=cfg.lease_ms,
         )
+        # permits, receivers' connections, delivery slots, the attempts in flight
+        self.delivery = Deliveries(
+            self,
+            senders=senders,
+            throttle=throttle,
+            clock=clock,
+            renew=self.leases.renew,
+            secrets=secrets,
+            tracing=self.tracing,
+            lease_ms=cfg.lease_ms,
+            max_in_flight=cfg.max_in_flight,
+            namespace_share=cfg.namespace_share,
+        )
         self.sweeper = Sweeper(
             self,
             claims=claims,
@@ -242,6 +249,11 @@ class Firer:
     def closing(self) -> dict[str, Execution]:
         """Executions finished here whose done marks are on their way, by claim name (the leases')."""
         return self.leases.closing
+
+    @property
+    def sending(self) -> dict[asyncio.Future[Outcome], tuple[Execution, int]]:
+        """The attempts in flight: (execution, when sent) by the sender's future (delivery's)."""
+        return self.delivery.sending
 
     @property
     def backlogged(self) -> int:
@@ -562,15 +574,15 @@ class Firer:
         ok = True
         self.claiming = due
         try:
-            if self._reverify:
-                await self._confirm_late()
+            if self.delivery.to_confirm:
+                await self.delivery.confirm()
             if due:
                 await self._claim(due)
             if retries:
                 await self.take(retries)
             if self.throttle is not None and self.throttle.waiting:
                 for e in await self.throttle.grant(self.clock()):
-                    self._granted(e)
+                    self.delivery.granted(e)
         except TransientError as exc:
             ok = False
             log.warning("timer pass could not reach the claim store, retrying: %s", exc)
@@ -598,7 +610,7 @@ class Firer:
         return out
 
     async def _sleep(self, rest_of_tick: float) -> None:
-        if self.due or self._reverify or self.backlog:
+        if self.due or self.delivery.to_confirm or self.backlog:
             await asyncio.sleep(max(0.0, rest_of_tick))
             return
         heads = [h[0][0] for h in (self.retries,) if h]
@@ -878,7 +890,7 @@ class Firer:
         if verdict is not None:
             self._finish_with(e, *verdict)
             return
-        self._dispatch(e)
+        self.delivery.dispatch(e)
 
     # ------------------------------------------------------------------ sweeping
     async def run_sweeper(self, ready: Callable[[], bool]) -> None:
@@ -912,162 +924,14 @@ class Firer:
         """The leases' renewal loop (see Leases.run_renewer)."""
         await self.leases.run_renewer()
 
-    async def _confirm_late(self) -> None:
-        """Renew, in one round trip, the claims of executions whose lease ran out before they
-        were sent; send those still held, drop those another node took over."""
-        items, self._reverify = self._reverify, []
-        try:
-            await self.leases.renew(items)
-        except TransientError:
-            self._reverify[:0] = items
-            raise
-        for e in items:
-            if e.stage is Stage.WAITING and not e.superseded:
-                self._start(e)
-            elif e.stage is Stage.WAITING:
-                self.unwait(e)
-
     # ------------------------------------------------------------------ delivery
-    def _dispatch(self, e: Execution) -> None:
-        """Deliver now, or wait for a throttle permit, or for delivery capacity."""
-        e.stage = Stage.WAITING
-        policy = self.throttle.policy_of(e) if self.throttle is not None else None
-        if policy is None:
-            self._start(e)
-        else:
-            assert self.throttle is not None
-            self.throttle.wait(policy, e, self.clock())
-            self._wake.set()
-
-    def _granted(self, e: Execution) -> None:
-        if e.waiting_since_ms is not None:
-            e.throttle_wait_ms += self.clock() - e.waiting_since_ms
-            e.waiting_since_ms = None
-        if e.stage is not Stage.WAITING:
-            if self.throttle is not None:
-                self.throttle.release(e)
-            return
-        self._start(e)
-
-    def _start(self, e: Execution) -> None:
-        """Send when its host has a connection place free (and the node a delivery slot), or wait
-        in its host's queue, in due order, holding nothing another host's deliveries need, for as
-        long as the host answers the deliveries ahead of it (see _waited)."""
-        host = e.host = self.senders.route(e.job.target)
-        e.waited = 0.0
-        if host is not None:
-            place = self.hosts.admit(host, e.job.namespace, e.due_ms, e)
-            if place is not None:
-                e.place = place
-                loop = asyncio.get_running_loop()
-                place.since = loop.time()
-                place.timer = loop.call_later(e.job.target.timeout, self._waited, e)
-                return
-        self._flow([e], [])
-
-    def _flow(self, asking: list[Execution], done: list[Execution]) -> None:
-        """``asking``: executions that hold their host's place (or need none) and ask for a
-        delivery slot; ``done``: executions giving back what they hold (their attempt is over, or
-        it could not be sent). Whoever that lets go is sent; one that cannot be gives back in turn."""
-        gate = self.gate
-        while asking or done:
-            if asking:
-                e = asking.pop()
-                if e.stage is not Stage.WAITING or e.superseded:  # left while it waited for its host
-                    self._next_at(e, asking)
-                elif gate.admit(e.job.namespace, e) and not self._send(e):
-                    done.append(e)
-                continue
-            e = done.pop()
-            for ready in gate.release(e.job.namespace):
-                if not self._send(ready):
-                    done.append(ready)
-            self._next_at(e, asking)
-
-    def _next_at(self, e: Execution, asking: list[Execution]) -> None:
-        """``e`` gives its host's place back: the next waiting for that host take it."""
-        host, e.host = e.host, None
-        if host is None:
-            return
-        places = self.hosts.release(host)
-        if places:
-            now = asyncio.get_running_loop().time()
-            for place in places:
-                if place.timer is not None:
-                    place.timer.cancel()
-                nxt = place.item
-                nxt.place = None
-                nxt.waited = now - place.since
-                asking.append(nxt)
-
-    def _waited(self, e: Execution) -> None:
-        """``e`` waited its target's timeout for a place at its host. While the host answers the
-        deliveries ahead of it, it waits on: a burst queues, it does not time out. A host that
-        answered nothing in that time (down, black-holed, hanging every request) fails it, unsent,
-        like an attempt that timed out: it is retried like any."""
-        place = e.place
-        if place is None or not place.live:
-            return
-        timeout = e.job.target.timeout
-        host = e.host
-        if host is not None and self.senders.answering(host, timeout):
-            place.timer = asyncio.get_running_loop().call_later(timeout, self._waited, e)
-            return
-        e.place, e.host = None, None
-        self.hosts.withdraw(place)
-        if e.stage is not Stage.WAITING or e.superseded:
-            return
-        error = f"timed out after {timeout:g}s waiting for a connection to {host}"
-        now = self.clock()
-        self._outcome(e, Outcome(False, None, error), now, now)
-
     def unwait(self, e: Execution) -> None:
-        if self.throttle is not None:
-            self.throttle.release(e)
-        place, e.place = e.place, None
-        if place is not None and self.hosts.withdraw(place):
-            e.host = None
-            if place.timer is not None:
-                place.timer.cancel()
+        self.delivery.unwait(e)
 
-    def _send(self, e: Execution) -> bool:
-        """Send an execution that holds a delivery slot; False when it was not sent (the caller
-        gives the slot back)."""
-        if e.stage is not Stage.WAITING or e.superseded:
-            return False
-        if self.stopping:  # nothing new goes out from a node that stops: it is handed over instead
-            return False
-        loop = asyncio.get_running_loop()
-        if loop.time() > e.lease_until - self.lease_s / 5:
-            # The lease may have run out (the process was paused or starved): the next timer
-            # pass confirms it, for every such execution at once, before anything is sent.
-            self._reverify.append(e)
-            self._wake.set()
-            return False
-        now = self.clock()
-        e.stage = Stage.SENDING
-        if self.trace:
-            self.trace("send", e, f"attempt {e.attempt}")
-        try:
-            future = self.senders.submit(e.job.target, self._delivery(e, now))
-        except Exception as exc:  # noqa: BLE001 - e.g. signing a payload; becomes this attempt's failure
-            future = loop.create_future()
-            future.set_result(Outcome(False, None, f"cannot send: {type(exc).__name__}: {exc}"))
-        self.sending[future] = (e, now)
-        future.add_done_callback(self._delivered)
-        return True
+    def wake(self) -> None:
+        self._wake.set()
 
-    def _delivered(self, future: asyncio.Future[Outcome]) -> None:
-        e, fired = self.sending.pop(future)
-        finished = self.clock()
-        try:
-            outcome = future.result()
-        except Exception as exc:  # noqa: BLE001 - a sender broke its contract: still this attempt's failure
-            outcome = Outcome(False, None, f"{type(exc).__name__}: {exc}")
-        self._outcome(e, outcome, fired, finished)
-        self._flow([], [e])
-
-    def _outcome(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
+    def outcome(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
         if self.throttle is not None and self.throttle.release(e) and self.throttle.waiting:
             self._wake.set()  # a permit is free: hand it out now, not at the next pass
         try:
@@ -1075,27 +939,6 @@ class Firer:
         except Exception as exc:  # noqa: BLE001 - one execution's data never stops the others
             log.exception("recording an outcome failed", extra={"job_id": e.d.job_id, "execution_id": e.id})
             self._finish_with(e, Status.FAILED, f"cronman could not record the outcome: {type(exc).__name__}")
-
-    def _delivery(self, e: Execution, now_ms: int) -> Delivery:
-        job = e.job
-        secrets = self.secrets(job.namespace)
-        signature = signing.sign(secrets, job.payload, now_ms // 1000) if secrets else None
-        trace = self.tracing.begin(e.ticket.name, e.id, e.attempt, job.id, now_ms)
-        backfill = backfill_of(e.trigger)
-        return Delivery(
-            job.id,
-            e.id,
-            iso(e.scheduled_ms),
-            e.attempt,
-            job.payload,
-            e.event_index,
-            signature,
-            (("Cronman-Backfill-Id", backfill),) if backfill else (),
-            job.namespace,
-            trace,
-            job.opts.capture,
-            waited=e.waited,
-        )
 
     # ------------------------------------------------------------------ outcomes
     def _finish(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
@@ -1158,7 +1001,7 @@ class Firer:
         if self.throttle is not None:
             await self.throttle.renew(self.clock())
         self.senders.maintain()
-        self.metrics.waiting_for_connection.set(self.hosts.queued)
+        self.metrics.waiting_for_connection.set(self.delivery.hosts.queued)
 
     def repark_all(self) -> None:
         """Park again every retry parked here (Redis lost its data: it lost them too)."""
@@ -1240,7 +1083,7 @@ class Firer:
         for e in [e for e in self.held.values() if e.d.job_id == job_id and e.stage is Stage.WAITING]:
             if e.job.incarnation == keep:
                 continue
-            self.unwait(e)
+            self.delivery.unwait(e)
             self._cancel(e, reason)
         for e in [e for e in self.parked.values() if e.d.job_id == job_id]:
             if e.job.incarnation == keep:
@@ -1359,19 +1202,14 @@ class Firer:
         if not waiting:
             return
         # (one waiting for a slot holds its host's place: the next for that host takes it)
-        moved: list[Execution] = []
-        for e in self.gate.remove_waiting(lambda e: not which(e)):
-            self._next_at(e, moved)
-        if self.throttle is not None:
-            self.throttle.forget(lambda e: not which(e))
-        self._reverify = [e for e in self._reverify if not which(e)]
+        moved = self.delivery.forget(which)
         for e in waiting:
             if self.trace:
                 self.trace("hand over", e, f"attempt {e.attempt}")
-            self.unwait(e)
+            self.delivery.unwait(e)
             self.leases.let_go(e)
             e.stage = Stage.OVER
-        self._flow(moved, [])
+        self.delivery.flow(moved, [])
         self._spawn(self.leases.release(waiting, patience))
 
     async def drain(self, timeout: float, handover_seconds: float = 20.0) -> None:

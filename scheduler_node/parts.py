@@ -249,7 +249,7 @@ class Sender(abc.ABC):
 
     def answering(self, route: Hashable, seconds: float) -> bool:
         """Whether the receiver answered a delivery in the last ``seconds``: those waiting for it
-        wait on (see scheduler_node.firer.Firer._waited)."""
+        wait on (see scheduler_node.delivery.Deliveries._waited)."""
         return False
 
 
