@@ -42,7 +42,7 @@ from scheduler_node.execution import Execution, Stage
 from scheduler_node.history import HistoryRow, HistoryWriter, clean_text, row_to_text
 from scheduler_node.jobs import OwnedJob
 from scheduler_node.leases import Leases
-from scheduler_node.lifecycle import adoptable, next_occurrence
+from scheduler_node.lifecycle import Lifecycle, next_occurrence
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import (
     ClaimResult,
@@ -77,7 +77,6 @@ LATE_MS = 5000
 LATE_MOVED = 50_000
 _OVERLAP = "overlap: the previous execution of this job was still in flight"
 _UNANSWERED_MAX = 1_000_000  # names of claims asked for without an answer, kept to ask again
-RECREATED_KEPT = 10_000  # jobs deleted and created again remembered for adoption (the latest)
 RETAKE_MS = 250  # a parked retry whose take found a live lease is taken again at least this much later
 PAUSE_RECHECK_MS = 1000  # a takeover this node cannot judge paused yet is parked again this long
 DELETE_GATHER_S = 0.05  # completed jobs gathered this long into one delete (delete_after_completion)
@@ -163,9 +162,6 @@ class Firer:
         self._acquiring: dict[str, int] = {}
         self._finished_meanwhile: set[str] = set()
         self._completed: list[tuple[str, int]] = []  # jobs to delete (delete_after_completion)
-        # Jobs deleted and created again: (new incarnation, scheduled from), for executions of the
-        # earlier one that were on their way to a claim when the new one arrived (see _proceed).
-        self._recreated: dict[str, tuple[int, int]] = {}
         self._seq = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
@@ -218,6 +214,8 @@ class Firer:
             max_in_flight=cfg.max_in_flight,
             namespace_share=cfg.namespace_share,
         )
+        # pauses, deletes and jobs created again, as their executions see them
+        self.lifecycle = Lifecycle(self, table=self.table, leases=self.leases, backlog=self.backlog)
         self.sweeper = Sweeper(
             self,
             claims=claims,
@@ -274,13 +272,9 @@ class Firer:
             if job.version <= old.version:
                 return False
             if old.incarnation != job.incarnation:
-                self._recreated[job.id] = (job.incarnation, after_ms)
-                while len(self._recreated) > RECREATED_KEPT:
-                    del self._recreated[next(iter(self._recreated))]
-                self._adopt(job, after_ms)
-                self._cancel_job(job.id, "the job was deleted and created again", keep=job.incarnation)
+                self.lifecycle.recreated(job, after_ms)
             elif job.paused and not old.paused:
-                self._cancel_job(job.id, "the job was paused")
+                self.lifecycle.cancel_job(job.id, "the job was paused")
             if old.same_timing(job) and old.paused == job.paused:
                 self.table.place(job, old, keep=True)  # same timing: its pending entry stays valid
                 self.jobs[job.id] = job
@@ -341,8 +335,7 @@ class Firer:
         self.table.stage(job)
 
     def remove(self, job_id: str, reason: str) -> None:
-        self.table.pop(job_id)
-        self._cancel_job(job_id, reason)
+        self.lifecycle.remove(job_id, reason)
 
     def halt(self, job_id: str, reason: str) -> bool:
         """The job was paused or deleted, heard of before the change feed brings the change (see
@@ -355,7 +348,7 @@ class Firer:
         job.paused = True
         if job.key is not None:  # (a staged job has no place, nor a timer entry)
             self.table.place(job, job)
-        self._cancel_job(job_id, reason)
+        self.lifecycle.cancel_job(job_id, reason)
         return True
 
     def set_slots(self, slots: frozenset[int]) -> None:
@@ -852,17 +845,9 @@ class Firer:
             self.leases.hand_back(e)
             return
         if current is not None and current.incarnation != e.job.incarnation:
-            # Claimed for an earlier incarnation while the new one arrived (a claim made again
-            # after the job was created again): the new one's when it has the occurrence, as _adopt
-            # does for what is held. Its timer does not derive the occurrence again (the same
-            # schedule keeps its timer entry). Seed 74337.
-            since = self._recreated.get(current.id)
-            if since is not None and since[0] == current.incarnation and adoptable(current, e.d, since[1]):
-                if self.trace:
-                    self.trace("adopt", e, f"by incarnation {current.incarnation} (just claimed)")
-                e.job = current
+            self.lifecycle.adopt_claimed(current, e)  # claimed for the earlier incarnation
         if current is None or current.incarnation != e.job.incarnation:
-            self._cancel(e, "the job was deleted")
+            self.cancel(e, "the job was deleted")
             return
         if current.paused and e.trigger == Trigger.SCHEDULE and not e.d.suffix:
             if e.taken and (self.feed_read_ms is None or self.feed_read_ms < e.scheduled_ms):
@@ -875,7 +860,7 @@ class Firer:
                     self.trace("defer", e, "paused in a view of the job older than the occurrence")
                 self.leases.park(e, self.clock() + PAUSE_RECHECK_MS, here=False)
                 return
-            self._cancel(e, "the job was paused")
+            self.cancel(e, "the job was paused")
             return
         e.job = current  # a newer definition applies to what has not been sent yet
         plan = e.misfire
@@ -1057,41 +1042,11 @@ class Firer:
             row = self._record(e, status, None, reason, None, None, summary=(summary.occurrences, summary.last_ms))
         self._close(e, status.value, row_to_text(row))
 
-    def _cancel(self, e: Execution, reason: str) -> None:
+    def cancel(self, e: Execution, reason: str) -> None:
         self._finish_with(e, Status.CANCELLED, reason)
 
-    def _adopt(self, job: OwnedJob, since_ms: int) -> None:
-        """A job deleted and created again (``job`` is the new incarnation, scheduled from
-        ``since_ms``): an execution of the earlier incarnation held here, or waiting for its
-        claim, goes on as the new one's when the new one has the same occurrence. Its id and
-        claim do not depend on the incarnation, so the new incarnation's owners cannot claim it
-        while this node holds it: cancelling it would lose the new incarnation's occurrence."""
-        waiting = self.backlog.waiting(job.id)
-        for e in [*self.held.values(), *self.parked.values(), *self.due, *waiting]:
-            if (
-                e.job.incarnation != job.incarnation
-                and e.job.namespace == job.namespace  # (another tenant's job: its own accounting)
-                and adoptable(job, e.d, since_ms)
-            ):
-                if self.trace:
-                    self.trace("adopt", e, f"by incarnation {job.incarnation}")
-                e.job = job
-
-    def _cancel_job(self, job_id: str, reason: str, keep: int | None = None) -> None:
-        """No further attempt of a deleted or paused job (one in flight finishes), except what
-        incarnation ``keep`` (the job created again) adopted."""
-        for e in [e for e in self.held.values() if e.d.job_id == job_id and e.stage is Stage.WAITING]:
-            if e.job.incarnation == keep:
-                continue
-            self.delivery.unwait(e)
-            self._cancel(e, reason)
-        for e in [e for e in self.parked.values() if e.d.job_id == job_id]:
-            if e.job.incarnation == keep:
-                continue
-            self.leases.unpark(e)
-            self._cancel(e, reason)
-        self.due = [e for e in self.due if e.d.job_id != job_id or (keep is not None and e.job.incarnation == keep)]
-        self.backlog.cancel(job_id, keep)  # those in the backlog are let go as they come out of it
+    def keep_due(self, wanted: Callable[[Execution], bool]) -> None:
+        self.due = [e for e in self.due if wanted(e)]
 
     def _close(self, e: Execution, status: str, row: str) -> None:
         """A final outcome: mark the claim done, and delete a job that has nothing left."""

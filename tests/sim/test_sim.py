@@ -12,8 +12,8 @@ import pytest
 
 from cronman.settings import Settings
 from scheduler_node import node as node_module
-from scheduler_node.firer import Firer
 from scheduler_node.leases import Leases
+from scheduler_node.lifecycle import Lifecycle
 from scheduler_node.sim.check import Report
 from scheduler_node.sim.check import check as check_sim
 from scheduler_node.sim.run import digest, run_seed, run_seeds
@@ -570,8 +570,8 @@ def test_the_simulation_finds_a_broken_core(monkeypatch: pytest.MonkeyPatch, bro
     elif broken.startswith("a standby"):
         monkeypatch.setattr(Standby, "verdict", lambda self, leader, item, now_ms, now: Verdict.COVERED)
     else:
-        monkeypatch.setattr(Firer, "_cancel_job", lambda self, job_id, reason, keep=None: None)
-        monkeypatch.setattr(Firer, "remove", lambda self, job_id, reason: None)
+        monkeypatch.setattr(Lifecycle, "cancel_job", lambda self, job_id, reason, keep=None: None)
+        monkeypatch.setattr(Lifecycle, "remove", lambda self, job_id, reason: None)
     for seed in range(1, 41):
         if any(found in v for v in run_seed(seed, SimConfig(seed)).violations):
             return

@@ -156,8 +156,8 @@ def test_whatever_leaves_while_it_waits_never_comes_out_and_the_rest_comes_out_o
                 old = jobs[job_id]
                 new = jobs[job_id] = _job(job_id, old.slot, old.incarnation + 1, every=2000)
                 keep = new.incarnation
-                firer._adopt(new, START - 10**6)
-            firer._cancel_job(job_id, "gone", keep=keep)
+                firer.lifecycle.adopt(new, START - 10**6)
+            firer.lifecycle.cancel_job(job_id, "gone", keep=keep)
             for k, e in list(owed.items()):
                 if e.d.job_id == job_id and (keep is None or e.scheduled_ms % 2000):
                     del owed[k]
