@@ -23,3 +23,35 @@ async def wait_event(event: asyncio.Event, timeout: float) -> None:
             await event.wait()
     except TimeoutError:
         pass
+
+
+class Tasks:
+    """The short tasks a firer starts (a check of history, a park call, a handover, a delete of
+    completed jobs): a stopping firer waits for them."""
+
+    __slots__ = ("_tasks",)
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def pending(self) -> list[asyncio.Task[Any]]:
+        return list(self._tasks)
+
+    async def wait(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) for the tasks out now to end."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout)
+
+    async def cancel(self) -> None:
+        """Cancel the tasks out now, and wait for them to end."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

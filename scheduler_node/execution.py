@@ -90,7 +90,7 @@ class Execution:
         self.host: Hashable | None = None  # the receiver it is sent to (its sender's route), once sent
         self.place: Place[Execution] | None = None  # while it waits for a place at its host
         self.waited = 0.0  # seconds its attempt waited for that place
-        # The history row of its last attempt here, while it waits to retry (see Firer._lose)
+        # The history row of its last attempt here, while it waits to retry (see Leases._lose)
         self.failed_row: HistoryRow | None = None
 
     @classmethod

@@ -25,7 +25,7 @@ import heapq
 import itertools
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,8 @@ from cronman.execution import Status, Trigger, backfill_of, execution_id
 from cronman.misfire import MisfirePlan
 from cronman.schedule import Timing
 from cronman.timeutil import iso
-from scheduler_node.aio import wait_event
+from scheduler_node.acquire import Acquirer
+from scheduler_node.aio import Tasks, wait_event
 from scheduler_node.backlog import Backlog
 from scheduler_node.delivery import Deliveries
 from scheduler_node.execution import Execution, Stage
@@ -45,14 +46,9 @@ from scheduler_node.leases import Leases
 from scheduler_node.lifecycle import Lifecycle, next_occurrence
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import (
-    ClaimResult,
     Claims,
     Delivery,
-    Hold,
     Outcome,
-    RenewResult,
-    TakeState,
-    Took,
 )
 from scheduler_node.retry import decide
 from scheduler_node.senders import Senders
@@ -75,9 +71,6 @@ MAX_BATCH = 5000  # due executions handled per timer pass
 # backlog with the catch-up's other late occurrences (see take_queued), at most LATE_MOVED a pass.
 LATE_MS = 5000
 LATE_MOVED = 50_000
-_OVERLAP = "overlap: the previous execution of this job was still in flight"
-_UNANSWERED_MAX = 1_000_000  # names of claims asked for without an answer, kept to ask again
-RETAKE_MS = 250  # a parked retry whose take found a live lease is taken again at least this much later
 PAUSE_RECHECK_MS = 1000  # a takeover this node cannot judge paused yet is parked again this long
 DELETE_GATHER_S = 0.05  # completed jobs gathered this long into one delete (delete_after_completion)
 
@@ -146,24 +139,9 @@ class Firer:
         self.backlog = Backlog()
         # What the pass in progress claims (taken from ``due``; what it could not claim goes back)
         self.claiming: list[Execution] = []
-        # Claims asked for by a call whose answer never came (it may have been applied): asked for
-        # again, a claim of ours found there is ours (the claim script reads it only for these).
-        self._unanswered: set[str] = set()
-        # The same for takes of other holders' claims (the sweep's takeovers), by claim name: the
-        # take holds the claim a lease in this node's name, where no sweep takes it, this node's
-        # included. Taken again at the next sweep, a claim of ours found there is ours, so a takeover
-        # whose answer was lost is sent within a sweep, not left for leases (seed 924420).
-        self._untaken: dict[str, Execution] = {}
-        self.taking: set[str] = set()  # index members whose take is out
-        # Claim and take calls out, by claim name, and the names among them this node finished
-        # meanwhile by another path: an answer applied before the done mark and arriving after it
-        # (a claim asked again after its answer was lost, while the sweep took the same claim
-        # over) starts nothing (seed 917685).
-        self._acquiring: dict[str, int] = {}
-        self._finished_meanwhile: set[str] = set()
         self._completed: list[tuple[str, int]] = []  # jobs to delete (delete_after_completion)
         self._seq = itertools.count()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.tasks = Tasks()
         self._wake = asyncio.Event()
         self.stopping = False
         self.progress_ms: int | None = None  # every occurrence due up to here has been claimed
@@ -189,7 +167,7 @@ class Firer:
             misfire_of=misfire,
             proceed=self._proceed,
             close=self._close,
-            spawn=self._spawn,
+            spawn=self.tasks.spawn,
         )
         # the claims this node holds: leases, parked retries, done marks, handovers
         self.leases = Leases(
@@ -198,8 +176,18 @@ class Firer:
             clock=clock,
             metrics=metrics,
             memory=self.verifier,
-            spawn=self._spawn,
+            spawn=self.tasks.spawn,
             lease_ms=cfg.lease_ms,
+        )
+        # claim and take calls, and what their answers lost
+        self.acquirer = Acquirer(
+            self,
+            claims=claims,
+            leases=self.leases,
+            clock=clock,
+            metrics=metrics,
+            lease_ms=cfg.lease_ms,
+            done_ttl_ms=cfg.done_ttl_ms,
         )
         # permits, receivers' connections, delivery slots, the attempts in flight
         self.delivery = Deliveries(
@@ -221,7 +209,7 @@ class Firer:
             claims=claims,
             store=store,
             history=history,
-            spawn=self._spawn,
+            spawn=self.tasks.spawn,
             rng=self.rng,
             every_s=cfg.sweep_seconds,
             rows_after_ms=cfg.unrecorded_after_ms,
@@ -454,8 +442,8 @@ class Firer:
                     standby.covered = 0
             self.take_queued(due)
             full = len(due) >= MAX_BATCH
-            retries = self._pop_retries(now)
-            ok = await self._pass(due, retries)
+            retries = self.pop_retries(now)
+            ok = await self.timer_pass(due, retries)
             self.metrics.tally.flush()
             # (passed or not: a node whose claims wait for Redis is running, and delivers what
             # came due once Redis answers; Redis away is not an outage of the cluster: seed 982324)
@@ -561,7 +549,7 @@ class Firer:
         held = self.standby.oldest() if self.standby is not None else None
         return out if held is None else min(out, held - 1)
 
-    async def _pass(self, due: list[Execution], retries: list[Execution]) -> bool:
+    async def timer_pass(self, due: list[Execution], retries: list[Execution]) -> bool:
         """One timer pass; False when the claim store could not be reached for the due work (it
         is tried again at the next pass)."""
         ok = True
@@ -570,9 +558,9 @@ class Firer:
             if self.delivery.to_confirm:
                 await self.delivery.confirm()
             if due:
-                await self._claim(due)
+                await self.acquirer.claim(due)
             if retries:
-                await self.take(retries)
+                await self.acquirer.take(retries)
             if self.throttle is not None and self.throttle.waiting:
                 for e in await self.throttle.grant(self.clock()):
                     self.delivery.granted(e)
@@ -582,7 +570,7 @@ class Firer:
             self.due[:0] = [e for e in due if e.stage is Stage.NEW]
             for e in retries:
                 if e.stage is Stage.PARKED:
-                    self._later(self.clock() + 500, e)
+                    self.later(self.clock() + 500, e)
             await asyncio.sleep(0.2)
         except Exception:  # noqa: BLE001 - a bug must not stop the timer; the work is retried
             ok = False
@@ -593,7 +581,8 @@ class Firer:
             self.claiming = []
         return ok
 
-    def _pop_retries(self, now: int) -> list[Execution]:
+    def pop_retries(self, now: int) -> list[Execution]:
+        """The retries parked here that are due by ``now`` (up to ``MAX_BATCH``), taken out of the timer."""
         out: list[Execution] = []
         heap = self.retries
         while heap and heap[0][0] <= now and len(out) < MAX_BATCH:
@@ -619,216 +608,16 @@ class Firer:
         self._wake.clear()
         await wait_event(self._wake, delay)
 
-    def _later(self, when: int, e: Execution) -> None:
+    def later(self, when: int, e: Execution) -> None:
         e.due_ms = when
         heapq.heappush(self.retries, (when, next(self._seq), e))
 
     # ------------------------------------------------------------------ claims
-    async def _claim(self, due: list[Execution]) -> None:
-        # One claim per execution, however many times it was asked for; none for one this node
-        # already works on (a catch-up of an occurrence it took over, say).
-        held, parked, closing = self.held, self.parked, self.closing
-        unique: dict[str, Execution] = {}
-        for e in due:
-            if e.ticket.name not in held and e.ticket.member not in parked and e.ticket.name not in closing:
-                unique.setdefault(e.ticket.name, e)
-        if len(unique) < len(due):
-            for e in due:
-                if unique.get(e.ticket.name) is not e:
-                    e.stage = Stage.OVER
-            due[:] = unique.values()
-        if not due:
-            return
-        loop = asyncio.get_running_loop()
-        asked = loop.time()
-        unanswered = self._unanswered
-        names = [e.ticket.name for e in due]
-        self._acquire(names)
-        try:
-            results = await self.claims.claim([e.ticket for e in due], self.cfg.lease_ms, unanswered)
-        except BaseException:
-            self._acquired(names)
-            if len(unanswered) > _UNANSWERED_MAX:  # (an outage's backlog: any left are taken over late)
-                unanswered.clear()
-            unanswered.update(names)
-            raise
-        if unanswered:
-            unanswered.difference_update(names)
-        stale = self.clock() - self.cfg.done_ttl_ms // 2
-        m = self.metrics
-        won = lost = 0  # counted here, added to the metrics once (each inc takes a lock)
-        try:
-            meanwhile = self._finished_meanwhile
-            for e, r in zip(due, results, strict=True):
-                if self.trace:
-                    self.trace("claim", e, r.name)
-                if (
-                    e.ticket.name in held
-                    or e.ticket.member in parked
-                    or e.ticket.name in closing
-                    or (meanwhile and e.ticket.name in meanwhile)
-                ):  # taken meanwhile, or taken and finished
-                    e.stage = Stage.OVER
-                    continue
-                if r is ClaimResult.WON:
-                    won += 1
-                    if e.scheduled_ms < stale and e.d.trigger == Trigger.SCHEDULE and not e.d.suffix:
-                        # Claimed so late that a finished claim of it may have expired (a catch-up
-                        # queued in the backlog for minutes): the claim proves nothing, history does,
-                        # so an occurrence delivered before is not delivered again (seed 7601620).
-                        e.verify = True
-                    self.leases.hold(e, asked)
-                    self._won(e)
-                elif r is ClaimResult.SKIPPED:
-                    won += 1
-                    self._finish_with(e, Status.SKIPPED, _OVERLAP)  # its row kept in Redis until written
-                else:
-                    lost += 1
-                    e.stage = Stage.OVER
-        finally:
-            self._acquired(names)
-        if won:
-            m.claim["won"].inc(won)
-        if lost:
-            m.claim["lost"].inc(lost)
-        m.in_flight.set(len(self.held))
-
-    def _acquire(self, names: list[str]) -> None:
-        acquiring = self._acquiring
-        for n in names:
-            acquiring[n] = acquiring.get(n, 0) + 1
-
-    def _acquired(self, names: list[str]) -> None:
-        """The answers of a claim or take call for ``names`` are dealt with (see _acquiring)."""
-        acquiring, meanwhile = self._acquiring, self._finished_meanwhile
-        for n in names:
-            left = acquiring.pop(n, 1) - 1
-            if left > 0:
-                acquiring[n] = left
-            elif meanwhile:
-                meanwhile.discard(n)
-
     async def take(self, items: list[Execution]) -> None:
-        """Take executions whose time came back from the claim store: our own parked retries,
-        and open claims of our slots whose holder is gone (found by the sweep)."""
-        # One take of an execution at a time: the timer and the sweep both come to a parked retry
-        # when it is due, and a second answer (HELD: the first take's own lease) must not end
-        # what the first one started and leave its lease unrenewed (seed 100199).
-        taking = self.taking
-        unique = {e.ticket.member: e for e in items if e.ticket.member not in taking}
-        if not unique:
-            return
-        items = list(unique.values())
-        parked = {e.ticket.member for e in items if self.parked.get(e.ticket.member) is e}
-        taking.update(unique)
-        loop = asyncio.get_running_loop()
-        asked = loop.time()
-        names = [e.ticket.name for e in items]
-        self._acquire(names)
-        untaken = self._untaken
-        try:
-            results = await self.claims.take([e.ticket for e in items], self.cfg.lease_ms, frozenset(untaken))
-        except BaseException:
-            self._acquired(names)
-            if len(untaken) > _UNANSWERED_MAX:  # (any left are taken over once their lease ran out)
-                untaken.clear()
-            untaken.update((e.ticket.name, e) for e in items if e.ticket.member not in parked)
-            raise
-        finally:
-            taking.difference_update(unique)
-        for n in names:
-            untaken.pop(n, None)
-        try:
-            lost, taken_over = self._taken(items, results, parked, asked)
-        finally:
-            self._acquired(names)
-        if taken_over:  # one line per batch (a dead node's slots can hold thousands)
-            log.info(
-                "took over executions",
-                extra={
-                    "executions": len(taken_over),
-                    "job_ids": [e.d.job_id for e in taken_over[:10]],
-                    "execution_ids": [e.id for e in taken_over[:10]],
-                },
-            )
-        if lost:
-            self.leases.repark_all()  # Redis lost keys: it lost the other parked retries too
-            results2 = await self.claims.renew([Hold(e.ticket, e.attempt, self.cfg.lease_ms) for e in lost])
-            for e, r in zip(lost, results2, strict=True):
-                # (claimed again meanwhile by this node, a loss's catch-up say: that one goes on)
-                if r is RenewResult.LOST or e.ticket.name in self.held or e.ticket.name in self.closing:
-                    e.stage = Stage.OVER
-                    continue
-                e.verify = True
-                self.leases.hold(e, asked)
-                self._won(e)
+        """Take ``items`` back from the claim store (see Acquirer.take)."""
+        await self.acquirer.take(items)
 
-    def _taken(
-        self, items: list[Execution], results: list[Took], parked: set[str], asked: float
-    ) -> tuple[list[Execution], list[Execution]]:
-        """Deal with a take's answers: (lost, taken over)."""
-        lost: list[Execution] = []
-        taken_over: list[Execution] = []
-        meanwhile = self._finished_meanwhile
-        for e, took in zip(items, results, strict=True):
-            ours = self.parked.get(e.ticket.member) is e
-            if self.trace:
-                self.trace("take", e, f"{took.state.name} attempt {took.attempt} ours={ours}")
-            if meanwhile and not ours and e.ticket.name in meanwhile:
-                e.stage = Stage.OVER  # finished here by another path while the take was out
-                continue
-            if ours:
-                self.leases.unpark(e)
-            elif e.ticket.member in parked or e.ticket.name in self.held or e.ticket.name in self.closing:
-                # It left this node's hands while the take was out: closed (a pause or a delete
-                # cancelled it; its done mark lands on the claim just taken), handed over (its
-                # slot moved: parked again for the slot's owners), or held by another path.
-                if (
-                    e.ticket.member in parked
-                    and e.stage is Stage.OVER
-                    and took.state in (TakeState.TAKEN, TakeState.TAKEN_UNKNOWN)
-                ):
-                    e.attempt = max(e.attempt, took.attempt)
-                    self.leases.park(e, self.clock(), here=False)
-                continue
-            if took.state in (TakeState.TAKEN, TakeState.TAKEN_UNKNOWN):
-                if not ours:
-                    self.metrics.claim["taken_over"].inc()
-                    taken_over.append(e)
-                e.attempt = max(e.attempt, took.attempt)
-                # A claim taken from another holder may be behind what it did (it died before
-                # parking its next attempt): history says which attempt comes next, or that it ended.
-                e.verify = took.state is TakeState.TAKEN_UNKNOWN or not ours
-                e.taken = not ours
-                # The claim is this node's again: a loss of it learned while this take was out (a
-                # park answered LOST) is past. Left set, _send would refuse it forever, and the
-                # renewer would keep its lease, so no other node could take it either (seed 83247).
-                e.superseded = False
-                self.leases.hold(e, asked)
-                self._won(e)
-            elif took.state is TakeState.UNKNOWN:
-                # Redis lost the claim and its index entry since they were found: our parked retry,
-                # still ours to make; or an open claim the sweep found (its holder gone, or work
-                # handed over), which no node holds now and which may be older than what the loss
-                # claims again: made again here like a takeover, checked against history, never
-                # dropped (seed 933504).
-                e.taken = e.taken or not ours
-                lost.append(e)
-            elif took.state is TakeState.HELD and ours:
-                # Our retry, and the claim store shows a live lease: our clock is ahead of Redis's,
-                # or the park of this attempt did not land (Redis was away) and the lease is the
-                # attempt before's. Still parked here, taken again when that lease ends (the answer
-                # says when, by Redis's clock), and not sooner than shortly: a lease another node
-                # holds for a long backoff is not asked after all that time. The sweep, which goes by
-                # Redis's clock, finds this same execution. Never dropped: a sweep would take it back
-                # at the attempt before and send that again (seed 463).
-                self.leases.keep_parked(e)
-                self._later(max(self.clock() + RETAKE_MS, took.attempt), e)
-            else:
-                e.stage = Stage.OVER
-        return lost, taken_over
-
-    def _won(self, e: Execution) -> None:
+    def won(self, e: Execution) -> None:
         """A claim is ours: first learn from history where it stands if it must (a takeover, a
         claim Redis had lost), then check it is still wanted, then queue it for delivery."""
         if e.verify:
@@ -869,11 +658,11 @@ class Firer:
                 if t != e.scheduled_ms:
                     self._record_skip(e.job, t, 0, plan.reason)
             if e.scheduled_ms in plan.skip:  # nothing of the missed window is fired
-                self._finish_with(e, Status.SKIPPED, plan.reason)
+                self.finish_with(e, Status.SKIPPED, plan.reason)
                 return
         verdict = self.screen(e)  # e.g. an occurrence on a day one of the job's calendars excludes
         if verdict is not None:
-            self._finish_with(e, *verdict)
+            self.finish_with(e, *verdict)
             return
         self.delivery.dispatch(e)
 
@@ -896,13 +685,7 @@ class Firer:
         return name in self.held or name in self.closing
 
     def retake(self, found: list[Execution]) -> None:
-        if self._untaken:  # taken by a call whose answer was lost: taken again (not due: its lease is ours)
-            listed = {e.ticket.member for e in found}
-            for name, e in list(self._untaken.items()):
-                if e.job.slot not in self.slots or name in self.held or name in self.closing:
-                    del self._untaken[name]
-                elif e.ticket.member not in listed:
-                    found.append(e)
+        self.acquirer.retake(found)
 
     # ------------------------------------------------------------------ leases
     async def run_renewer(self) -> None:
@@ -923,7 +706,7 @@ class Firer:
             self._finish(e, outcome, fired, finished)
         except Exception as exc:  # noqa: BLE001 - one execution's data never stops the others
             log.exception("recording an outcome failed", extra={"job_id": e.d.job_id, "execution_id": e.id})
-            self._finish_with(e, Status.FAILED, f"cronman could not record the outcome: {type(exc).__name__}")
+            self.finish_with(e, Status.FAILED, f"cronman could not record the outcome: {type(exc).__name__}")
 
     # ------------------------------------------------------------------ outcomes
     def _finish(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
@@ -954,7 +737,7 @@ class Firer:
             self.tracing.finish(e.id, job.id, e.scheduled_ms, status.value, finished)
         if status is Status.PERMANENTLY_FAILED and job.opts.dead_letter and not e.superseded:
             e.stage = Stage.FINISHING
-            self._spawn(self._dead_letter(e, outcome.http_status, error, fired, finished))
+            self.tasks.spawn(self._dead_letter(e, outcome.http_status, error, fired, finished))
             return
         row = self._record(e, status, outcome.http_status, error, fired, finished, response=outcome.response)
         if e.superseded:  # another node has it now; it records its own attempts
@@ -968,19 +751,18 @@ class Firer:
             if job.slot not in self.slots:  # the slot moved meanwhile: its new owners retry it
                 self.leases.park(e, finished + delay, here=False, advance=True)
             elif gone or (current is not None and current.paused):
-                self._finish_with(e, Status.CANCELLED, "no retry: the job was " + ("deleted" if gone else "paused"))
+                self.finish_with(e, Status.CANCELLED, "no retry: the job was " + ("deleted" if gone else "paused"))
             else:
                 self.leases.park(e, finished + delay, advance=True)
             return
         self._close(e, status.value, row_to_text(row))
 
     def retry_at(self, when: int, e: Execution) -> None:
-        self._later(when, e)
+        self.later(when, e)
         self._wake.set()
 
     def landed(self, name: str) -> None:
-        if self._acquiring and name in self._acquiring:  # (see _acquiring)
-            self._finished_meanwhile.add(name)
+        self.acquirer.landed(name)
 
     async def beat(self) -> None:
         if self.throttle is not None:
@@ -1031,7 +813,7 @@ class Firer:
         self.metrics.history_buffered.set(len(self.history))
         return row
 
-    def _finish_with(self, e: Execution, status: Status, reason: str, summary: SkipSummary | None = None) -> None:
+    def finish_with(self, e: Execution, status: Status, reason: str, summary: SkipSummary | None = None) -> None:
         """A final outcome without an attempt (skipped, cancelled); ``summary``: the row stands for
         that many occurrences, through the last of them (a span a calendar excludes)."""
         if self.trace:
@@ -1043,7 +825,7 @@ class Firer:
         self._close(e, status.value, row_to_text(row))
 
     def cancel(self, e: Execution, reason: str) -> None:
-        self._finish_with(e, Status.CANCELLED, reason)
+        self.finish_with(e, Status.CANCELLED, reason)
 
     def keep_due(self, wanted: Callable[[Execution], bool]) -> None:
         self.due = [e for e in self.due if wanted(e)]
@@ -1064,7 +846,7 @@ class Firer:
         ):
             self._completed.append((job.id, job.version))
             if len(self._completed) == 1:
-                self._spawn(self._delete_completed())
+                self.tasks.spawn(self._delete_completed())
 
     async def _delete_completed(self) -> None:
         """Delete the jobs that completed meanwhile, in one call (a burst completes thousands)."""
@@ -1165,14 +947,14 @@ class Firer:
             self.leases.let_go(e)
             e.stage = Stage.OVER
         self.delivery.flow(moved, [])
-        self._spawn(self.leases.release(waiting, patience))
+        self.tasks.spawn(self.leases.release(waiting, patience))
 
     async def drain(self, timeout: float, handover_seconds: float = 20.0) -> None:
         """Stop: let deliveries in flight finish (their retries are parked like any), hand the
         rest over, and mark what finished done. While the claim store is unreachable, the handover
         is retried for ``handover_seconds``."""
         self.stopping = True
-        pending: list[asyncio.Future[Any]] = [*self.sending, *self._tasks]
+        pending: list[asyncio.Future[Any]] = [*self.sending, *self.tasks.pending()]
         if pending:  # (what a task makes ready to send meanwhile waits, and is handed over below)
             await asyncio.wait(pending, timeout=timeout)
         waiting = [e for e in self.held.values() if e.stage is Stage.WAITING]
@@ -1180,14 +962,12 @@ class Firer:
             self._hand_over(lambda e: True, patience=handover_seconds)
         if self.parked:
             await self.leases.repark(list(self.parked.values()), patience=handover_seconds)
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=handover_seconds + 1)
+        await self.tasks.wait(handover_seconds + 1)
         await self.leases.land(handover_seconds)
 
     async def settle(self, timeout: float) -> None:
         """Wait (a while) for the short tasks this firer started to end."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=timeout)
+        await self.tasks.wait(timeout)
 
     # ------------------------------------------------------------------ figures
     def figures(self) -> dict[str, Any]:
@@ -1203,8 +983,3 @@ class Firer:
             "held_for_leader": len(self.standby) if self.standby is not None else 0,
             "claimed_after_holding": dict(self.standby.claimed_because) if self.standby is not None else {},
         }
-
-    def _spawn(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)

@@ -104,7 +104,7 @@ def test_executions_won_for_slots_dropped_meanwhile_go_back_in_one_call(
             firer.set_slots(frozenset())  # the slots move away while the claims are in flight
             claims.gate.set()
             deadline = time.monotonic() + 10
-            while (firer._tasks or not claims.renew_calls) and time.monotonic() < deadline:
+            while (firer.tasks or not claims.renew_calls) and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
             # every one of them went back in one call, and the slot's owners take it over at once
             # (its lease ends now), where they would otherwise wait out the 30 s lease

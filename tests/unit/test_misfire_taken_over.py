@@ -100,9 +100,7 @@ def test_the_misfire_execution_taken_over_carries_its_plan() -> None:
         await firer.sweep()
         for _ in range(5):
             await asyncio.sleep(0)
-        for task in list(firer._tasks):
-            task.cancel()
-        await asyncio.gather(*firer._tasks, return_exceptions=True)
+        await firer.tasks.cancel()
         return steps, rows.rows, missed
 
     steps, rows, missed = asyncio.run(scenario())

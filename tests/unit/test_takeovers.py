@@ -111,9 +111,7 @@ async def _taker(
 
 
 async def _stop(firer: Firer) -> None:
-    for task in list(firer._tasks):
-        task.cancel()
-    await asyncio.gather(*firer._tasks, return_exceptions=True)
+    await firer.tasks.cancel()
 
 
 def test_a_takeover_whose_answer_was_lost_is_taken_again_at_the_next_sweep() -> None:
