@@ -160,6 +160,23 @@ class Firer:
         self._passes = 0
         self._fired_recent: list[int] = []  # fired-at times of the last second (fires per second)
         self._lags: list[int] = []  # recent first-attempt lags (ms)
+        self._compose(cfg, claims, senders, history, store, throttle, secrets, misfire)
+
+    def _compose(
+        self,
+        cfg: FirerConfig,
+        claims: Claims,
+        senders: Senders,
+        history: HistoryWriter,
+        store: NodeStore,
+        throttle: ThrottleGate | None,
+        secrets: Callable[[str], tuple[str, ...] | None],
+        misfire: Callable[[Execution], MisfirePlan | None],
+    ) -> None:
+        """The firer's parts, each the one owner of its state; those that call back are given the
+        firer as the small protocol they need (SweepHost, LeaseHost, AcquireHost, DeliveryHost,
+        LifecycleHost)."""
+        clock, metrics = self.clock, self.metrics
         # history checks before sending, and what this node did itself that history may not hold
         self.verifier = Verifier(
             store=store,
