@@ -164,7 +164,7 @@ def test_on_time_work_and_a_catch_up_go_first() -> None:
     firer.due.extend(Execution.of(job, START + i) for i in range(60))
     for i in range(30):
         e = Execution.of(job, START + 1000 + i)
-        firer.held[e.ticket.name] = e
+        firer.leases.hold(e, 0.0)
     driver.hand_out(loop_now)
     backfilled = [e for e in firer.due if e.trigger.startswith("backfill:")]
     assert len(backfilled) == 10 and firer.spare_room() == 0

@@ -100,11 +100,12 @@ def test_what_is_due_on_time_goes_first_and_the_backlog_joins_as_delivery_keeps_
     assert firer.pending_ms(clock.now) == oldest[ROOM - 2]
     # delivery busy (its room taken): the minimum joins each pass all the same
     for e in due:
-        firer.held[e.ticket.name] = e
+        firer.leases.hold(e, 0.0)
     more: list[Execution] = []
     firer.take_queued(more)
     assert [e.scheduled_ms for e in more] == oldest[ROOM - 2 : ROOM - 2 + MINIMUM]
-    firer.held.clear()
+    for e in due:
+        firer.leases.let_go(e)
     rest = _drain(firer)
     assert sorted(map(id, backlog_taken + more + rest)) == sorted(map(id, late))
     times = [e.scheduled_ms for e in rest]
