@@ -709,6 +709,30 @@ class Firer:
         """The leases' renewal loop (see Leases.run_renewer)."""
         await self.leases.run_renewer()
 
+    def retry_at(self, when: int, e: Execution) -> None:
+        self.later(when, e)
+        self._wake.set()
+
+    def landed(self, name: str) -> None:
+        self.acquirer.landed(name)
+
+    async def beat(self) -> None:
+        if self.throttle is not None:
+            await self.throttle.renew(self.clock())
+        self.senders.maintain()
+        self.metrics.waiting_for_connection.set(self.delivery.hosts.queued)
+
+    def repark_all(self) -> None:
+        """Park again every retry parked here (Redis lost its data: it lost them too)."""
+        self.leases.repark_all()
+
+    async def run_done(self) -> None:
+        """The done marks' loop (see Leases.run_done)."""
+        await self.leases.run_done()
+
+    async def flush_done(self) -> None:
+        await self.leases.flush_done()
+
     # ------------------------------------------------------------------ delivery
     def unwait(self, e: Execution) -> None:
         self.delivery.unwait(e)
@@ -773,23 +797,6 @@ class Firer:
                 self.leases.park(e, finished + delay, advance=True)
             return
         self._close(e, status.value, row_to_text(row))
-
-    def retry_at(self, when: int, e: Execution) -> None:
-        self.later(when, e)
-        self._wake.set()
-
-    def landed(self, name: str) -> None:
-        self.acquirer.landed(name)
-
-    async def beat(self) -> None:
-        if self.throttle is not None:
-            await self.throttle.renew(self.clock())
-        self.senders.maintain()
-        self.metrics.waiting_for_connection.set(self.delivery.hosts.queued)
-
-    def repark_all(self) -> None:
-        """Park again every retry parked here (Redis lost its data: it lost them too)."""
-        self.leases.repark_all()
 
     def _record(
         self,
@@ -939,14 +946,6 @@ class Firer:
                 job.namespace,
             )
         )
-
-    # ------------------------------------------------------------------ done marks
-    async def run_done(self) -> None:
-        """The done marks' loop (see Leases.run_done)."""
-        await self.leases.run_done()
-
-    async def flush_done(self) -> None:
-        await self.leases.flush_done()
 
     # ------------------------------------------------------------------ handing over
     def _hand_over(self, which: Callable[[Execution], bool], patience: float = 3.0) -> None:
