@@ -31,26 +31,24 @@ from typing import Any
 
 from cronman.calendars import SkipSummary
 from cronman.errors import TransientError
-from cronman.execution import Status, Trigger, backfill_of, execution_id
+from cronman.execution import Status, Trigger, backfill_of
 from cronman.misfire import MisfirePlan
 from cronman.schedule import Timing
-from cronman.timeutil import iso
 from scheduler_node.acquire import Acquirer
 from scheduler_node.aio import Tasks, wait_event
 from scheduler_node.backlog import Backlog
 from scheduler_node.delivery import Deliveries
 from scheduler_node.execution import Execution, Stage
-from scheduler_node.history import HistoryRow, HistoryWriter, clean_text, row_to_text
+from scheduler_node.finishing import Finisher
+from scheduler_node.history import HistoryRow, HistoryWriter
 from scheduler_node.jobs import OwnedJob
 from scheduler_node.leases import Leases
 from scheduler_node.lifecycle import Lifecycle, next_occurrence
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import (
     Claims,
-    Delivery,
     Outcome,
 )
-from scheduler_node.retry import decide
 from scheduler_node.senders import Senders
 from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
 from scheduler_node.store import NodeStore
@@ -72,7 +70,6 @@ MAX_BATCH = 5000  # due executions handled per timer pass
 LATE_MS = 5000
 LATE_MOVED = 50_000
 PAUSE_RECHECK_MS = 1000  # a takeover this node cannot judge paused yet is parked again this long
-DELETE_GATHER_S = 0.05  # completed jobs gathered this long into one delete (delete_after_completion)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +136,6 @@ class Firer:
         self.backlog = Backlog()
         # What the pass in progress claims (taken from ``due``; what it could not claim goes back)
         self.claiming: list[Execution] = []
-        self._completed: list[tuple[str, int]] = []  # jobs to delete (delete_after_completion)
         self._seq = itertools.count()
         self.tasks = Tasks()
         self._wake = asyncio.Event()
@@ -158,8 +154,6 @@ class Firer:
         self.standing: Standing | None = None
         self.left_to_leader = 0  # occurrences this node held back and the slot's leader claimed
         self._passes = 0
-        self._fired_recent: list[int] = []  # fired-at times of the last second (fires per second)
-        self._lags: list[int] = []  # recent first-attempt lags (ms)
         self._compose(cfg, claims, senders, history, store, throttle, secrets, misfire)
 
     def _compose(
@@ -218,6 +212,22 @@ class Firer:
             lease_ms=cfg.lease_ms,
             max_in_flight=cfg.max_in_flight,
             namespace_share=cfg.namespace_share,
+        )
+        # what an attempt's outcome makes of its execution: its row, a retry, a dead letter, a done mark
+        self.finisher = Finisher(
+            self,
+            leases=self.leases,
+            memory=self.verifier,
+            history=history,
+            metrics=metrics,
+            store=store,
+            senders=senders,
+            throttle=throttle,
+            tracing=self.tracing,
+            clock=clock,
+            rng=self.rng,
+            spawn=self.tasks.spawn,
+            node_id=cfg.node_id,
         )
         # pauses, deletes and jobs created again, as their executions see them
         self.lifecycle = Lifecycle(self, table=self.table, leases=self.leases, backlog=self.backlog)
@@ -673,7 +683,7 @@ class Firer:
         if plan is not None:
             for t in plan.skip:
                 if t != e.scheduled_ms:
-                    self._record_skip(e.job, t, 0, plan.reason)
+                    self.finisher.record_skip(e.job, t, 0, plan.reason)
             if e.scheduled_ms in plan.skip:  # nothing of the missed window is fired
                 self.finish_with(e, Status.SKIPPED, plan.reason)
                 return
@@ -741,211 +751,20 @@ class Firer:
         self._wake.set()
 
     def outcome(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
-        if self.throttle is not None and self.throttle.release(e) and self.throttle.waiting:
-            self._wake.set()  # a permit is free: hand it out now, not at the next pass
-        try:
-            self._finish(e, outcome, fired, finished)
-        except Exception as exc:  # noqa: BLE001 - one execution's data never stops the others
-            log.exception("recording an outcome failed", extra={"job_id": e.d.job_id, "execution_id": e.id})
-            self.finish_with(e, Status.FAILED, f"cronman could not record the outcome: {type(exc).__name__}")
+        self.finisher.outcome(e, outcome, fired, finished)
 
     # ------------------------------------------------------------------ outcomes
-    def _finish(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
-        job = e.job
-        m = self.metrics
-        if e.attempt == 1 and not backfill_of(e.trigger):  # a backfill is late on purpose
-            lag = max(0, fired - e.scheduled_ms - e.throttle_wait_ms)
-            m.tally.observe(m.lag, lag / 1000)
-            self._lags.append(lag)
-            if len(self._lags) > 2000:
-                del self._lags[:1000]
-        self._fired_recent.append(fired)
-        m.tally.observe(m.latency_of(job.target.kind), (finished - fired) / 1000)
-        current = self.jobs.get(job.id)
-        gone = current is None or current.incarnation != job.incarnation
-        status, delay, error = decide(
-            outcome.ok,
-            outcome.error,
-            e.attempt,
-            job.retry,
-            e.scheduled_ms,
-            finished,
-            self.rng,
-            aged_on_purpose=bool(backfill_of(e.trigger)),  # a backfill is old on purpose
-        )
-        self.tracing.end(e.ticket.name, e.attempt, outcome.ok, outcome.http_status, error, finished)
-        if status is not Status.FAILED:
-            self.tracing.finish(e.id, job.id, e.scheduled_ms, status.value, finished)
-        if status is Status.PERMANENTLY_FAILED and job.opts.dead_letter and not e.superseded:
-            e.stage = Stage.FINISHING
-            self.tasks.spawn(self._dead_letter(e, outcome.http_status, error, fired, finished))
-            return
-        row = self._record(e, status, outcome.http_status, error, fired, finished, response=outcome.response)
-        if e.superseded:  # another node has it now; it records its own attempts
-            e.stage = Stage.OVER
-            self.leases.let_go(e)
-            self.verifier.remember(e, row)
-            return
-        if status is Status.FAILED:
-            e.failed_row = row._replace(response=None)
-            e.attempt += 1
-            if job.slot not in self.slots:  # the slot moved meanwhile: its new owners retry it
-                self.leases.park(e, finished + delay, here=False, advance=True)
-            elif gone or (current is not None and current.paused):
-                self.finish_with(e, Status.CANCELLED, "no retry: the job was " + ("deleted" if gone else "paused"))
-            else:
-                self.leases.park(e, finished + delay, advance=True)
-            return
-        self._close(e, status.value, row_to_text(row))
-
-    def _record(
-        self,
-        e: Execution,
-        status: Status,
-        http_status: int | None,
-        error: str | None,
-        fired: int | None,
-        finished: int | None,
-        dead_lettered: bool | None = None,
-        response: bytes | None = None,
-        summary: tuple[int, int | None] | None = None,  # a summary row: (occurrences, the last of them)
-    ) -> HistoryRow:
-        self.metrics.tally.inc(self.metrics.status_of(status.value))
-        row = self.history.add(
-            HistoryRow(
-                e.d.job_id,
-                e.scheduled_ms,
-                e.event_index,
-                e.attempt,
-                e.id,
-                e.trigger,
-                status.value,
-                self.cfg.node_id,
-                fired,
-                finished,
-                None if fired is None else fired - e.scheduled_ms,
-                http_status,
-                clean_text(error),
-                e.throttle_wait_ms or None,
-                dead_lettered,
-                e.job.incarnation,  # the descriptor's, or the one that adopted the execution
-                e.job.namespace or None,
-                None if response is None else response.decode("utf-8", "replace"),
-                *(summary or ()),
-            )
-        )
-        self.metrics.history_buffered.set(len(self.history))
-        return row
-
     def finish_with(self, e: Execution, status: Status, reason: str, summary: SkipSummary | None = None) -> None:
-        """A final outcome without an attempt (skipped, cancelled); ``summary``: the row stands for
-        that many occurrences, through the last of them (a span a calendar excludes)."""
-        if self.trace:
-            self.trace(status.value, e, reason)
-        if summary is None or summary.occurrences is None:
-            row = self._record(e, status, None, reason, None, None)
-        else:
-            row = self._record(e, status, None, reason, None, None, summary=(summary.occurrences, summary.last_ms))
-        self._close(e, status.value, row_to_text(row))
+        self.finisher.finish_with(e, status, reason, summary)
 
     def cancel(self, e: Execution, reason: str) -> None:
-        self.finish_with(e, Status.CANCELLED, reason)
+        self.finisher.cancel(e, reason)
 
     def keep_due(self, wanted: Callable[[Execution], bool]) -> None:
         self.due = [e for e in self.due if wanted(e)]
 
     def _close(self, e: Execution, status: str, row: str) -> None:
-        """A final outcome: mark the claim done, and delete a job that has nothing left."""
-        if self.trace:
-            self.trace("close", e, status)
-        self.leases.close(e, status, row)
-        job = e.job
-        if (
-            status != "done"
-            and job.opts is not None
-            and job.opts.delete_after
-            and e.trigger == Trigger.SCHEDULE
-            and e.event_index == job.opts.events - 1
-            and next_occurrence(job, e.scheduled_ms) is None
-        ):
-            self._completed.append((job.id, job.version))
-            if len(self._completed) == 1:
-                self.tasks.spawn(self._delete_completed())
-
-    async def _delete_completed(self) -> None:
-        """Delete the jobs that completed meanwhile, in one call (a burst completes thousands)."""
-        await asyncio.sleep(DELETE_GATHER_S)
-        batch, self._completed = self._completed, []
-        try:
-            deleted = await self.store.delete_completed(batch)
-        except Exception as exc:  # noqa: BLE001 - the jobs stay, completed
-            log.warning(
-                "could not delete completed jobs: %s",
-                exc,
-                extra={"count": len(batch), "job_ids": [j for j, _ in batch[:10]]},
-            )
-            return
-        if deleted:
-            log.info("deleted completed jobs", extra={"count": len(deleted), "job_ids": deleted[:10]})
-
-    async def _dead_letter(
-        self, e: Execution, http_status: int | None, error: str | None, fired: int, finished: int
-    ) -> None:
-        job = e.job
-        assert job.opts.dead_letter is not None
-        extra: tuple[tuple[str, str], ...] = (("Cronman-Error", (error or "")[:256]),)
-        if http_status is not None:
-            extra += (("Cronman-Http-Status", str(http_status)),)
-        backfill = backfill_of(e.trigger)
-        if backfill:
-            extra += (("Cronman-Backfill-Id", backfill),)
-        d = Delivery(
-            job.id, e.id, iso(e.scheduled_ms), e.attempt, job.payload, e.event_index, None, extra, job.namespace
-        )
-        dlq = self.senders.by_kind.get("sqs")
-        why: str | None = "no SQS sender"
-        ok = False
-        if dlq is not None:
-            outcome = await self.senders.submit(dlq.decode({"type": "sqs", "queue_url": job.opts.dead_letter}), d)
-            ok, why = outcome.ok, outcome.error
-        if not ok:
-            error = f"{error}; dead-letter queue: {why}"
-            log.warning("could not dead-letter an execution", extra={"job_id": job.id, "execution_id": e.id})
-        row = self._record(e, Status.PERMANENTLY_FAILED, http_status, error, fired, finished, ok)
-        if not e.superseded:
-            self._close(e, Status.PERMANENTLY_FAILED.value, row_to_text(row))
-
-    def _record_skip(
-        self,
-        job: OwnedJob,
-        t: int,
-        event_index: int,
-        reason: str,
-        exec_id: str | None = None,
-        trigger: str = Trigger.SCHEDULE,
-    ) -> None:
-        self.metrics.tally.inc(self.metrics.status_of(Status.SKIPPED.value))
-        self.history.add(
-            HistoryRow(
-                job.id,
-                t,
-                event_index,
-                1,
-                exec_id or execution_id(job.id, t, event_index, trigger),
-                trigger,
-                Status.SKIPPED.value,
-                self.cfg.node_id,
-                None,
-                None,
-                None,
-                None,
-                reason,
-                None,
-                None,
-                job.incarnation,
-                job.namespace,
-            )
-        )
+        self.finisher.close(e, status, row)
 
     # ------------------------------------------------------------------ handing over
     def _hand_over(self, which: Callable[[Execution], bool], patience: float = 3.0) -> None:
@@ -987,13 +806,11 @@ class Firer:
 
     # ------------------------------------------------------------------ figures
     def figures(self) -> dict[str, Any]:
-        now = self.clock()
-        self._fired_recent = [t for t in self._fired_recent if t > now - 10_000]
-        lags = sorted(self._lags[-1000:])
+        fires_per_s, lag_p99_ms = self.finisher.rates(self.clock())
         return {
             "in_flight": len(self.held),
-            "fires_per_s": round(len(self._fired_recent) / 10, 1),
-            "lag_p99_ms": lags[int(len(lags) * 0.99)] if lags else None,
+            "fires_per_s": fires_per_s,
+            "lag_p99_ms": lag_p99_ms,
             "parked": len(self.parked),
             "backlog": len(self.backlog),  # late occurrences waiting for delivery to keep up
             "held_for_leader": len(self.standby) if self.standby is not None else 0,
