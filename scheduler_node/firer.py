@@ -167,11 +167,10 @@ class Firer:
         secrets: Callable[[str], tuple[str, ...] | None],
         misfire: Callable[[Execution], MisfirePlan | None],
     ) -> None:
-        """The firer's parts, each the one owner of its state; those that call back are given the
-        firer as the small protocol they need (SweepHost, LeaseHost, AcquireHost, DeliveryHost,
-        LifecycleHost)."""
+        """The firer's parts (docs/architecture.md, the firing core), each the one owner of its state;
+        those that call back are given the firer as the small protocol they need (SweepHost,
+        LeaseHost, AcquireHost, DeliveryHost, FinishHost, LifecycleHost)."""
         clock, metrics = self.clock, self.metrics
-        # history checks before sending, and what this node did itself that history may not hold
         self.verifier = Verifier(
             store=store,
             history=history,
@@ -180,7 +179,6 @@ class Firer:
             close=self._close,
             spawn=self.tasks.spawn,
         )
-        # the claims this node holds: leases, parked retries, done marks, handovers
         self.leases = Leases(
             self,
             claims=claims,
@@ -190,7 +188,6 @@ class Firer:
             spawn=self.tasks.spawn,
             lease_ms=cfg.lease_ms,
         )
-        # claim and take calls, and what their answers lost
         self.acquirer = Acquirer(
             self,
             claims=claims,
@@ -200,7 +197,6 @@ class Firer:
             lease_ms=cfg.lease_ms,
             done_ttl_ms=cfg.done_ttl_ms,
         )
-        # permits, receivers' connections, delivery slots, the attempts in flight
         self.delivery = Deliveries(
             self,
             senders=senders,
@@ -213,7 +209,6 @@ class Firer:
             max_in_flight=cfg.max_in_flight,
             namespace_share=cfg.namespace_share,
         )
-        # what an attempt's outcome makes of its execution: its row, a retry, a dead letter, a done mark
         self.finisher = Finisher(
             self,
             leases=self.leases,
@@ -229,7 +224,6 @@ class Firer:
             spawn=self.tasks.spawn,
             node_id=cfg.node_id,
         )
-        # pauses, deletes and jobs created again, as their executions see them
         self.lifecycle = Lifecycle(self, table=self.table, leases=self.leases, backlog=self.backlog)
         self.sweeper = Sweeper(
             self,
