@@ -34,9 +34,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
-from typing import Any, NamedTuple
+from typing import Any
 
-from cronman import misfire
 from cronman.calendars import CalendarTiming, SkipSummary, skip_summary, timing_with
 from cronman.changes import Stop
 from cronman.changes import decode as decode_changes
@@ -56,10 +55,11 @@ from scheduler_node.jobs import CalendarBook, Decoder, JobRow, OwnedJob, WithCal
 from scheduler_node.membership import overdue
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import Claims, Membership
+from scheduler_node.recovery import Recovery, Tally
 from scheduler_node.senders import Senders
 from scheduler_node.standby import Standby
 from scheduler_node.stops import Stops
-from scheduler_node.store import ClusterConfig, NodeStore, TriggerRow, bitmap
+from scheduler_node.store import ClusterConfig, NodeStore, TriggerRow
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.tracing import make_tracing
 
@@ -141,24 +141,12 @@ class Node:
         self._absent_since: dict[str, float] = {}
         self._members: dict[str, bool] = {}  # node id -> ready, as last seen
         self._pending_catch_up: dict[str, int] = {}  # job id -> from when, until this node is ready
-        # Slots loaded since the firer last claimed through the time they were loaded at: what they
-        # owe (their catch-up) is not claimed yet, so this node's progress does not speak for them.
-        self._unsettled: dict[int, int] = {}  # slot -> loaded at (ms)
-        self._outages: list[tuple[int, int]] = []
-        self._stopping = False
-        self._epoch: str | None = None  # the Redis data's epoch token, as last seen
-        self._epoch_ok_ms = 0
-        self._losses: list[Loss] = []  # Redis data lost, to be recorded
+        self.stopping = False
         self._seen: dict[str, float] = {}  # incarnation -> when its heartbeat was last seen (loop time)
-        self._recording: asyncio.Task[bool] | None = None  # the heartbeat's recording of those
-        self._unnoticed: asyncio.Task[None] | None = None  # looking for losses nobody recorded
-        # Triggers to claim again after a loss of Redis's data, asked for from then (see _triggers_again)
-        self._triggers_since: int | None = None
-        self._triggering: asyncio.Task[None] | None = None
-        self._cluster_progress_ms: int | None = None  # as Redis last reported it
         self.firer: Firer | None = None
         self.history: HistoryWriter | None = None
         self.stops = Stops(self.slot_count)  # jobs heard paused or deleted before the feed said so
+        self.recovery = Recovery(self)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -210,7 +198,7 @@ class Node:
             throttle=parts.throttle,
             secrets=lambda ns: self.config.secrets.get(ns),
             screen=self._screen,
-            misfire=self._misfire_of,
+            misfire=self.recovery.misfire_of,
             rng=self.rng,
             tracing=make_tracing(s.otlp_endpoint, self.node_id),
         )
@@ -221,7 +209,7 @@ class Node:
                 self.node_id, int(s.standby_grace_seconds * 1000), max(3.0, 10 * s.standby_publish_seconds)
             )
             firer.standby.on_claim = lambda reason: m.standby_claims.labels(reason).inc()
-            firer.standby.epoch = self._epoch or ""
+            firer.standby.epoch = self.recovery.epoch or ""
         self.backfills = BackfillDriver(
             firer,
             parts.store,
@@ -250,7 +238,7 @@ class Node:
                 self._membership_loop(),
                 self._config_loop(),
                 self._sync_loop(),
-                self._progress_loop(),
+                self.recovery.progress_loop(),
                 self._standing_loop(),
                 self.backfills.run(lambda: self.ready),
             )
@@ -268,7 +256,7 @@ class Node:
         ]
         await stop.wait()
         log.info("node stopping", extra={"node": self.node_id, "in_flight": len(firer.held)})
-        self._stopping = True
+        self.stopping = True
         parts.store.abandon_loads()  # a load of millions of jobs would hold the stop (its thread)
         firer.stop()
         await asyncio.wait(firing, timeout=10)
@@ -279,7 +267,7 @@ class Node:
         except TimeoutError:
             log.warning("could not release the backfills this node drove")
         await firer.drain(timeout=15.0)
-        await self._save_progress()
+        await self.recovery.save_progress()
         history_stop.set()
         await asyncio.wait(keepers[2:], timeout=10)  # let a write in progress finish
         loop = asyncio.get_running_loop()
@@ -363,174 +351,16 @@ class Node:
 
     async def _heartbeat_loop(self) -> None:
         assert self.parts is not None
-        while not self._stopping:
+        while not self.stopping:
             try:
                 progress = self.firer.progress_ms if self.firer is not None and self.ready else None
                 beat = await self.parts.membership.beat(self._info(), progress)
                 self.metrics.heartbeat_age.set(0)
-                if self._epoch is not None and beat.epoch != self._epoch:
-                    self._redis_lost(self._epoch, beat.epoch, self._epoch_ok_ms)
-                self._epoch = beat.epoch
-                if self.firer is not None and self.firer.standby is not None:
-                    # after the loss's occurrences are queued: a standing of this epoch covers them
-                    self.firer.standby.epoch = beat.epoch
-                self._epoch_ok_ms = self.now_ms()
-                if self._unnoticed is None:
-                    self._unnoticed = asyncio.create_task(self._find_unnoticed_losses(beat.epoch))
-                self._cluster_progress_ms = beat.progress_ms
+                self.recovery.heard(beat.epoch, beat.progress_ms)
             except TransientError as exc:
                 log.warning("heartbeat failed: %s", exc)
-            if self._losses and (self._recording is None or self._recording.done()):
-                # beside the heartbeats, not in their way: a PostgreSQL that hangs must not stop them
-                self._recording = asyncio.create_task(self._record_losses())
+            self.recovery.record_losses_soon()
             await asyncio.sleep(self.s.heartbeat_interval_seconds)
-
-    def _redis_lost(self, lost: str, current: str, intact_ms: int) -> None:
-        """Redis restarted empty (its epoch token changed): the claims it held are gone. What this
-        node holds itself it claims again (renewals, parked retries); what nobody held in memory
-        (claims of nodes that died or handed work over) is found again here: every occurrence of
-        the owned jobs since shortly before Redis was last seen intact is claimed once more,
-        checked against history first, so what was delivered is not delivered again.
-
-        Progress recorded before the loss spoke for those claims: it is lowered to the same point
-        (``NodeStore.lose_epoch``) before this node records progress again, so that a node dying
-        before its claims are made again leaves its slots' next owner a mark it can resume from
-        (seed 101319 with 50 ms passes). Recording it may reach further back (:meth:`_record_losses`)."""
-        s = self.s
-        since = intact_ms - self._recent_past_ms
-        reach = intact_ms - int(s.loss_lookback_seconds * 1000)
-        # heartbeating when the loss was noticed: they claim again what they hold themselves
-        recent = asyncio.get_running_loop().time() - 2 * s.heartbeat_interval_seconds - s.membership_poll_seconds
-        live = frozenset([self.incarnation, *(i for i, t in self._seen.items() if t >= recent)])
-        self._losses.append(Loss(lost, current, since, min(reach, since), live))
-        self._claim_again(since, self.now_ms())
-
-    @property
-    def _recent_past_ms(self) -> int:
-        """How far before Redis was last seen intact a loss of its data claims again: two leases,
-        a heartbeat and 2 s (a claim older than that was taken over by a sweep)."""
-        s = self.s
-        return int((s.lease_seconds * 2 + s.heartbeat_interval_seconds + 2) * 1000)
-
-    async def _learn_outages(self, since: int) -> None:
-        """Add the cluster's outages ending after ``since`` to those this node knows."""
-        assert self.parts is not None
-        self._outages = _merged([*self._outages, *await self.parts.store.outages(since)])
-
-    def _claim_again(self, since: int, until: int) -> None:
-        """Claim once more, checked against history, every occurrence of the owned jobs from
-        ``since`` through ``until`` (what a loss of Redis's data may have left unclaimed)."""
-        firer = self.firer
-        if firer is None:
-            return
-        if not self.ready:  # what the loaded slots owe is caught up once ready: from no later than this
-            if self._pending_catch_up:
-                self._pending_catch_up = {j: min(t, since) for j, t in self._pending_catch_up.items()}
-                for slot in self.owned:
-                    firer.verify_through_at_least(slot, until)
-            return
-        firer.lower_progress(since)  # until the next pass says how far the claims got again
-        # Occurrences due while the whole cluster was down got their misfire policy, which is
-        # not to be undone here (seed 65289: Redis lost its data seconds after an outage ended,
-        # and a skip policy's occurrence was claimed again and fired).
-        outages = [(a, b) for a, b in _merged(self._outages) if b > since]
-        again: list[Execution] = []
-        for job in list(firer.jobs.values()):
-            if job.paused:
-                continue
-            t = _next_of(job, max(since, 0))
-            while t is not None and t <= until and len(again) < 100_000:
-                if not any(a < t <= b for a, b in outages):
-                    again.extend(firer.occurrence(job, t))
-                t = _next_of(job, t)
-        log.warning(
-            "Redis lost its data: claiming recent occurrences again, checked against history",
-            extra={"since": iso(since), "until": iso(until), "executions": len(again)},
-        )
-        firer.repark_all()
-        firer.enqueue(again, verify=True)
-        self._triggers_since = since if self._triggers_since is None else min(self._triggers_since, since)
-        if self._triggering is None or self._triggering.done():
-            self._triggering = asyncio.create_task(self._triggers_again())
-
-    async def _triggers_again(self) -> None:
-        """Claim again, checked against history, the manual triggers and redeliveries of the owned
-        slots asked for since shortly before Redis lost its data and already read from the change
-        feed: a claim of one may have gone with it, held by no node that knows (seed 918049: a
-        take whose answer was lost, then the loss). Scheduled occurrences are claimed again by
-        _claim_again."""
-        for _ in range(_TRIGGERS_AGAIN_TRIES):
-            since = self._triggers_since
-            if since is None or self._stopping or self.parts is None:
-                return
-            try:
-                triggers = await self.parts.store.recent_triggers(sorted(self.owned), since)
-            except TransientError as exc:
-                log.warning("could not read recent triggers to claim them again: %s", exc)
-                await asyncio.sleep(1.0)
-                continue
-            if self._triggers_since == since:
-                self._triggers_since = None
-            self._apply_triggers(triggers, verify=True, again=True)
-        log.error("recent triggers were not claimed again after a loss of Redis's data: PostgreSQL was away")
-
-    async def _find_unnoticed_losses(self, current: str) -> None:
-        """Once, when this process first reaches Redis: progress recorded in data Redis no longer
-        has, whose loss nobody recorded (every node that saw it died first: a power cut of Redis
-        and the nodes). Recorded here, and the recent past of that data is claimed again, checked
-        against history: the deliveries whose history rows died with the nodes and Redis's copy
-        of them are delivered again and recorded (tests/cluster/test_power_cut.py). The same for
-        such a loss another node recorded lately: nodes back from a power cut together each claim
-        it again for the slots they own, whoever recorded it (seed 951099: the node that recorded
-        it handed the slot of an occurrence on before claiming it, and the slot's owners, whose
-        catch-up began before the loss lowered its mark, did not claim it again)."""
-        assert self.parts is not None
-        found: list[tuple[str, int]] | None = None  # (once recorded, they are no longer unnoticed)
-        for _ in range(600):  # PostgreSQL may be away for a while; a node that has waited that long gives up
-            if self._stopping:
-                return
-            reach = self.now_ms() - int(self.s.loss_lookback_seconds * 1000)
-            try:
-                if found is None:
-                    found = await self.parts.store.unnoticed_losses(current, reach, self._recent_past_ms, self.node_id)
-                if found:
-                    await self._learn_outages(min(t for _, t in found))
-                break
-            except TransientError as exc:
-                log.warning("could not look for losses of Redis's data: %s", exc)
-                await asyncio.sleep(1.0)
-        else:
-            return
-        for epoch, since in found:
-            log.warning(
-                "Redis lost data no node noticed: claiming its recent past again, checked against history",
-                extra={"epoch": epoch, "since": iso(since)},
-            )
-            self._claim_again(since, self.now_ms())
-
-    async def _record_losses(self) -> bool:
-        """Record the losses of Redis data this node noticed (oldest first); False while some are
-        not recorded yet."""
-        assert self.parts is not None
-        while self._losses:
-            loss = self._losses[0]
-            try:
-                since = await self.parts.store.lose_epoch(
-                    loss.lost, loss.current, loss.since, self.node_id, loss.reach, loss.live
-                )
-                if since < loss.since:  # what is claimed again from there must not undo a misfire
-                    await self._learn_outages(since)  # policy: outages this node may not have read
-            except TransientError as exc:
-                log.warning("could not record that Redis lost its data: %s", exc)
-                return False
-            if loss in self._losses:  # (the heartbeat and a progress save may both record it)
-                self._losses.remove(loss)
-                if since < loss.since:
-                    # a node gone before the loss had last recorded progress from further back: its
-                    # claims made late, and lost before a sweep took them over, are older than the
-                    # recent past (seed 820315: claimed 3 s late, holder killed, Redis lost 5 s later)
-                    self._claim_again(since, loss.since - 1)
-        return True
 
     async def _membership_loop(self) -> None:
         """Track the live set. A node counts as gone only after it has been missing for a heartbeat
@@ -544,7 +374,7 @@ class Node:
         settled = False
         late_after = overdue_after(s.heartbeat_interval_seconds)
         reached: float | None = None  # since when this node has read the live set without a failure
-        while not self._stopping:
+        while not self.stopping:
             try:
                 members = await self.parts.membership.live()
                 now = loop.time()
@@ -627,8 +457,7 @@ class Node:
         if removed:
             self.firer.set_slots(self.owned - removed)
             self.owned = self.owned - removed
-            for slot in removed:
-                self._unsettled.pop(slot, None)
+            self.recovery.slots_dropped(removed)
             if standby is not None:
                 standby.set_owned(self.owned)
             self.metrics.slots_moved.labels("dropped").inc(len(removed))
@@ -643,7 +472,7 @@ class Node:
                 self.firer.set_slots(self.owned)
                 raise
             loaded_at = self.now_ms()
-            self._unsettled.update(dict.fromkeys(added, loaded_at))
+            self.recovery.slots_loaded(added, loaded_at)
             self.owned = self.owned | added
             if standby is not None:
                 standby.loaded(sorted(added))
@@ -679,8 +508,7 @@ class Node:
         # calendars decide what fires: know the current ones before firing what is loaded
         self._set_config(await store.cluster_config())
         cursor, loaded = await store.load_slots(added, self.decoder)
-        if self._unnoticed is not None and not self._unnoticed.done():  # it may lower the marks
-            await asyncio.wait([self._unnoticed], timeout=10)
+        await self.recovery.looked_for_unnoticed(10)  # it may lower the marks
         marks = await store.slot_marks()
         now = self.now_ms()
         floor = now - MAX_CATCH_UP_MS
@@ -691,7 +519,7 @@ class Node:
             if claimed is not None and fired is not None and fired > claimed:
                 self.firer.verify_slot_through(slot, fired)
         # A loss noticed and not on record yet has not lowered the marks: from no later than it says.
-        lost = min((loss.since for loss in self._losses), default=None)
+        lost = self.recovery.unrecorded_loss_since
         if lost is not None:
             for slot in added:
                 self.firer.verify_through_at_least(slot, now)
@@ -713,10 +541,10 @@ class Node:
         gc.freeze()  # the loaded jobs live long: keep them out of every future collection
         if self.ready:
             earliest = min((start_of(job, updated_ms) for job, updated_ms in loaded), default=now)
-            await self._learn_outages(self._outages_from(earliest, now))
-            tally = _Tally()
+            await self.recovery.learn_outages(self.recovery.outages_from(earliest, now))
+            tally = Tally()
             for i, (job, updated_ms) in enumerate(loaded):
-                self._catch_up(job, start_of(job, updated_ms), now, tally)
+                self.recovery.catch_up(job, start_of(job, updated_ms), now, tally)
                 if i % YIELD_EVERY == YIELD_EVERY - 1:
                     await asyncio.sleep(0)  # millions of jobs: the timer, renewals and heartbeats go on
             tally.log()
@@ -730,104 +558,17 @@ class Node:
             self._caught_up += count  # (the load moves: see _load_moved)
         del loaded
         triggers = await store.recent_triggers(added, now - TRIGGER_LOOKBACK_MS)
-        self._apply_triggers(triggers, verify=True)
+        self.apply_triggers(triggers, verify=True)
         self.feed_cursor = cursor if self.feed_cursor is None else min(self.feed_cursor, cursor)
         return count
-
-    def _outages_from(self, earliest: int, now: int) -> int:
-        """How far back this node must know the cluster's outages: what it catches up, and what a
-        loss of Redis's data makes it claim again (whose misfire policies must not be undone: seed
-        870158 with power cuts, an occurrence a skip policy skipped in an outage that ended before
-        the node caught up from was claimed again after a loss, and fired)."""
-        back = int(self.s.loss_lookback_seconds * 1000) + self._recent_past_ms
-        return min(now - back, earliest)
-
-    def _catch_up(self, job: OwnedJob, start: int, now: int, tally: _Tally) -> None:
-        """Install a job taken over from ``start``: occurrences since then are delivered late,
-        except those due during an outage of the whole cluster, which get the misfire policy."""
-        assert self.firer is not None
-        firer = self.firer
-        if job.paused:
-            firer.install(job, now)
-            return
-        timing = job.timing  # (made once: a job of a long interval makes it when asked)
-        first = _next_of(job, start, timing)
-        if first is None:
-            firer.install(job, start, timing)
-            return
-        if tally.merged_of is not self._outages:  # merged once a load, not once a job (a new list when they change)
-            tally.merged_of, tally.merged = self._outages, _merged(self._outages)
-            tally.until = max(now, tally.merged[-1][1]) if tally.merged else now  # (disjoint, in order)
-        if first > tally.until:  # nothing came due since, nor in an outage: no outage matters (most jobs)
-            firer.install_at(job, first, start, timing)
-            return
-        # An outage is the one the first node back recorded, whole, by its clock: one that ends
-        # after this node's now (recorded by a node whose clock runs ahead) is not cut short here.
-        # Cut at now, this node fired the latest occurrence before its now as the misfire, and
-        # the rest of the outage from its timer, besides the recorder's latest (seed 923708, every
-        # fault: a power cut, clocks 2.2 s apart, five occurrences of one fire_once outage).
-        windows = [(max(a, start), b) for a, b in tally.merged if b > start and a < now]
-        if not windows:
-            firer.install(job, start, timing)
-            return
-        cursor = start
-        for a, b in windows:
-            # Due while a node of the cluster was alive, before this outage: delivered late, like
-            # any occurrence a node takes over (only the outage itself gets the misfire policy).
-            times = misfire.between(timing, cursor, a)
-            if len(times) == misfire.MAX_COUNTED and times[-1] < a:
-                tally.bound(job.id)
-            late = [e for t in times for e in firer.occurrence(job, t)]
-            if late:
-                firer.enqueue(late, verify=True)  # the previous owner may have delivered them
-            # with its calendars: an occurrence on an excluded day was never due, so never missed
-            plan = misfire.plan(self.timing_of(job, timing), a, b, job.opts.misfire, job.opts.catchup_ms)
-            if plan.last_missed is not None:
-                executions = [Execution.of(job, t, i) for t in plan.fire for i in range(job.opts.events)] or [
-                    Execution.of(job, plan.last_missed)
-                ]
-                executions[0].misfire = plan
-                firer.enqueue(executions, verify=True)
-                tally.misfire(job.id, (a, b))
-            cursor = b
-        firer.install(job, cursor, timing)
-
-    def _misfire_of(self, e: Execution) -> misfire.MisfirePlan | None:
-        """The misfire plan of an outage, if ``e`` (taken over from another holder) is the
-        execution a catch-up claimed to carry it (see _catch_up): its holder may have died, or
-        lost the claim's answer, before applying it; the taker applies it instead of delivering
-        the occurrence late (seed 930278, every fault: a skip policy's occurrence was fired)."""
-        d = e.d
-        if d.trigger != Trigger.SCHEDULE or d.suffix or d.event_index:
-            return None
-        t = d.scheduled_ms
-        for a, b in _merged(self._outages):
-            if a < t <= b:
-                job = e.job
-                plan = misfire.plan(self.timing_of(job), a, b, job.opts.misfire, job.opts.catchup_ms)
-                return plan if t == (plan.fire[0] if plan.fire else plan.last_missed) else None
-        return None
 
     async def _become_ready(self) -> None:
         """The first ownership is loaded: classify what the loaded slots missed, and if no node
         was firing, record the outage so that every node applies the misfire policy to it."""
         assert self.parts is not None and self.firer is not None
-        store = self.parts.store
         now = self.now_ms()
-        cluster_mark = (await store.slot_marks()).cluster
-        if self._cluster_progress_ms is not None:  # nodes kept firing while PostgreSQL was away
-            cluster_mark = max(cluster_mark or 0, self._cluster_progress_ms)
-        since = min(self._pending_catch_up.values(), default=now)
-        # decided once for the cluster: nodes back at the same time, each by its own clock, could
-        # each judge the gap differently, and one fire late what another skips (seed 82247)
-        outage = await store.back(cluster_mark, now, int(self.s.outage_after_seconds * 1000), self.node_id)
-        self._outages = await store.outages(min(since, self._outages_from(now, now)))
-        if outage is not None:
-            log.warning(
-                "no scheduler was running: occurrences due then get their misfire policy",
-                extra={"since": iso(outage[0]), "until": iso(outage[1])},
-            )
-        tally = _Tally()
+        await self.recovery.judge_outage(now)
+        tally = Tally()
         done = 0
         # Changes that arrive while this runs (it yields now and then) join the pending set, and
         # are caught up in the next round.
@@ -840,7 +581,7 @@ class Node:
                 # grew the table to twice its size on the way (then copied at its size)
                 job = self.firer.jobs.get(job_id)
                 if job is not None:  # (not deleted meanwhile)
-                    self._catch_up(job, start, now, tally)
+                    self.recovery.catch_up(job, start, now, tally)
                 done += 1
                 if done % YIELD_EVERY == 0:
                     self._caught_up += YIELD_EVERY
@@ -852,12 +593,24 @@ class Node:
         # Not past what the loaded slots still owe: a node that dies before claiming its catch-up
         # (or holding it back for a slot's leader) must not have recorded it as fired.
         self.firer.settle_progress(now)
-        # Worked out after their catch-up was queued, it speaks for the slots just loaded: they
-        # count in it at once. (Left out until the catch-up was claimed, the first owners of a slot
-        # at a cold start recorded no mark for it if they died before their next save, PostgreSQL
-        # away: its next owner caught up from a lease ago, not from their start, seed 7500088.)
-        self._unsettled.clear()
-        await self._save_progress()
+        # Worked out after their catch-up was queued, it speaks for the slots just loaded.
+        self.recovery.all_settled()
+        await self.recovery.save_progress()
+
+    def pending_since(self, now: int) -> int:
+        """From when the jobs loaded and not caught up yet are caught up (``now`` if none)."""
+        return min(self._pending_catch_up.values(), default=now)
+
+    def lower_pending(self, since: int) -> bool:
+        """What the loaded jobs owe is caught up from no later than ``since``; False if none waits."""
+        if not self._pending_catch_up:
+            return False
+        self._pending_catch_up = {j: min(t, since) for j, t in self._pending_catch_up.items()}
+        return True
+
+    def heard_since(self, t: float) -> list[str]:
+        """The incarnations whose heartbeat was seen from ``t`` on (loop time)."""
+        return [i for i, seen in self._seen.items() if seen >= t]
 
     # ------------------------------------------------------------------ leading and standing by
     async def _standing_loop(self) -> None:
@@ -869,7 +622,7 @@ class Node:
             return
         loop = asyncio.get_running_loop()
         beats = itertools.count(1)
-        while not self._stopping:
+        while not self.stopping:
             firer = self.firer
             st = firer.standing
             mine = replace(st, beat=next(beats)).encode() if self.ready and st is not None else None
@@ -892,55 +645,11 @@ class Node:
             log.warning("could not withdraw this node's standing (the others judge it stale within seconds): %s", exc)
 
     # ------------------------------------------------------------------ how far this node fired
-    async def _progress_loop(self) -> None:
-        while not self._stopping:
-            await asyncio.sleep(self.s.progress_seconds)
-            if self.ready:
-                await self._save_progress()
-
-    async def _save_progress(self) -> None:
-        assert self.parts is not None
-        firer = self.firer
-        if firer is None or firer.progress_ms is None or not self.ready:
-            return
-        if self._losses and not await self._record_losses():
-            return  # progress of the new data is saved once the old data's loss is on record
-        history = self.history
-        if history is not None and history.last_error is not None and not await history.flush():
-            # Rows held since PostgreSQL was away are in this node's buffer and Redis's copy only,
-            # and a skip's row is all there is of its occurrence: progress saved past them would
-            # let a loss of both that nobody notices (a power cut) claim again too short a past
-            # (seed 927326, every fault: two overlap skips' rows held 12 s, PostgreSQL back 1.9 s
-            # before the cut, the writer waiting out its 5 s backoff while progress was saved).
-            # They are written first; until they are, progress stays where it was.
-            return
-        # A slot counts once the firer has claimed through the time it was loaded: before that, its
-        # mark stays what its previous owners recorded, and whoever takes it next catches up from
-        # there. (This node's progress predates the slot's catch-up; saved for the slot while the
-        # claim store was away, it lost the catch-up of a node killed meanwhile: seed 100656.)
-        unsettled = self._unsettled
-        if unsettled:
-            for slot in [s for s, at in unsettled.items() if firer.progress_ms >= at]:
-                del unsettled[slot]
-        firer.forget_verified()
-        owned = self.owned.difference(unsettled) if unsettled else self.owned
-        try:
-            await self.parts.store.save_progress(
-                self.node_id,
-                self.incarnation,
-                firer.progress_ms,
-                bitmap(owned, self.slot_count),
-                self._epoch,
-                firer.firing_ms,
-            )
-        except TransientError as exc:
-            log.warning("could not record how far this node fired: %s", exc)
-
     # ------------------------------------------------------------------ cluster-wide configuration
     async def _config_loop(self) -> None:
         """Throttle policies and signing secrets (small tables read whole)."""
         assert self.parts is not None
-        while not self._stopping:
+        while not self.stopping:
             try:
                 self._set_config(await self.parts.store.cluster_config())
             except TransientError as exc:
@@ -1050,7 +759,7 @@ class Node:
         for row in rows:
             if row.slot in self.owned and self._apply_row(row):
                 self.metrics.changes_applied.inc()
-        self._apply_triggers(triggers, verify=False)
+        self.apply_triggers(triggers, verify=False)
         self.stops.read(started)
         if self.firer.standby is not None:
             self.firer.standby.feed_read(cursor, [(row.slot, row.xid) for row in rows if row.slot in self.owned])
@@ -1061,7 +770,7 @@ class Node:
         self.firer.feed_read(started)
         self.metrics.jobs_owned.set(len(self.jobs))
 
-    def _apply_triggers(self, triggers: list[TriggerRow], verify: bool, again: bool = False) -> None:
+    def apply_triggers(self, triggers: list[TriggerRow], verify: bool, again: bool = False) -> None:
         assert self.firer is not None
         out: list[Execution] = []
         for t in triggers:
@@ -1090,7 +799,7 @@ class Node:
         return [Execution.of(job, t.requested_ms, i, Trigger.MANUAL) for i in range(job.opts.events)]
 
     async def _sync_loop(self) -> None:
-        while not self._stopping:
+        while not self.stopping:
             try:
                 if self._ownership_dirty.is_set():
                     self._ownership_dirty.clear()
@@ -1114,85 +823,7 @@ class Node:
             await asyncio.sleep(0.02)
 
 
-def _next_of(job: OwnedJob, after_ms: int, timing: Timing | None = None) -> int | None:
-    try:
-        return (job.timing if timing is None else timing).next_after(after_ms)
-    except Exception:  # noqa: BLE001 - one job's schedule never stops the others
-        return None
-
-
-def _merged(outages: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Outages recorded by several nodes coming back at once, merged: an outage ended when the
-    first of them was back (the earliest end among those that overlap). Two outages that only
-    touch are two: the cluster came back and stopped again before a node marked any progress, so
-    the second starts where the first ended (``decide_outage``); merged, the second was lost, and
-    its occurrences were delivered late instead of getting their misfire policy (seeds 401891 and
-    402048, every fault)."""
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(outages):
-        if out and a < out[-1][1]:
-            out[-1] = (out[-1][0], min(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
 YIELD_EVERY = 5000  # jobs installed between two turns of the event loop
-
-
-class Loss(NamedTuple):
-    """Redis lost the data of an epoch, noticed when it answered with another."""
-
-    lost: str
-    current: str
-    since: int  # occurrences from then on are claimed again (the recent past)
-    reach: int  # and from as far back as this, where a node gone since had recorded less progress
-    live: frozenset[str]  # incarnations heartbeating before the loss (they claim again what they hold)
-
-
-class _Tally:
-    """What one load's catch-up did, logged once (one line per job floods the log at scale): how
-    many jobs, and the first few of them (not every id: a load can hold millions)."""
-
-    SAMPLE = 10
-
-    def __init__(self) -> None:
-        self.misfired = 0
-        self.misfired_ids: list[str] = []
-        self.outages: set[tuple[int, int]] = set()
-        self.bounded = 0
-        self.bounded_ids: list[str] = []
-        self.merged_of: list[tuple[int, int]] | None = None  # the node's outages, and them merged
-        self.merged: list[tuple[int, int]] = []
-        self.until = 0  # the later of the load's now and the end of the last of them
-
-    def misfire(self, job_id: str, outage: tuple[int, int]) -> None:
-        self.misfired += 1
-        if len(self.misfired_ids) < self.SAMPLE:
-            self.misfired_ids.append(job_id)
-        self.outages.add(outage)
-
-    def bound(self, job_id: str) -> None:
-        self.bounded += 1
-        if len(self.bounded_ids) < self.SAMPLE:
-            self.bounded_ids.append(job_id)
-
-    def log(self) -> None:
-        if self.misfired:
-            log.info(
-                "applying the misfire policy",
-                extra={
-                    "jobs": self.misfired,
-                    "job_ids": self.misfired_ids,
-                    "outages": [f"{iso(a)}/{iso(b)}" for a, b in sorted(self.outages)[: self.SAMPLE]],
-                },
-            )
-        if self.bounded:
-            log.warning(
-                "catch-up bounded: occurrences due before an outage after the first %d are not delivered",
-                misfire.MAX_COUNTED,
-                extra={"jobs": self.bounded, "job_ids": self.bounded_ids},
-            )
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None]], what: str, timeout: float = 5.0) -> None:

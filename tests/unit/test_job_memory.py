@@ -167,7 +167,7 @@ def test_a_table_grown_by_taking_every_job_out_and_back_is_made_its_size_again()
     now = 1_790_000_000_000
     firer, d = _firer_at(now), _decoder()
     jobs = [d.job(_schedule_row(f"job-{i:06d}", {"type": "interval", "every_seconds": 60})) for i in range(40_000)]
-    for job in jobs:  # as a node that is not ready keeps what it loads, then installs it (node._become_ready)
+    for job in jobs:  # as a node that is not ready keeps what it loads, then installs it once ready
         firer.stage(job)
     for job in jobs:
         firer.install(firer.jobs.pop(job.id), now)

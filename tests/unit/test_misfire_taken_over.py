@@ -70,7 +70,7 @@ def test_the_misfire_execution_taken_over_carries_its_plan() -> None:
         job = Decoder(senders.decode).job(_row())
         node = Node(Settings(node_id="n", database_url="postgresql://x/x", redis_url="redis://x", dev_mode=True))
         # the whole cluster was down from NOW - 45 s until NOW - 2 s (the first node back's record)
-        node._outages = [(NOW - 45_000, NOW - 2_000)]
+        node.recovery.know_outages([(NOW - 45_000, NOW - 2_000)])
         missed = misfire.between(job.timing, NOW - 45_000, NOW - 2_000)
         assert len(missed) >= 3
         carrier = missed[-1]  # the outage's latest occurrence: a catch-up's claim carries the plan
@@ -90,7 +90,7 @@ def test_the_misfire_execution_taken_over_carries_its_plan() -> None:
             history=rows,  # type: ignore[arg-type]
             store=NothingRecorded(),  # type: ignore[arg-type]
             metrics=NodeMetrics("n"),
-            misfire=node._misfire_of,
+            misfire=node.recovery.misfire_of,
         )
         node.firer = firer
         steps: list[tuple[str, int, str]] = []

@@ -69,7 +69,7 @@ def test_progress_waits_for_the_rows_held_while_postgresql_was_away() -> None:
         node.history.add(_skip())
         assert not await node.history.flush()  # PostgreSQL away: held, with a backoff
         store.down = store.history_down = False  # back, the writer still waiting out its backoff
-        await node._save_progress()
+        await node.recovery.save_progress()
         return store.calls
 
     assert asyncio.run(main()) == ["row skip-1", f"progress {NOW}"]
@@ -83,7 +83,7 @@ def test_progress_stays_where_it_was_while_the_held_rows_are_not_written() -> No
         node.history.add(_skip())
         assert not await node.history.flush()
         store.down = False  # progress could be saved, the rows still not
-        await node._save_progress()
+        await node.recovery.save_progress()
         return store.calls, len(node.history)
 
     assert asyncio.run(main()) == ([], 1)
