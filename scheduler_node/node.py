@@ -52,10 +52,11 @@ from scheduler_node.execution import Descriptor, Execution
 from scheduler_node.firer import Firer, FirerConfig, wait_event
 from scheduler_node.history import HistoryRow, HistoryWriter
 from scheduler_node.jobs import CalendarBook, Decoder, JobRow, OwnedJob, WithCalendars
+from scheduler_node.loading import TRIGGER_LOOKBACK_MS, Loading
 from scheduler_node.membership import overdue
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import Claims, Membership
-from scheduler_node.recovery import Recovery, Tally
+from scheduler_node.recovery import Recovery
 from scheduler_node.senders import Senders
 from scheduler_node.standby import Standby
 from scheduler_node.stops import Stops
@@ -66,9 +67,7 @@ from scheduler_node.tracing import make_tracing
 log = logging.getLogger("cronman.node")
 
 _CONFIG_SECONDS = 5.0  # throttle policies, signing secrets and calendars
-TRIGGER_LOOKBACK_MS = 3_600_000  # a slot taken over still fires triggers asked for this recently
 _TRIGGERS_AGAIN_TRIES = 120  # reads of recent triggers after a loss of Redis's data, a second apart
-MAX_CATCH_UP_MS = 86_400_000  # a slot taken over delivers at most this far back
 
 
 @dataclass
@@ -136,17 +135,16 @@ class Node:
         # node id -> (what its heartbeat last said it had loaded, when that was first seen): a
         # node still loading counts as loading while its load moves (see _wanted)
         self._loading: dict[str, tuple[Any, float]] = {}
-        self._caught_up = 0  # jobs this node's catch-up installed (its load's second half)
         self._waited: frozenset[str] = frozenset()  # loading nodes whose load moved within the grace (see _wanted)
         self._absent_since: dict[str, float] = {}
         self._members: dict[str, bool] = {}  # node id -> ready, as last seen
-        self._pending_catch_up: dict[str, int] = {}  # job id -> from when, until this node is ready
         self.stopping = False
         self._seen: dict[str, float] = {}  # incarnation -> when its heartbeat was last seen (loop time)
         self.firer: Firer | None = None
         self.history: HistoryWriter | None = None
         self.stops = Stops(self.slot_count)  # jobs heard paused or deleted before the feed said so
         self.recovery = Recovery(self)
+        self.loading = Loading(self)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -338,16 +336,10 @@ class Node:
             "jobs": len(self.jobs),
             "slots": len(self.owned),
             "ready": self.ready,
-            **({} if self.ready else {"loading": self._load_moved()}),
+            **({} if self.ready else {"loading": self.loading.moved()}),
             "port": self.port if self.port is not None else self.s.node_port,  # the port bound (for 0)
             **(firer.figures() if firer is not None else {}),
         }
-
-    def _load_moved(self) -> int:
-        """How far this node's load has come: jobs read, then jobs caught up. It grows while the
-        load goes on, however long that takes (millions of jobs take minutes)."""
-        store = self.parts.store if self.parts is not None else None
-        return (store.rows_loaded if store is not None else 0) + self._caught_up
 
     async def _heartbeat_loop(self) -> None:
         assert self.parts is not None
@@ -467,7 +459,7 @@ class Node:
             # timer claims meanwhile must not look like one of a slot that moved away.
             self.firer.set_slots(self.owned | added)
             try:
-                loaded = await self._load(sorted(added))
+                loaded = await self.loading.load(sorted(added))
             except BaseException:
                 self.firer.set_slots(self.owned)
                 raise
@@ -501,92 +493,13 @@ class Node:
             },
         )
 
-    async def _load(self, added: list[int]) -> int:
-        """Load the jobs of slots taken over, with what each slot still owes."""
-        assert self.parts is not None and self.firer is not None
-        store = self.parts.store
-        # calendars decide what fires: know the current ones before firing what is loaded
-        self._set_config(await store.cluster_config())
-        cursor, loaded = await store.load_slots(added, self.decoder)
-        await self.recovery.looked_for_unnoticed(10)  # it may lower the marks
-        marks = await store.slot_marks()
-        now = self.now_ms()
-        floor = now - MAX_CATCH_UP_MS
-        # Slots whose marks a loss of Redis's data lowered: what was fired after the lowered mark
-        # may have been delivered before the loss, and is checked against history before sending.
-        for slot in added:
-            claimed, fired = marks.claimed.get(slot), marks.fired.get(slot)
-            if claimed is not None and fired is not None and fired > claimed:
-                self.firer.verify_slot_through(slot, fired)
-        # A loss noticed and not on record yet has not lowered the marks: from no later than it says.
-        lost = self.recovery.unrecorded_loss_since
-        if lost is not None:
-            for slot in added:
-                self.firer.verify_through_at_least(slot, now)
-
-        # (one int object for the many jobs that start at the same time, not one each: millions
-        # of them, kept until the node is ready, leave their pages behind when they go)
-        unmarked = now - self.lease_ms
-
-        def start_of(job: OwnedJob, updated_ms: int) -> int:
-            mark = marks.claimed.get(job.slot)
-            start = unmarked if mark is None else mark
-            if lost is not None:
-                start = min(start, lost)
-            return max(start, updated_ms - 1, floor)
-
-        # (computed where used, not kept in a second list: millions of short-lived pairs made
-        # after the jobs fragment the heap they leave behind)
-        count = len(loaded)
-        gc.freeze()  # the loaded jobs live long: keep them out of every future collection
-        if self.ready:
-            earliest = min((start_of(job, updated_ms) for job, updated_ms in loaded), default=now)
-            await self.recovery.learn_outages(self.recovery.outages_from(earliest, now))
-            tally = Tally()
-            for i, (job, updated_ms) in enumerate(loaded):
-                self.recovery.catch_up(job, start_of(job, updated_ms), now, tally)
-                if i % YIELD_EVERY == YIELD_EVERY - 1:
-                    await asyncio.sleep(0)  # millions of jobs: the timer, renewals and heartbeats go on
-            tally.log()
-        else:  # what was missed is classified once this node is ready (see _become_ready)
-            # (without a turn of the loop: a loss of Redis's data noticed meanwhile lowers what is
-            # pending, and must find all of it there)
-            stage, pending = self.firer.stage, self._pending_catch_up
-            for job, updated_ms in loaded:
-                stage(job)
-                pending[job.id] = start_of(job, updated_ms)
-            self._caught_up += count  # (the load moves: see _load_moved)
-        del loaded
-        triggers = await store.recent_triggers(added, now - TRIGGER_LOOKBACK_MS)
-        self.apply_triggers(triggers, verify=True)
-        self.feed_cursor = cursor if self.feed_cursor is None else min(self.feed_cursor, cursor)
-        return count
-
     async def _become_ready(self) -> None:
         """The first ownership is loaded: classify what the loaded slots missed, and if no node
         was firing, record the outage so that every node applies the misfire policy to it."""
         assert self.parts is not None and self.firer is not None
         now = self.now_ms()
         await self.recovery.judge_outage(now)
-        tally = Tally()
-        done = 0
-        # Changes that arrive while this runs (it yields now and then) join the pending set, and
-        # are caught up in the next round.
-        for _ in range(1000):
-            pending, self._pending_catch_up = self._pending_catch_up, {}
-            if not pending:
-                break
-            for job_id, start in pending.items():
-                # installed in its entry of the table: taking millions out and putting them back
-                # grew the table to twice its size on the way (then copied at its size)
-                job = self.firer.jobs.get(job_id)
-                if job is not None:  # (not deleted meanwhile)
-                    self.recovery.catch_up(job, start, now, tally)
-                done += 1
-                if done % YIELD_EVERY == 0:
-                    self._caught_up += YIELD_EVERY
-                    await asyncio.sleep(0)  # millions of jobs: heartbeats and renewals go on
-        tally.log()
+        await self.loading.catch_up_pending(now)
         self.firer.compact()  # (a table that grew as the load staged its jobs)
         self.ready = True
         self.firer.sweep_soon()  # what holders gone from the loaded slots left: taken now (see _apply_ownership)
@@ -597,16 +510,9 @@ class Node:
         self.recovery.all_settled()
         await self.recovery.save_progress()
 
-    def pending_since(self, now: int) -> int:
-        """From when the jobs loaded and not caught up yet are caught up (``now`` if none)."""
-        return min(self._pending_catch_up.values(), default=now)
-
-    def lower_pending(self, since: int) -> bool:
-        """What the loaded jobs owe is caught up from no later than ``since``; False if none waits."""
-        if not self._pending_catch_up:
-            return False
-        self._pending_catch_up = {j: min(t, since) for j, t in self._pending_catch_up.items()}
-        return True
+    def feed_loaded(self, cursor: int) -> None:
+        """A load read the change feed up to ``cursor``: the feed goes on from no later than that."""
+        self.feed_cursor = cursor if self.feed_cursor is None else min(self.feed_cursor, cursor)
 
     def heard_since(self, t: float) -> list[str]:
         """The incarnations whose heartbeat was seen from ``t`` on (loop time)."""
@@ -651,14 +557,14 @@ class Node:
         assert self.parts is not None
         while not self.stopping:
             try:
-                self._set_config(await self.parts.store.cluster_config())
+                self.set_config(await self.parts.store.cluster_config())
             except TransientError as exc:
                 log.warning("could not refresh throttle policies, signing secrets and calendars: %s", exc)
             await wait_event(self._config_wake, _CONFIG_SECONDS)  # a change notification wakes it early
             self._config_wake.clear()
             await asyncio.sleep(0.2)
 
-    def _set_config(self, config: ClusterConfig) -> None:
+    def set_config(self, config: ClusterConfig) -> None:
         assert self.parts is not None
         self.config = config
         if self.parts.throttle is not None:
@@ -742,8 +648,7 @@ class Node:
                 self.firer.remove(row.id, f"the job cannot be scheduled: {exc}")
             return False
         if not self.ready:
-            self.firer.stage(job)
-            self._pending_catch_up.setdefault(job.id, row.updated_ms - 1)
+            self.loading.stage(job, row.updated_ms - 1)
             return True
         return self.firer.install(job, row.updated_ms - 1)
 
@@ -755,7 +660,7 @@ class Node:
         cursor, rows, triggers = await self.parts.store.poll_changes(self.feed_cursor, self.owned)
         if any(self._names_unknown_calendar(row) for row in rows if row.slot in self.owned):
             # a calendar made just before the job that names it: know it before the job fires
-            self._set_config(await self.parts.store.cluster_config())
+            self.set_config(await self.parts.store.cluster_config())
         for row in rows:
             if row.slot in self.owned and self._apply_row(row):
                 self.metrics.changes_applied.inc()
@@ -821,9 +726,6 @@ class Node:
             await wait_event(self._sync_wake, self.s.change_poll_seconds)
             self._sync_wake.clear()
             await asyncio.sleep(0.02)
-
-
-YIELD_EVERY = 5000  # jobs installed between two turns of the event loop
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None]], what: str, timeout: float = 5.0) -> None:

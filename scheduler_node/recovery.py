@@ -100,7 +100,7 @@ class Recovery:
         cluster_mark = (await store.slot_marks()).cluster
         if self._cluster_progress_ms is not None:  # nodes kept firing while PostgreSQL was away
             cluster_mark = max(cluster_mark or 0, self._cluster_progress_ms)
-        since = node.pending_since(now)
+        since = node.loading.pending_since(now)
         # decided once for the cluster: nodes back at the same time, each by its own clock, could
         # each judge the gap differently, and one fire late what another skips (seed 82247)
         outage = await store.back(cluster_mark, now, int(node.s.outage_after_seconds * 1000), node.node_id)
@@ -246,7 +246,7 @@ class Recovery:
         if firer is None:
             return
         if not node.ready:  # what the loaded slots owe is caught up once ready: from no later than this
-            if node.lower_pending(since):
+            if node.loading.lower_pending(since):
                 for slot in node.owned:
                     firer.verify_through_at_least(slot, until)
             return

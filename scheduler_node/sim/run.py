@@ -21,7 +21,7 @@ def run_seed(seed: int, base: SimConfig | None = None) -> Report:
     sim = Sim(cfg)
     sim.run()
     report = check(sim)
-    # A node freezes what it has loaded out of the collector's reach (Node._load); a process that
+    # A node freezes what it has loaded out of the collector's reach (Loading.load); a process that
     # runs seed after seed held every run's leftovers so, about 1.5 MB a seed.
     gc.unfreeze()
     gc.collect()
