@@ -120,8 +120,8 @@ class Loading:
             self._caught_up += count  # (the load moves: see moved)
         del loaded
         triggers = await store.recent_triggers(added, now - TRIGGER_LOOKBACK_MS)
-        node.apply_triggers(triggers, verify=True)
-        node.feed_loaded(cursor)
+        node.feed.apply_triggers(triggers, verify=True)
+        node.feed.loaded(cursor)
         return count
 
     async def catch_up_pending(self, now: int) -> None:

@@ -48,11 +48,12 @@ from cronman.schedule import LAZY_PHASE_MIN_MS, Timing
 from cronman.settings import Settings
 from cronman.timeutil import iso
 from scheduler_node.backfill import BackfillDriver
-from scheduler_node.execution import Descriptor, Execution
+from scheduler_node.execution import Execution
+from scheduler_node.feed import Feed
 from scheduler_node.firer import Firer, FirerConfig, wait_event
 from scheduler_node.history import HistoryRow, HistoryWriter
 from scheduler_node.jobs import CalendarBook, Decoder, JobRow, OwnedJob, WithCalendars
-from scheduler_node.loading import TRIGGER_LOOKBACK_MS, Loading
+from scheduler_node.loading import Loading
 from scheduler_node.membership import overdue
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import Claims, Membership
@@ -60,7 +61,7 @@ from scheduler_node.recovery import Recovery
 from scheduler_node.senders import Senders
 from scheduler_node.standby import Standby
 from scheduler_node.stops import Stops
-from scheduler_node.store import ClusterConfig, NodeStore, TriggerRow
+from scheduler_node.store import ClusterConfig, NodeStore
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.tracing import make_tracing
 
@@ -130,8 +131,6 @@ class Node:
         self.owned: frozenset[int] = frozenset()
         self.ready = False
         self.started_at = iso(self.now_ms())
-        self.feed_cursor: int | None = None
-        self._seen_triggers: dict[int, int] = {}
         # node id -> (what its heartbeat last said it had loaded, when that was first seen): a
         # node still loading counts as loading while its load moves (see _wanted)
         self._loading: dict[str, tuple[Any, float]] = {}
@@ -145,6 +144,7 @@ class Node:
         self.stops = Stops(self.slot_count)  # jobs heard paused or deleted before the feed said so
         self.recovery = Recovery(self)
         self.loading = Loading(self)
+        self.feed = Feed(self)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -468,7 +468,7 @@ class Node:
             self.owned = self.owned | added
             if standby is not None:
                 standby.loaded(sorted(added))
-                standby.cursor = self.feed_cursor or 0
+                standby.cursor = self.feed.cursor or 0
                 standby.set_owned(self.owned)
             self.metrics.slots_moved.labels("loaded").inc(len(added))
             # What their holders left is taken now, not up to a sweep interval (3.1 s at the default
@@ -509,10 +509,6 @@ class Node:
         # Worked out after their catch-up was queued, it speaks for the slots just loaded.
         self.recovery.all_settled()
         await self.recovery.save_progress()
-
-    def feed_loaded(self, cursor: int) -> None:
-        """A load read the change feed up to ``cursor``: the feed goes on from no later than that."""
-        self.feed_cursor = cursor if self.feed_cursor is None else min(self.feed_cursor, cursor)
 
     def heard_since(self, t: float) -> list[str]:
         """The incarnations whose heartbeat was seen from ``t`` on (loop time)."""
@@ -612,7 +608,7 @@ class Node:
             return Status.CANCELLED, f"the backfill {backfill} was cancelled"
         return None
 
-    def _names_unknown_calendar(self, row: JobRow) -> bool:
+    def names_unknown_calendar(self, row: JobRow) -> bool:
         if row.deleted or '"calendars"' not in row.options_text:
             return False
         try:
@@ -628,81 +624,6 @@ class Node:
                 return f"calendar {name}: {cal.local_date(t).isoformat()} is excluded ({cal.timezone})"
         return None
 
-    # ------------------------------------------------------------------ jobs and the change feed
-    def _apply_row(self, row: JobRow) -> bool:
-        """Install, update or remove one job from a change-feed row."""
-        assert self.firer is not None
-        row = self.stops.row(row)  # (paused, if older than a stop heard of the job)
-        old = self.firer.jobs.get(row.id)
-        if old is not None and row.version <= old.version:
-            return False
-        if row.deleted:
-            if old is not None:
-                self.firer.remove(row.id, "the job was deleted")
-            return False
-        try:
-            job = self.decoder.job(row)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("cannot schedule job: %s", exc, extra={"job_id": row.id})
-            if old is not None:
-                self.firer.remove(row.id, f"the job cannot be scheduled: {exc}")
-            return False
-        if not self.ready:
-            self.loading.stage(job, row.updated_ms - 1)
-            return True
-        return self.firer.install(job, row.updated_ms - 1)
-
-    async def _poll_changes(self) -> None:
-        assert self.parts is not None and self.firer is not None
-        if self.feed_cursor is None:
-            return
-        started = self.now_ms()
-        cursor, rows, triggers = await self.parts.store.poll_changes(self.feed_cursor, self.owned)
-        if any(self._names_unknown_calendar(row) for row in rows if row.slot in self.owned):
-            # a calendar made just before the job that names it: know it before the job fires
-            self.set_config(await self.parts.store.cluster_config())
-        for row in rows:
-            if row.slot in self.owned and self._apply_row(row):
-                self.metrics.changes_applied.inc()
-        self.apply_triggers(triggers, verify=False)
-        self.stops.read(started)
-        if self.firer.standby is not None:
-            self.firer.standby.feed_read(cursor, [(row.slot, row.xid) for row in rows if row.slot in self.owned])
-        if len(self._seen_triggers) > 10_000:
-            cutoff = self.now_ms() - 2 * TRIGGER_LOOKBACK_MS
-            self._seen_triggers = {k: v for k, v in self._seen_triggers.items() if v > cutoff}
-        self.feed_cursor = cursor
-        self.firer.feed_read(started)
-        self.metrics.jobs_owned.set(len(self.jobs))
-
-    def apply_triggers(self, triggers: list[TriggerRow], verify: bool, again: bool = False) -> None:
-        assert self.firer is not None
-        out: list[Execution] = []
-        for t in triggers:
-            # Again: only what the feed brought before, with the job's changes up to it (one the
-            # feed has not brought yet comes with them: seed 400050, a trigger read before the
-            # job's resume was, fired on a paused job's terms, which retry nothing).
-            if (t.id in self._seen_triggers) != again:
-                continue
-            job = self.firer.jobs.get(t.job_id)
-            if job is None or (t.incarnation is not None and t.incarnation != job.incarnation):
-                continue
-            self._seen_triggers[t.id] = t.requested_ms
-            out.extend(self._triggered(job, t))
-        if out:
-            self.firer.enqueue(out, verify=verify)
-
-    def _triggered(self, job: OwnedJob, t: TriggerRow) -> list[Execution]:
-        if t.kind == "redeliver" and t.scheduled_ms is not None:
-            # The same execution again, under its own id, as the next attempt; a claim of its own.
-            d = Descriptor(
-                job.id, job.incarnation, t.scheduled_ms, t.event_index or 0, t.trigger or Trigger.SCHEDULE, f"r{t.id}"
-            )
-            e = Execution(job, d)
-            e.attempt = t.attempt or 1
-            return [e]
-        return [Execution.of(job, t.requested_ms, i, Trigger.MANUAL) for i in range(job.opts.events)]
-
     async def _sync_loop(self) -> None:
         while not self.stopping:
             try:
@@ -716,7 +637,7 @@ class Node:
                     if not self.ready:
                         await self._become_ready()
                         self._ownership_dirty.set()  # now others' loading may count differently
-                await self._poll_changes()
+                await self.feed.poll()
             except TransientError as exc:  # database down: keep firing what we have, retry
                 log.warning("job sync failed: %s", exc)
                 await asyncio.sleep(1.0)

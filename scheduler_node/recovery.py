@@ -293,7 +293,7 @@ class Recovery:
                 continue
             if self._triggers_since == since:
                 self._triggers_since = None
-            node.apply_triggers(triggers, verify=True, again=True)
+            node.feed.apply_triggers(triggers, verify=True, again=True)
         log.error("recent triggers were not claimed again after a loss of Redis's data: PostgreSQL was away")
 
     async def _find_unnoticed_losses(self, current: str) -> None:
