@@ -227,7 +227,7 @@ class Recovery:
         reach = intact_ms - int(s.loss_lookback_seconds * 1000)
         # heartbeating when the loss was noticed: they claim again what they hold themselves
         recent = asyncio.get_running_loop().time() - 2 * s.heartbeat_interval_seconds - s.membership_poll_seconds
-        live = frozenset([node.incarnation, *node.heard_since(recent)])
+        live = frozenset([node.incarnation, *node.ownership.heard_since(recent)])
         self._losses.append(Loss(lost, current, since, min(reach, since), live))
         self._claim_again(since, node.now_ms())
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from cronman.settings import Settings
-from scheduler_node import node as node_module
+from scheduler_node import ownership as ownership_module
 from scheduler_node.leases import Leases
 from scheduler_node.lifecycle import Lifecycle
 from scheduler_node.sim.check import Report
@@ -700,7 +700,7 @@ def test_both_owners_of_a_slot_killed_are_routed_around_before_their_heartbeats_
     report = _killed_in_turn(seed)
     assert not report.violations, report.violations[:3]
     assert report.worst_lag <= 13 + 1.5
-    monkeypatch.setattr(node_module, "overdue", lambda *args: frozenset())
+    monkeypatch.setattr(ownership_module, "overdue", lambda *args: frozenset())
     late = _killed_in_turn(seed)
     assert any(v.startswith("late:") for v in late.violations), late.violations[:3]
     assert late.worst_lag > 25
