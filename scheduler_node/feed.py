@@ -68,9 +68,9 @@ class Feed:
             return
         started = node.now_ms()
         cursor, rows, triggers = await node.parts.store.poll_changes(self.cursor, node.owned)
-        if any(node.names_unknown_calendar(row) for row in rows if row.slot in node.owned):
+        if any(node.configuration.names_unknown_calendar(row) for row in rows if row.slot in node.owned):
             # a calendar made just before the job that names it: know it before the job fires
-            node.set_config(await node.parts.store.cluster_config())
+            node.configuration.set(await node.parts.store.cluster_config())
         for row in rows:
             if row.slot in node.owned and self.apply_row(row):
                 node.metrics.changes_applied.inc()

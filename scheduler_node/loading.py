@@ -68,7 +68,7 @@ class Loading:
         assert node.parts is not None and firer is not None
         store = node.parts.store
         # calendars decide what fires: know the current ones before firing what is loaded
-        node.set_config(await store.cluster_config())
+        node.configuration.set(await store.cluster_config())
         cursor, loaded = await store.load_slots(added, node.decoder)
         await recovery.looked_for_unnoticed(10)  # it may lower the marks
         marks = await store.slot_marks()

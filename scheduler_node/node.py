@@ -7,7 +7,8 @@ stops them in order. The control plane is in the parts beside it, each the one o
 - ``loading.py``: the jobs of slots taken over, from where each slot's owners got;
 - ``feed.py``: the change feed of the owned slots (jobs and triggers);
 - ``recovery.py``: outages of the whole cluster and their misfire policy, losses of Redis's data,
-  and the progress this node records for the slots it owns.
+  and the progress this node records for the slots it owns;
+- ``configuration.py``: throttle policies, signing secrets and calendars, read whole.
 
 A node is ready once its first ownership is loaded and what it owes is caught up; until then it
 fires nothing, and its heartbeat says how far its load has come.
@@ -28,21 +29,20 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from cronman.calendars import CalendarTiming, SkipSummary, skip_summary, timing_with
 from cronman.changes import Stop
 from cronman.changes import decode as decode_changes
 from cronman.errors import TransientError
-from cronman.execution import Status, Trigger, backfill_of
 from cronman.keys import LAYOUT_VERSION
-from cronman.schedule import LAZY_PHASE_MIN_MS, Timing
+from cronman.schedule import LAZY_PHASE_MIN_MS
 from cronman.settings import Settings
 from cronman.timeutil import iso
 from scheduler_node.backfill import BackfillDriver
+from scheduler_node.configuration import Configuration
 from scheduler_node.execution import Execution
 from scheduler_node.feed import Feed
 from scheduler_node.firer import Firer, FirerConfig, wait_event
 from scheduler_node.history import HistoryRow, HistoryWriter
-from scheduler_node.jobs import CalendarBook, Decoder, JobRow, OwnedJob, WithCalendars
+from scheduler_node.jobs import Decoder, OwnedJob
 from scheduler_node.loading import Loading
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.ownership import Ownership
@@ -56,8 +56,6 @@ from scheduler_node.throttle import ThrottleGate
 from scheduler_node.tracing import make_tracing
 
 log = logging.getLogger("cronman.node")
-
-_CONFIG_SECONDS = 5.0  # throttle policies, signing secrets and calendars
 
 
 @dataclass
@@ -87,9 +85,9 @@ class Node:
     each the one owner of its state: :class:`~scheduler_node.ownership.Ownership` (heartbeats, the
     live set, the slots owned, standings), :class:`~scheduler_node.loading.Loading` (the jobs of
     slots taken over), :class:`~scheduler_node.feed.Feed` (the change feed),
-    :class:`~scheduler_node.recovery.Recovery` (outages, losses of Redis's data, progress), and the
-    firing core (:class:`~scheduler_node.firer.Firer`). The node keeps the cluster-wide
-    configuration (throttle policies, signing secrets, calendars) they all read."""
+    :class:`~scheduler_node.recovery.Recovery` (outages, losses of Redis's data, progress),
+    :class:`~scheduler_node.configuration.Configuration` (throttle policies, signing secrets,
+    calendars), and the firing core (:class:`~scheduler_node.firer.Firer`)."""
 
     def __init__(
         self,
@@ -123,8 +121,6 @@ class Node:
         self.phased_from_ms = phased_from_ms
         self.metrics = NodeMetrics(self.node_id)
         self.lease_ms = int(settings.lease_seconds * 1000)
-        self.config = ClusterConfig({}, {})
-        self.calendars = CalendarBook()  # the calendars the timings of jobs that name them look up
         self.ready = False
         self.stopping = False
         self.started_at = iso(self.now_ms())
@@ -135,8 +131,8 @@ class Node:
         self.loading = Loading(self)
         self.feed = Feed(self)
         self.ownership = Ownership(self)
+        self.configuration = Configuration(self)
         self._sync_wake = asyncio.Event()
-        self._config_wake = asyncio.Event()
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -144,6 +140,11 @@ class Node:
     @property
     def jobs(self) -> dict[str, OwnedJob]:
         return self.firer.jobs if self.firer is not None else {}
+
+    @property
+    def config(self) -> ClusterConfig:
+        """The cluster-wide configuration as last read."""
+        return self.configuration.current
 
     @property
     def owned(self) -> frozenset[int]:
@@ -179,7 +180,7 @@ class Node:
             for c in (
                 self.ownership.heartbeat_loop(),
                 self.ownership.membership_loop(),
-                self._config_loop(),
+                self.configuration.loop(),
                 self._sync_loop(),
                 self.recovery.progress_loop(),
                 self.ownership.standing_loop(),
@@ -275,7 +276,7 @@ class Node:
             metrics=m,
             throttle=parts.throttle,
             secrets=lambda ns: self.config.secrets.get(ns),
-            screen=self._screen,
+            screen=self.configuration.screen,
             misfire=self.recovery.misfire_of,
             rng=self.rng,
             tracing=make_tracing(s.otlp_endpoint, self.node_id),
@@ -296,7 +297,7 @@ class Node:
             cluster_rate=s.backfill_cluster_rate,
             namespace_rate=s.quota_backfill_rate_per_namespace,
         )
-        self.decoder = Decoder(parts.senders.decode, self.phased_from_ms, self.calendars)
+        self.decoder = Decoder(parts.senders.decode, self.phased_from_ms, self.configuration.calendars)
         return firer, history
 
     @staticmethod
@@ -317,7 +318,7 @@ class Node:
         if message:
             self.stops_heard(decode_changes(message))
         self._sync_wake.set()
-        self._config_wake.set()
+        self.configuration.wake()
         if self.firer is not None:
             self.backfills.wake.set()
 
@@ -404,83 +405,6 @@ class Node:
 
     async def _wanted(self) -> frozenset[int]:
         return await self.ownership.wanted()
-
-    # ------------------------------------------------------------------ cluster-wide configuration
-    async def _config_loop(self) -> None:
-        """Throttle policies and signing secrets (small tables read whole)."""
-        assert self.parts is not None
-        while not self.stopping:
-            try:
-                self.set_config(await self.parts.store.cluster_config())
-            except TransientError as exc:
-                log.warning("could not refresh throttle policies, signing secrets and calendars: %s", exc)
-            await wait_event(self._config_wake, _CONFIG_SECONDS)  # a change notification wakes it early
-            self._config_wake.clear()
-            await asyncio.sleep(0.2)
-
-    def set_config(self, config: ClusterConfig) -> None:
-        assert self.parts is not None
-        self.config = config
-        if self.parts.throttle is not None:
-            self.parts.throttle.policies = config.throttles
-        changed = self.calendars.take(config.calendars)
-        if changed and self.firer is not None:
-            # The timer may have jumped over days a calendar excluded before: the jobs that name a
-            # changed calendar work out their next occurrence again (only those: found by name).
-            for timing in self.calendars.users(changed):
-                self.firer.retime(timing.job_id, timing, timing.resume_after)
-
-    # ------------------------------------------------------------------ calendars and backfills
-    def timing_of(self, job: OwnedJob, timing: Timing | None = None) -> Timing:
-        """The job's timing with its calendars: the occurrences that are due at all. ``timing``:
-        the job's own, when the caller has made it already (see OwnedJob.timing)."""
-        if timing is None:
-            timing = job.timing
-        if isinstance(timing, WithCalendars):
-            return timing.due()
-        names = job.opts.calendars
-        if not names:
-            return timing
-        found = {n: c for n in names if (c := self.config.calendars.get((job.namespace, n))) is not None}
-        return timing_with(timing, names, found)
-
-    def _screen(self, e: Execution) -> tuple[Status, str] | tuple[Status, str, SkipSummary | None] | None:
-        """Before a won execution is sent: an occurrence on a day a calendar of its job excludes is
-        skipped (a redelivery, asked for by a user, is not), its row standing for the occurrences of
-        the excluded span from it on (the timer fires only the first of a span); one of a cancelled
-        backfill is cancelled."""
-        d = e.d
-        if d.trigger == Trigger.SCHEDULE:
-            if not e.job.opts.calendars or d.suffix:
-                return None
-            why = self._excluded_by(e.job, d.scheduled_ms)
-            if why is None:
-                return None
-            due = self.timing_of(e.job)
-            summary = skip_summary(due, d.scheduled_ms) if isinstance(due, CalendarTiming) else None
-            if summary is not None and not summary.complete:
-                why += f"; the first {summary.occurrences} occurrences of the span counted"
-            return Status.SKIPPED, why, summary
-        backfill = backfill_of(d.trigger)
-        if backfill is not None and backfill in self.backfills.cancelled:
-            return Status.CANCELLED, f"the backfill {backfill} was cancelled"
-        return None
-
-    def names_unknown_calendar(self, row: JobRow) -> bool:
-        if row.deleted or '"calendars"' not in row.options_text:
-            return False
-        try:
-            names = self.decoder.options(row.options_text).calendars
-        except (ValueError, TypeError):
-            return False
-        return any((row.namespace, n) not in self.config.calendars for n in names)
-
-    def _excluded_by(self, job: OwnedJob, t: int) -> str | None:
-        for name in job.opts.calendars:
-            cal = self.config.calendars.get((job.namespace, name))
-            if cal is not None and cal.excludes(t):
-                return f"calendar {name}: {cal.local_date(t).isoformat()} is excluded ({cal.timezone})"
-        return None
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None]], what: str, timeout: float = 5.0) -> None:

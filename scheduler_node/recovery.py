@@ -150,7 +150,9 @@ class Recovery:
             if late:
                 firer.enqueue(late, verify=True)  # the previous owner may have delivered them
             # with its calendars: an occurrence on an excluded day was never due, so never missed
-            plan = misfire.plan(self.node.timing_of(job, timing), a, b, job.opts.misfire, job.opts.catchup_ms)
+            plan = misfire.plan(
+                self.node.configuration.timing_of(job, timing), a, b, job.opts.misfire, job.opts.catchup_ms
+            )
             if plan.last_missed is not None:
                 executions = [Execution.of(job, t, i) for t in plan.fire for i in range(job.opts.events)] or [
                     Execution.of(job, plan.last_missed)
@@ -173,7 +175,7 @@ class Recovery:
         for a, b in merged(self._outages):
             if a < t <= b:
                 job = e.job
-                plan = misfire.plan(self.node.timing_of(job), a, b, job.opts.misfire, job.opts.catchup_ms)
+                plan = misfire.plan(self.node.configuration.timing_of(job), a, b, job.opts.misfire, job.opts.catchup_ms)
                 return plan if t == (plan.fire[0] if plan.fire else plan.last_missed) else None
         return None
 
