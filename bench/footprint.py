@@ -437,7 +437,7 @@ def _measure_load(url: str) -> dict[str, float]:
     _, loaded = store._load_slots(list(range(SLOTS)), decoder)
     count = len(loaded)
     gc.freeze()
-    # as a node that is not ready yet keeps them (scheduler_node.node: _load, then _become_ready)
+    # as a node that is not ready yet keeps them (scheduler_node.loading: Loading.load, then Node.become_ready)
     since = now - 5000
     pending: dict[str, int] = {}
     for job, updated_ms in loaded:

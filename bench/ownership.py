@@ -10,7 +10,7 @@ Two costs are measured for each:
 
 - the computation itself (``first_computation_ms``, ``change_ms_*``): ``Ownership.owned`` timed
   alone, what a node would pay on its loop if it ran it there;
-- the loop time (``loop_ms_*``): the node's own ``Node._wanted`` run on an asyncio loop, which
+- the loop time (``loop_ms_*``): the node's own ``Ownership.wanted`` run on an asyncio loop, which
   hands the computation to a worker thread, while a ticker on the loop measures the longest time
   the loop could not run (the stall a timer or a lease renewal would see). ``loop_idle_ms`` is the
   same ticker over two seconds with nothing to compute: the machine's own noise, which on a shared
@@ -140,9 +140,9 @@ async def _loop_figures(n: int, replicas: int, changes: int, slots: int, seed: i
     idle = ticker.take()
 
     async def change(members: list[str]) -> float:
-        node._members = dict.fromkeys(members, True)
+        node.ownership.members = dict.fromkeys(members, True)
         ticker.take()
-        node.owned = await node._wanted()
+        node.ownership.owned = await node.ownership.wanted()
         await asyncio.sleep(0.003)  # let the ticker see the loop's last stretch
         return ticker.take()
 

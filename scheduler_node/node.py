@@ -150,10 +150,6 @@ class Node:
     def owned(self) -> frozenset[int]:
         return self.ownership.owned
 
-    @owned.setter
-    def owned(self, slots: frozenset[int]) -> None:  # (for cronman/bench/ownership.py: see _wanted)
-        self.ownership.owned = slots
-
     @property
     def live_ids(self) -> list[str]:
         return self.ownership.live_ids
@@ -392,19 +388,6 @@ class Node:
         # Worked out after their catch-up was queued, it speaks for the slots just loaded.
         self.recovery.all_settled()
         await self.recovery.save_progress()
-
-    # ------------------------------------------------------------------ for cronman/bench/ownership.py
-    # (it times the rendezvous on the loop, setting the live set and the slots owned itself)
-    @property
-    def _members(self) -> dict[str, bool]:
-        return self.ownership.members
-
-    @_members.setter
-    def _members(self, members: dict[str, bool]) -> None:
-        self.ownership.members = members
-
-    async def _wanted(self) -> frozenset[int]:
-        return await self.ownership.wanted()
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None]], what: str, timeout: float = 5.0) -> None:

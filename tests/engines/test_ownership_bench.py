@@ -1,5 +1,5 @@
 """``cronman bench --scenarios ownership``: membership changes at 50, 200 and 500 simulated nodes
-measured through the node's own ``_wanted`` (no stack is started). No speed threshold here (the
+measured through the node's own ``Ownership.wanted`` (no stack is started). No speed threshold here (the
 machine is shared): the figures are present, and the rendezvous moves what it should."""
 
 from __future__ import annotations
