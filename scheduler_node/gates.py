@@ -37,7 +37,8 @@ class InFlight(Generic[T]):
     def __len__(self) -> int:
         return sum(len(q) for q in self.waiting.values())
 
-    def _fits(self, namespace: str, fair: int | None = None) -> bool:
+    def fits(self, namespace: str, fair: int | None = None) -> bool:
+        """Whether one more attempt of ``namespace`` may start now (``fair``: its share in a pass)."""
         # Always at most the share: a namespace arriving later finds its share free at once,
         # rather than waiting for another's attempts to time out (a share of 1: no limit).
         out = self.out.get(namespace, 0)
@@ -57,7 +58,7 @@ class InFlight(Generic[T]):
 
     def admit(self, namespace: str, item: T) -> bool:
         """True when the item may start now (and is counted); else it waits its turn."""
-        if namespace not in self.waiting and self._fits(namespace):
+        if namespace not in self.waiting and self.fits(namespace):
             self._take(namespace)
             return True
         self.waiting.setdefault(namespace, deque()).append(item)
@@ -89,7 +90,7 @@ class InFlight(Generic[T]):
             for ns in list(self.waiting):
                 if fair is None and self.total >= self.max:
                     fair = self.fair(ns)
-                if self._fits(ns, fair):
+                if self.fits(ns, fair):
                     queue = self.waiting[ns]
                     started.append(queue.popleft())
                     self._take(ns)

@@ -164,6 +164,10 @@ class HistoryWriter:
     def __len__(self) -> int:
         return len(self._buffer)
 
+    def buffered(self) -> list[HistoryRow]:
+        """The rows waiting for the next write, oldest first."""
+        return list(self._buffer)
+
     @property
     def quarantined(self) -> int:
         return len(self._quarantine)

@@ -113,9 +113,14 @@ class Watch:
         # Set when the watch ends: a pass in the executor's thread stops at the next job (at exit the
         # interpreter waits for that thread; a stopping node must not wait for a whole pass).
         self._ended = threading.Event()
-        self._decoder = Decoder(lambda doc: doc)  # type: ignore[arg-type,return-value]
+        self.decoder = Decoder(lambda doc: doc)  # type: ignore[arg-type,return-value]
         self.summariser = Summariser(engine, RuleBudget(settings.notification_rule_per_minute))
         self.outbox = OutboxSender(settings, engine, senders, self._io, on_sent=on_sent, clock=self.clock)
+
+    @property
+    def watching(self) -> int:
+        """Jobs whose late occurrences the next pass goes on counting from where the last stopped."""
+        return len(self._watched)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -383,7 +388,7 @@ class Watch:
     def _due_timing(self, job: _Job) -> Timing:
         """The job's due occurrences, as the nodes see them: its schedule with the calendars it
         names (`cronman.calendars.timing_with`, the one definition both use)."""
-        base = self._decoder.timing(job.schedule, job.id, job.namespace)
+        base = self.decoder.timing(job.schedule, job.id, job.namespace)
         if not job.calendars:
             return base
         clock = time.monotonic()

@@ -85,7 +85,7 @@ def test_a_stall_of_every_slot_is_watched_a_batch_at_a_time(database_url: str, m
         cur.execute("SELECT count(*) FROM scheduled_jobs WHERE status = 'late' AND node = 'watchdog'")
         recorded = int(cur.fetchone()[0])  # type: ignore[index]
     for job_id in ids:
-        timing = watch._decoder.timing(f'{{"type": "interval", "every_seconds": {EVERY_S}}}', job_id, "default")
+        timing = watch.decoder.timing(f'{{"type": "interval", "every_seconds": {EVERY_S}}}', job_id, "default")
         t = timing.next_after(now - AGO_MS)
         while t is not None and t <= now - 60_000:
             expected += 1
@@ -95,7 +95,7 @@ def test_a_stall_of_every_slot_is_watched_a_batch_at_a_time(database_url: str, m
     # a batch of jobs and of rows at a time (every job at once: 25.8 MB)
     assert peak < 8 * 2**20, f"peak {peak / 2**20:.1f} MB"
     # where the next pass goes on from, for the jobs that had late occurrences only
-    assert 0 < len(watch._watched) <= recorded
+    assert 0 < watch.watching <= recorded
 
 
 def test_jobs_that_cannot_be_late_yet_are_not_read(database_url: str, marked: Marked) -> None:
@@ -123,7 +123,7 @@ def test_jobs_that_cannot_be_late_yet_are_not_read(database_url: str, marked: Ma
 
     expected = 0
     for job_id in eager:
-        timing = watch._decoder.timing('{"type": "interval", "every_seconds": 2}', job_id, "default")
+        timing = watch.decoder.timing('{"type": "interval", "every_seconds": 2}', job_id, "default")
         t = timing.next_after(now - 30_000)
         while t is not None and t <= now - 5_000:
             expected += 1

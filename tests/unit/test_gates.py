@@ -22,7 +22,7 @@ def _check(gate: InFlight[int]) -> None:
     assert gate.total <= 2 * gate.max
     assert all(n <= gate.cap for n in gate.out.values())
     for ns in gate.waiting:  # work-conserving: whatever could start has started
-        assert not gate._fits(ns), (ns, gate.out, {k: len(v) for k, v in gate.waiting.items()})
+        assert not gate.fits(ns), (ns, gate.out, {k: len(v) for k, v in gate.waiting.items()})
 
 
 @settings(max_examples=300, deadline=None)

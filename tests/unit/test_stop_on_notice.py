@@ -105,7 +105,7 @@ class Node:
         return self.firer.jobs[JOB]
 
     def history(self) -> list[tuple[int, int, str, str | None]]:
-        return [(r.scheduled_ms, r.attempt, r.status, r.error) for r in self.firer.history._buffer]
+        return [(r.scheduled_ms, r.attempt, r.status, r.error) for r in self.firer.history.buffered()]
 
 
 async def _settle(firer: Firer) -> None:
