@@ -434,7 +434,7 @@ def _measure_load(url: str) -> dict[str, float]:
     gc.collect()
     base = _rss_mb()
     started = time.process_time()
-    _, loaded = store._load_slots(list(range(SLOTS)), decoder)
+    _, loaded = store.feed.load_slots(list(range(SLOTS)), decoder)
     count = len(loaded)
     gc.freeze()
     # as a node that is not ready yet keeps them (scheduler_node.loading: Loading.load, then Node.become_ready)
