@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from cronman.backfills import occurrences
 from cronman.execution import Trigger, backfill_trigger, execution_id
 from cronman.misfire import REASON_PREFIX as MISFIRE_REASON
-from cronman.schedule import timing_from_dict
+from cronman.schedule import Timing, timing_from_dict
 from scheduler_node.execution import Descriptor
 from scheduler_node.sim.parts import Arrival
 from scheduler_node.sim.world import EPOCH, Fault, JobPlan, Sim, bound_seconds
@@ -93,7 +93,77 @@ def _edges(sim: Sim, points: list[float]) -> list[tuple[float, float]]:
     return out
 
 
+@dataclass
+class _Run:
+    """What the checks read of a finished run: its deliveries by execution, the span judged, and
+    what history says ended."""
+
+    sim: Sim
+    report: Report
+    arrivals: dict[str, list[Arrival]]
+    deadline: _Deadlines
+    lo: float
+    hi: float
+    outages: list[tuple[float, float]]  # recorded times no scheduler ran (seconds)
+    # executions a skip ended that the node holding their claim decided (not a misfire plan's)
+    decided_skips: set[str]
+    cancelled: set[str]
+
+    def in_outage(self, t: float) -> bool:
+        return any(a - FUZZ <= t <= b + FUZZ for a, b in self.outages) or any(
+            s - FUZZ <= t <= r + FUZZ for s, r in self.sim.stopped_all
+        )
+
+    def skipped_then_lost(self, eid: str, due: float, first: float) -> bool:
+        """Skipped by the node that held its claim (an overlap), then claimed again after Redis
+        lost its data and delivered unchecked (PostgreSQL away: at least once). The execution
+        owed nothing more: the delivery is the loss's (seeds 8302341, 8306137)."""
+        return eid in self.decided_skips and any(due - FUZZ <= x < first for x in self.sim.redis.losses)
+
+
+@dataclass
+class _Job:
+    """A job of the workload as the checks judge it: its timing, and when it was active."""
+
+    plan: JobPlan
+    timing: Timing
+    events: int
+    overlap: bool  # overlap_policy skip
+    windows: list[tuple[float, float]]  # when it existed and was not paused
+    edges: list[tuple[float, float]]  # around its changes: not judged
+
+
+def _job(sim: Sim, plan: JobPlan) -> _Job:
+    return _Job(
+        plan,
+        timing_from_dict(plan.doc["schedule"], plan.id, plan.doc.get("namespace", "default")),
+        int(plan.doc["options"].get("events_per_trigger", 1)),
+        plan.doc["options"].get("overlap_policy") == "skip",
+        _windows(plan, sim.end),
+        _edges(sim, [*plan.created, *plan.deleted, *(p for pair in plan.paused for p in pair)]),
+    )
+
+
 def check(sim: Sim) -> Report:
+    run = _begin(sim)
+    for plan in sim.jobs.values():
+        job = _job(sim, plan)
+        _scheduled(run, job)  # 1, 5
+        _attempts_after_delete(run, plan)  # 5
+        _triggers(run, job)  # 3
+        _backfills(run, job)  # 3
+        _retries(run, job)  # 3
+    # 2: duplicates
+    _duplicates(sim, run.arrivals, run.report)
+    # 4: misfire policies
+    _misfires(sim, run.arrivals, run.report, run.deadline)
+    _history(run)  # 6
+    _exceptions(sim, run.report)  # 7
+    return run.report
+
+
+def _begin(sim: Sim) -> _Run:
+    """The report's figures, and what the checks read of the run."""
     cfg = sim.cfg
     report = Report(cfg.seed)
     report.covered = sum(p.node.firer.left_to_leader for p in sim.started if p.node.firer is not None)
@@ -104,166 +174,178 @@ def check(sim: Sim) -> Report:
     for a in sim.receivers.arrivals:
         arrivals[a.execution_id].append(a)
     report.deliveries = len(sim.receivers.arrivals)
-    # executions a skip ended that the node holding their claim decided (not a misfire plan's)
     decided_skips = {
         r.execution_id
         for r in sim.db.history.values()
         if r.status == "skipped" and not (r.error or "").startswith(MISFIRE_REASON)
     }
     cancelled = {r.execution_id for r in sim.db.history.values() if r.status == "cancelled"}
+    return _Run(
+        sim,
+        report,
+        arrivals,
+        _Deadlines(sim),
+        EPOCH + cfg.warmup,
+        EPOCH + cfg.duration,
+        [(a / 1000, b / 1000) for a, b in sim.db.outages],
+        decided_skips,
+        cancelled,
+    )
 
-    def skipped_then_lost(eid: str, due: float, first: float) -> bool:
-        """Skipped by the node that held its claim (an overlap), then claimed again after Redis
-        lost its data and delivered unchecked (PostgreSQL away: at least once). The execution
-        owed nothing more: the delivery is the loss's (seeds 8302341, 8306137)."""
-        return eid in decided_skips and any(due - FUZZ <= x < first for x in sim.redis.losses)
 
-    end = sim.end
-    lo, hi = EPOCH + cfg.warmup, EPOCH + cfg.duration
-    stops = sim.stopped_all
-    outages = [(a / 1000, b / 1000) for a, b in sim.db.outages]
+def _scheduled(run: _Run, job: _Job) -> None:
+    """1, 5: every scheduled occurrence while the job was active, delivered and in time; none
+    delivered while it was deleted or paused, by a node that knew it."""
+    plan, timing = job.plan, job.timing
+    t_ms = timing.next_after(int(run.lo * 1000) - 1)
+    while t_ms is not None and t_ms <= run.hi * 1000:
+        t = t_ms / 1000
+        active = any(a <= t < b for a, b in job.windows)
+        if active and not _near(t, job.edges) and not run.in_outage(t):
+            for ev in range(job.events):
+                _occurrence(run, job, t_ms, ev)
+        elif not active and not _near(t, job.edges):
+            for ev in range(job.events):
+                late = [
+                    a
+                    for a in run.arrivals.get(execution_id(plan.id, t_ms, ev, Trigger.SCHEDULE), [])
+                    if _knew(run.sim, a.holder, _last_change(plan, t), a.at)
+                ]
+                if late:
+                    run.report.violations.append(
+                        f"delivered while deleted or paused: {plan.id} at {_at(t)} (attempt {late[0].attempt} "
+                        f"by {late[0].holder} at {_at(late[0].at)})"
+                    )
+        t_ms = timing.next_after(t_ms)
 
-    def in_outage(t: float) -> bool:
-        return any(a - FUZZ <= t <= b + FUZZ for a, b in outages) or any(s - FUZZ <= t <= r + FUZZ for s, r in stops)
 
-    deadline = _Deadlines(sim)
+def _occurrence(run: _Run, job: _Job, t_ms: int, ev: int) -> None:
+    """1: one event of an occurrence judged: delivered, and by its deadline."""
+    plan, report, t = job.plan, run.report, t_ms / 1000
+    report.occurrences += 1
+    eid = execution_id(plan.id, t_ms, ev, Trigger.SCHEDULE)
+    got = run.arrivals.get(eid)
+    due_by = run.deadline(t)
+    if got:
+        first = min(a.at for a in got)
+        report.worst_lag = max(report.worst_lag, first - t)
+        # (one the job's pause or delete cancelled before it was due by may come
+        # later all the same: a loss of Redis's data claims the past again, seed 7500045)
+        if first > due_by and not _stopped_after(plan, t, due_by) and not run.skipped_then_lost(eid, t, first):
+            report.violations.append(
+                f"late: {plan.id} at {_at(t)} event {ev} delivered {first - t:.1f}s after its due "
+                f"time, past the bound ({run.deadline.bound:.1f}s; due by {_at(due_by)}, faults "
+                f"counted) (execution {eid})"
+            )
+    if (
+        not got
+        and not (job.overlap and _ended(run.sim, plan.id, t_ms, ev, "skipped"))
+        and not _stopped_after(plan, t, due_by)
+    ):
+        report.violations.append(f"missed: {plan.id} at {_at(t)} event {ev} (execution {eid})")
 
-    # 1, 5: scheduled occurrences
-    for plan in sim.jobs.values():
-        timing = timing_from_dict(plan.doc["schedule"], plan.id, plan.doc.get("namespace", "default"))
-        events = int(plan.doc["options"].get("events_per_trigger", 1))
-        overlap = plan.doc["options"].get("overlap_policy") == "skip"
-        windows = _windows(plan, end)
-        edges = _edges(sim, [*plan.created, *plan.deleted, *(p for pair in plan.paused for p in pair)])
-        t_ms = timing.next_after(int(lo * 1000) - 1)
-        while t_ms is not None and t_ms <= hi * 1000:
-            t = t_ms / 1000
-            active = any(a <= t < b for a, b in windows)
-            if active and not _near(t, edges) and not in_outage(t):
-                for ev in range(events):
-                    report.occurrences += 1
-                    eid = execution_id(plan.id, t_ms, ev, Trigger.SCHEDULE)
-                    got = arrivals.get(eid)
-                    due_by = deadline(t)
-                    if got:
-                        first = min(a.at for a in got)
-                        report.worst_lag = max(report.worst_lag, first - t)
-                        # (one the job's pause or delete cancelled before it was due by may come
-                        # later all the same: a loss of Redis's data claims the past again, seed 7500045)
-                        if (
-                            first > due_by
-                            and not _stopped_after(plan, t, due_by)
-                            and not skipped_then_lost(eid, t, first)
-                        ):
-                            report.violations.append(
-                                f"late: {plan.id} at {_at(t)} event {ev} delivered {first - t:.1f}s after its due "
-                                f"time, past the bound ({deadline.bound:.1f}s; due by {_at(due_by)}, faults "
-                                f"counted) (execution {eid})"
-                            )
-                    if (
-                        not got
-                        and not (overlap and _ended(sim, plan.id, t_ms, ev, "skipped"))
-                        and not _stopped_after(plan, t, due_by)
-                    ):
-                        report.violations.append(f"missed: {plan.id} at {_at(t)} event {ev} (execution {eid})")
-            elif not active and not _near(t, edges):
-                for ev in range(events):
-                    late = [
-                        a
-                        for a in arrivals.get(execution_id(plan.id, t_ms, ev, Trigger.SCHEDULE), [])
-                        if _knew(sim, a.holder, _last_change(plan, t), a.at)
-                    ]
-                    if late:
-                        report.violations.append(
-                            f"delivered while deleted or paused: {plan.id} at {_at(t)} (attempt {late[0].attempt} "
-                            f"by {late[0].holder} at {_at(late[0].at)})"
-                        )
-            t_ms = timing.next_after(t_ms)
-        # 5: no attempt of a deleted job's executions after the delete reached the nodes
-        for deleted in plan.deleted:
-            back = next((c for c in plan.created if c > deleted), None)
-            for eid, got in arrivals.items():
-                for a in got:
-                    if (
-                        a.job_id == plan.id
-                        and (back is None or a.at < back)
-                        and a.scheduled_ms / 1000 < deleted
-                        and _knew(sim, a.holder, deleted, a.at)
-                    ):
-                        report.violations.append(
-                            f"attempt after delete: {plan.id} execution {eid} attempt {a.attempt} at {_at(a.at)} "
-                            f"(deleted {_at(deleted)})"
-                        )
-        # 3: manual triggers
-        for asked, requested_ms in plan.triggers:
-            if _stopped_after(plan, asked - FUZZ):
-                continue  # deleted or paused before it could be delivered: cancelled
-            if asked > hi:
-                continue
-            for ev in range(events):
-                eid = execution_id(plan.id, requested_ms, ev, Trigger.MANUAL)
-                if not arrivals.get(eid):
-                    report.violations.append(f"trigger lost: {plan.id} asked at {_at(asked)} (execution {eid})")
-        # 3: backfills: every execution handed out, unless the job went or Redis lost its claims;
-        # one handed out before a pause reached its node is cancelled by it, and says so in history
-        for asked, backfill_id, from_ms, to_ms in plan.backfills:
-            if any(d >= asked - FUZZ for d in plan.deleted) or any(x >= asked for x in sim.redis.losses):
-                continue
-            trigger = backfill_trigger(backfill_id)
-            paused = any(p >= asked - FUZZ for p, _ in plan.paused)
-            for t_ms in occurrences(timing, from_ms, to_ms, 10_000):
-                for ev in range(events):
-                    eid = execution_id(plan.id, t_ms, ev, trigger)
-                    if not arrivals.get(eid) and not (paused and eid in cancelled):
-                        report.violations.append(
-                            f"backfill lost: {plan.id} {backfill_id} at {_at(t_ms / 1000)} event {ev} (execution {eid})"
-                        )
-        # 3: retries of a receiver that fails every first attempt
-        if sim.receivers.behaviour.get(plan.receiver) == "fail_first":
-            for eid, got in arrivals.items():
-                if got[0].job_id != plan.id or any(a.ok for a in got):
-                    continue
-                first = min(a.at for a in got)
-                if first > hi or _near(first, edges) or any(first - 1 <= b and a <= first + 15 for a, b in edges):
-                    continue
-                due = got[0].scheduled_ms / 1000
-                if _stopped_after(plan, due - FUZZ) or not any(a <= due < b for a, b in windows):
-                    continue  # deleted or paused after it fell due: what it still owed is cancelled
-                if any(first - 1 <= x for x in sim.redis.losses):
-                    # Redis lost the parked retry (a named fault: its holder may be gone), or the
-                    # claim of the first attempt, whose answer was still on its way: the slot's
-                    # other owner claimed the occurrence anew and ended it (seed 911903, every
-                    # fault: skipped for an overlap), and the retry found it ended. The same second
-                    # of grace as the history check below.
-                    continue
-                if _lost_in_outage(sim, due, first):
-                    continue  # Redis lost it as the whole cluster stopped: the misfire policy decides
-                if skipped_then_lost(eid, due, first):
-                    continue  # history says it ended; a node that takes its retry over ends it there
-                report.violations.append(f"retry lost: {plan.id} execution {eid} never succeeded")
 
-    # 2: duplicates
-    _duplicates(sim, arrivals, report)
-    # 4: misfire policies
-    _misfires(sim, arrivals, report, deadline)
-    # 6: history
+def _attempts_after_delete(run: _Run, plan: JobPlan) -> None:
+    """5: no attempt of a deleted job's executions after the delete reached the nodes."""
+    for deleted in plan.deleted:
+        back = next((c for c in plan.created if c > deleted), None)
+        for eid, got in run.arrivals.items():
+            for a in got:
+                if (
+                    a.job_id == plan.id
+                    and (back is None or a.at < back)
+                    and a.scheduled_ms / 1000 < deleted
+                    and _knew(run.sim, a.holder, deleted, a.at)
+                ):
+                    run.report.violations.append(
+                        f"attempt after delete: {plan.id} execution {eid} attempt {a.attempt} at {_at(a.at)} "
+                        f"(deleted {_at(deleted)})"
+                    )
+
+
+def _triggers(run: _Run, job: _Job) -> None:
+    """3: manual triggers."""
+    plan = job.plan
+    for asked, requested_ms in plan.triggers:
+        if _stopped_after(plan, asked - FUZZ):
+            continue  # deleted or paused before it could be delivered: cancelled
+        if asked > run.hi:
+            continue
+        for ev in range(job.events):
+            eid = execution_id(plan.id, requested_ms, ev, Trigger.MANUAL)
+            if not run.arrivals.get(eid):
+                run.report.violations.append(f"trigger lost: {plan.id} asked at {_at(asked)} (execution {eid})")
+
+
+def _backfills(run: _Run, job: _Job) -> None:
+    """3: backfills: every execution handed out, unless the job went or Redis lost its claims;
+    one handed out before a pause reached its node is cancelled by it, and says so in history."""
+    plan = job.plan
+    for asked, backfill_id, from_ms, to_ms in plan.backfills:
+        if any(d >= asked - FUZZ for d in plan.deleted) or any(x >= asked for x in run.sim.redis.losses):
+            continue
+        trigger = backfill_trigger(backfill_id)
+        paused = any(p >= asked - FUZZ for p, _ in plan.paused)
+        for t_ms in occurrences(job.timing, from_ms, to_ms, 10_000):
+            for ev in range(job.events):
+                eid = execution_id(plan.id, t_ms, ev, trigger)
+                if not run.arrivals.get(eid) and not (paused and eid in run.cancelled):
+                    run.report.violations.append(
+                        f"backfill lost: {plan.id} {backfill_id} at {_at(t_ms / 1000)} event {ev} (execution {eid})"
+                    )
+
+
+def _retries(run: _Run, job: _Job) -> None:
+    """3: retries of a receiver that fails every first attempt."""
+    sim, plan, edges = run.sim, job.plan, job.edges
+    if sim.receivers.behaviour.get(plan.receiver) != "fail_first":
+        return
+    for eid, got in run.arrivals.items():
+        if got[0].job_id != plan.id or any(a.ok for a in got):
+            continue
+        first = min(a.at for a in got)
+        if first > run.hi or _near(first, edges) or any(first - 1 <= b and a <= first + 15 for a, b in edges):
+            continue
+        due = got[0].scheduled_ms / 1000
+        if _stopped_after(plan, due - FUZZ) or not any(a <= due < b for a, b in job.windows):
+            continue  # deleted or paused after it fell due: what it still owed is cancelled
+        if any(first - 1 <= x for x in sim.redis.losses):
+            # Redis lost the parked retry (a named fault: its holder may be gone), or the
+            # claim of the first attempt, whose answer was still on its way: the slot's
+            # other owner claimed the occurrence anew and ended it (seed 911903, every
+            # fault: skipped for an overlap), and the retry found it ended. The same second
+            # of grace as the history check below.
+            continue
+        if _lost_in_outage(sim, due, first):
+            continue  # Redis lost it as the whole cluster stopped: the misfire policy decides
+        if run.skipped_then_lost(eid, due, first):
+            continue  # history says it ended; a node that takes its retry over ends it there
+        run.report.violations.append(f"retry lost: {plan.id} execution {eid} never succeeded")
+
+
+def _history(run: _Run) -> None:
+    """6: every execution delivered ends with a final row in history (unless Redis lost it in
+    between, or its next attempt was still to come at the end of the run)."""
+    sim = run.sim
     finals = {"succeeded", "permanently_failed", "cancelled", "skipped"}
     final_ids = {r.execution_id for r in sim.db.history.values() if r.status in finals}
     losses = sim.redis.losses
     retrying = _retrying_at_the_end(sim)
-    for eid, got in arrivals.items():
+    for eid, got in run.arrivals.items():
         first = min(a.at for a in got)
-        if first > hi or eid in final_ids or any(x >= first - 1 for x in losses):
+        if first > run.hi or eid in final_ids or any(x >= first - 1 for x in losses):
             continue
-        if eid in retrying and max(a.at for a in got) >= end - _retry_span(sim, got[0].job_id):
+        if eid in retrying and max(a.at for a in got) >= sim.end - _retry_span(sim, got[0].job_id):
             continue  # retried until the end, its next attempt was still to come
-        report.violations.append(f"no final history row: execution {eid} of {got[0].job_id}")
-    # 7: exceptions
+        run.report.violations.append(f"no final history row: execution {eid} of {got[0].job_id}")
+
+
+def _exceptions(sim: Sim, report: Report) -> None:
+    """7: nothing logged with a traceback, no task dead unobserved."""
     for text in sim.logged_errors[:5]:
         report.violations.append(f"exception logged: {text}")
     for err in sim.world.errors[:5]:
         report.violations.append(f"unhandled in {err.get('loop')}: {err.get('message')} {err.get('exception')!r}")
-    return report
 
 
 def _retrying_at_the_end(sim: Sim) -> set[str]:
@@ -529,86 +611,106 @@ def _misfires(sim: Sim, arrivals: dict[str, list[Arrival]], report: Report, dead
     throughout got its policy: skip fires nothing of the outage, fire_once its latest occurrence,
     fire_all every occurrence within its catch-up window."""
     for stop, restart in sim.stopped_all:
-        # the outage this stop became (not a later one: after a short stop, recorded as none,
-        # a later stop's outage is not this one's: seeds 880157 and 880196 with power cuts)
-        # (nor one that starts after this stop ended, within FUZZ of its end, when another stop
-        # began after it: that stop's, seed 912504, every fault, a power cut too short to be an
-        # outage, and 3.6 s after its nodes came back a second one, recorded from a mark before
-        # the second cut; but one outage that two stops fall in, the second before the nodes came
-        # back from the first, is the first's too: seeds 911430, 912346, 912437. Nor one that
-        # starts later after this stop's end than a node's clock can be off: no node became
-        # ready after a short stop while PostgreSQL hung, and that outage began when the first
-        # node back found no outage, seed 914644)
-        later = any(s > restart for s, _ in sim.stopped_all)
-        recorded = [
-            (a / 1000, b / 1000)
-            for a, b in sim.db.outages
-            if b / 1000 > stop
-            and a / 1000 < restart + FUZZ
-            and not (a / 1000 >= restart + MAX_SKEW or (later and a / 1000 >= restart))
-        ]
+        recorded = _outage_of(sim, stop, restart)
         if not recorded and restart - stop > sim.settings.outage_after_seconds + FUZZ:
             report.violations.append(f"the whole cluster stopped at {_at(stop)} but no outage was recorded")
         if not recorded:
             continue
         back = min(b for _, b in recorded)
         for plan in sim.jobs.values():
-            if not any(a <= stop - 10 and b >= back + 10 for a, b in _windows(plan, sim.end)):
-                continue
-            opts = plan.doc["options"]
-            policy = opts.get("misfire_policy", "fire_once")
-            overlap_skip = opts.get("overlap_policy") == "skip"
-            timing = timing_from_dict(plan.doc["schedule"], plan.id, plan.doc.get("namespace", "default"))
-            missed: list[int] = []
-            t = timing.next_after(int((stop + FUZZ) * 1000))
-            while t is not None and t <= (back - FUZZ) * 1000:
-                missed.append(t)
-                t = timing.next_after(t)
-            if not missed:
-                continue
+            if any(a <= stop - 10 and b >= back + 10 for a, b in _windows(plan, sim.end)):
+                _misfire_policy(sim, arrivals, report, deadline, plan, stop, back)
 
-            def first_attempt_after(t_ms: int, job_id: str = plan.id, back: float = back) -> bool:
-                eid = execution_id(job_id, t_ms, 0, Trigger.SCHEDULE)
-                return any(a.attempt == 1 and a.at >= back - FUZZ for a in arrivals.get(eid, []))
 
-            def delivered(t_ms: int, job_id: str = plan.id) -> bool:
-                return bool(arrivals.get(execution_id(job_id, t_ms, 0, Trigger.SCHEDULE)))
+def _outage_of(sim: Sim, stop: float, restart: float) -> list[tuple[float, float]]:
+    """The outage a stop of the whole cluster became (seconds), if any."""
+    # the outage this stop became (not a later one: after a short stop, recorded as none,
+    # a later stop's outage is not this one's: seeds 880157 and 880196 with power cuts)
+    # (nor one that starts after this stop ended, within FUZZ of its end, when another stop
+    # began after it: that stop's, seed 912504, every fault, a power cut too short to be an
+    # outage, and 3.6 s after its nodes came back a second one, recorded from a mark before
+    # the second cut; but one outage that two stops fall in, the second before the nodes came
+    # back from the first, is the first's too: seeds 911430, 912346, 912437. Nor one that
+    # starts later after this stop's end than a node's clock can be off: no node became
+    # ready after a short stop while PostgreSQL hung, and that outage began when the first
+    # node back found no outage, seed 914644)
+    later = any(s > restart for s, _ in sim.stopped_all)
+    return [
+        (a / 1000, b / 1000)
+        for a, b in sim.db.outages
+        if b / 1000 > stop
+        and a / 1000 < restart + FUZZ
+        and not (a / 1000 >= restart + MAX_SKEW or (later and a / 1000 >= restart))
+    ]
 
-            # What the outage's plan fires is owed from when the nodes are back, like any late
-            # occurrence: a pause or a delete after that, before faults let it be delivered, cancels
-            # it (seeds 7300386, 981004 and 981691: Redis away or the cluster cut again right after,
-            # then the job paused).
-            cancelled = _stopped_after(plan, back - FUZZ, deadline(back))
 
-            if policy == "skip":
-                fired = [t for t in missed if first_attempt_after(t)]
-                if fired:
-                    report.violations.append(f"misfire skip fired {plan.id} at {_at(fired[0] / 1000)}")
-            elif policy == "fire_all":
-                window = int(opts.get("catchup_window_seconds", 3600))
-                want = [t for t in missed if t / 1000 > back + FUZZ - window]
-                # with overlap_policy skip, an occurrence caught up while the one before it is still
-                # in flight is skipped for that reason, and says so in history
-                lost = [t for t in want if not delivered(t) and not (overlap_skip and _overlapped(sim, plan.id, t))]
-                if lost and not cancelled:
-                    report.violations.append(f"misfire fire_all did not fire {plan.id} at {_at(lost[0] / 1000)}")
-            else:
-                fired = [t for t in missed if first_attempt_after(t)]
-                if len(fired) > 1:
-                    report.violations.append(
-                        f"misfire fire_once fired {len(fired)} of {plan.id}'s outage occurrences: "
-                        + ", ".join(_at(t / 1000) for t in fired[:5])
-                    )
-                candidates = list(missed)
-                t = timing.next_after(int((back - FUZZ) * 1000))
-                while t is not None and t <= (back + FUZZ) * 1000:
-                    candidates.append(t)
-                    t = timing.next_after(t)
-                near = [t for t in candidates if delivered(t)]
-                if not near and overlap_skip:  # its catch-up skipped for overlap, as its policy says
-                    near = [t for t in candidates if _overlapped(sim, plan.id, t)]
-                if not near and not cancelled:
-                    report.violations.append(f"misfire fire_once fired nothing of {plan.id}'s outage")
+def _misfire_policy(
+    sim: Sim,
+    arrivals: dict[str, list[Arrival]],
+    report: Report,
+    deadline: _Deadlines,
+    plan: JobPlan,
+    stop: float,
+    back: float,
+) -> None:
+    """One job that existed throughout an outage (from ``stop`` until the nodes were ``back``)
+    got its misfire policy."""
+    opts = plan.doc["options"]
+    policy = opts.get("misfire_policy", "fire_once")
+    overlap_skip = opts.get("overlap_policy") == "skip"
+    timing = timing_from_dict(plan.doc["schedule"], plan.id, plan.doc.get("namespace", "default"))
+    missed = _occurrences_between(timing, (stop + FUZZ) * 1000, (back - FUZZ) * 1000)
+    if not missed:
+        return
+
+    def first_attempt_after(t_ms: int) -> bool:
+        eid = execution_id(plan.id, t_ms, 0, Trigger.SCHEDULE)
+        return any(a.attempt == 1 and a.at >= back - FUZZ for a in arrivals.get(eid, []))
+
+    def delivered(t_ms: int) -> bool:
+        return bool(arrivals.get(execution_id(plan.id, t_ms, 0, Trigger.SCHEDULE)))
+
+    # What the outage's plan fires is owed from when the nodes are back, like any late
+    # occurrence: a pause or a delete after that, before faults let it be delivered, cancels
+    # it (seeds 7300386, 981004 and 981691: Redis away or the cluster cut again right after,
+    # then the job paused).
+    cancelled = _stopped_after(plan, back - FUZZ, deadline(back))
+
+    if policy == "skip":
+        fired = [t for t in missed if first_attempt_after(t)]
+        if fired:
+            report.violations.append(f"misfire skip fired {plan.id} at {_at(fired[0] / 1000)}")
+    elif policy == "fire_all":
+        window = int(opts.get("catchup_window_seconds", 3600))
+        want = [t for t in missed if t / 1000 > back + FUZZ - window]
+        # with overlap_policy skip, an occurrence caught up while the one before it is still
+        # in flight is skipped for that reason, and says so in history
+        lost = [t for t in want if not delivered(t) and not (overlap_skip and _overlapped(sim, plan.id, t))]
+        if lost and not cancelled:
+            report.violations.append(f"misfire fire_all did not fire {plan.id} at {_at(lost[0] / 1000)}")
+    else:
+        fired = [t for t in missed if first_attempt_after(t)]
+        if len(fired) > 1:
+            report.violations.append(
+                f"misfire fire_once fired {len(fired)} of {plan.id}'s outage occurrences: "
+                + ", ".join(_at(t / 1000) for t in fired[:5])
+            )
+        candidates = missed + _occurrences_between(timing, (back - FUZZ) * 1000, (back + FUZZ) * 1000)
+        near = [t for t in candidates if delivered(t)]
+        if not near and overlap_skip:  # its catch-up skipped for overlap, as its policy says
+            near = [t for t in candidates if _overlapped(sim, plan.id, t)]
+        if not near and not cancelled:
+            report.violations.append(f"misfire fire_once fired nothing of {plan.id}'s outage")
+
+
+def _occurrences_between(timing: Timing, after_ms: float, until_ms: float) -> list[int]:
+    """The timing's occurrences after ``int(after_ms)`` and up to ``until_ms`` (ms)."""
+    out: list[int] = []
+    t = timing.next_after(int(after_ms))
+    while t is not None and t <= until_ms:
+        out.append(t)
+        t = timing.next_after(t)
+    return out
 
 
 def _at(t: float) -> str:
