@@ -13,9 +13,9 @@ feed, triggers), ``tables`` (throttles, secrets, calendars), ``progress`` (progr
 Redis's data, outages), ``backfills`` and ``history``. The simulation has its own implementation
 in memory.
 
-Past one database, jobs and history are split by slot range (:mod:`cronman.routing`): every call
-here that names slots (or jobs, whose slot is fixed) goes to the databases ``SlotRanges.split``
-names, and the feed keeps a cursor per database (``FeedCursors``); see docs/scaling.md.
+Past one database, jobs and history would be split by slot range: every call here that names
+slots (or jobs, whose slot is fixed) would go to its slots' databases, and the feed would keep a
+cursor per database; docs/scaling.md has the plan.
 """
 
 from scheduler_node.store.backfills import CANCELLED_KEPT_PER_NAMESPACE
