@@ -314,6 +314,8 @@ class SimDb:
     triggers: list[tuple[int, TriggerRow, int]] = field(default_factory=list)  # (change, row, slot)
     history: dict[tuple[str, int, int, int, str], HistoryRow] = field(default_factory=dict)
     duplicates: dict[tuple[str, int, int, int, str], int] = field(default_factory=dict)
+    # executions a skip row was ever written for, with its reason (a later success replaces the row)
+    skips: dict[str, str] = field(default_factory=dict)
     progress: dict[tuple[str, str], Progress] = field(default_factory=dict)
     lost_epochs: dict[str, int] = field(default_factory=dict)  # epoch -> since (ms)
     lost_at: dict[str, int] = field(default_factory=dict)  # epoch -> when its loss was first recorded (ms)
@@ -446,6 +448,8 @@ class SimDb:
     def _write(self, rows: list[HistoryRow]) -> int:
         dups = 0
         for r in rows:
+            if r.status == "skipped":
+                self.skips.setdefault(r.execution_id, r.error or "")
             old = self.history.get(r.key)
             if old is None:
                 self.history[r.key] = r

@@ -523,6 +523,8 @@ FOUND_WITH_DRAWN_TIMINGS = [
     (8302341, EVERY_FAULT, 60),
     # the checker's: the same, delivered past the lateness bound, which binds only what is owed
     (8306137, EVERY_FAULT, 60),
+    # the checker's: the same, whose unchecked delivery succeeded and replaced the skip's row
+    (8311250, EVERY_FAULT, 60),
     # a claim lost while its failed attempt parked (a slow Redis), taken back with PostgreSQL
     # down: the node sent that attempt again; what it did itself is history when the store can't say
     (8306635, EVERY_FAULT, 60),
