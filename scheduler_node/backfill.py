@@ -198,7 +198,7 @@ class BackfillDriver:
             # Deleted (or created again) since the row was read, as this node's jobs say once its
             # job feed was read after the row, or its slot taken over and still loading here (the
             # firer owns a slot before its jobs are installed): the database tells which.
-            read = self.firer.feed_read_ms
+            read = self.firer.progress.feed_read_ms
             mine = slot_of(row.job_id, self.firer.cfg.slots) in self.firer.slots
             if mine and read is not None and read > self._seen.get(row.id, read):
                 await self._end_orphaned(row)

@@ -68,7 +68,7 @@ class Configuration:
             # The timer may have jumped over days a calendar excluded before: the jobs that name a
             # changed calendar work out their next occurrence again (only those: found by name).
             for timing in self.calendars.users(changed):
-                node.firer.retime(timing.job_id, timing, timing.resume_after)
+                node.firer.book.retime(timing.job_id, timing, timing.resume_after)
 
     # ------------------------------------------------------------------ calendars and backfills
     def timing_of(self, job: OwnedJob, timing: Timing | None = None) -> Timing:

@@ -82,7 +82,7 @@ class Feed:
             cutoff = node.now_ms() - 2 * TRIGGER_LOOKBACK_MS
             self._seen_triggers = {k: v for k, v in self._seen_triggers.items() if v > cutoff}
         self.cursor = cursor
-        firer.feed_read(started)
+        firer.progress.feed_read(started)
         node.metrics.jobs_owned.set(len(node.jobs))
 
     def apply_triggers(self, triggers: list[TriggerRow], verify: bool, again: bool = False) -> None:

@@ -49,12 +49,14 @@ from scheduler_node.parts import (
     Claims,
     Outcome,
 )
+from scheduler_node.progress import Progress
+from scheduler_node.schedule_book import ScheduleBook
 from scheduler_node.senders import Senders
 from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
 from scheduler_node.store import NodeStore
 from scheduler_node.sweeper import Sweeper
 from scheduler_node.throttle import ThrottleGate
-from scheduler_node.timetable import PLACE_BITS, Timetable
+from scheduler_node.timetable import Timetable
 from scheduler_node.tracing import Tracing
 from scheduler_node.verify import Verifier
 
@@ -128,7 +130,6 @@ class Firer:
         self.trace: Callable[[str, Execution, str], None] | None = None
         # what the node owns: its jobs and their timer entries (scheduler_node.timetable)
         self.table = Timetable()
-        self.slots: frozenset[int] = frozenset()
         # retries: (due ms, seq, execution)
         self.retries: list[tuple[int, int, Execution]] = []
         self.due: list[Execution] = []  # to claim at the next pass (triggers, catch-up)
@@ -140,14 +141,6 @@ class Firer:
         self.tasks = Tasks()
         self._wake = asyncio.Event()
         self.stopping = False
-        self.progress_ms: int | None = None  # every occurrence due up to here has been claimed
-        # This node's timer ran through here, taking what came due on time to claim (late work it
-        # still owes, a catch-up or a loss's claims again, and claims waiting for Redis aside): it
-        # was running through there.
-        self.firing_ms: int | None = None
-        # When the last change-feed read that succeeded began (this node's clock; set by the node):
-        # what this node knows of its jobs is at least that recent. None: not read yet.
-        self.feed_read_ms: int | None = None
         # Standing by for the other owner of a slot, when it leads (scheduler_node.standby); None:
         # every occurrence is claimed on time. What this node last published of its own firing:
         self.standby: Standby | None = None
@@ -169,7 +162,7 @@ class Firer:
     ) -> None:
         """The firer's parts (docs/architecture.md, the firing core), each the one owner of its state;
         those that call back are given the firer as the small protocol they need (SweepHost,
-        LeaseHost, AcquireHost, DeliveryHost, FinishHost, LifecycleHost)."""
+        LeaseHost, AcquireHost, DeliveryHost, FinishHost, LifecycleHost, BookHost)."""
         clock, metrics = self.clock, self.metrics
         self.verifier = Verifier(
             store=store,
@@ -225,6 +218,17 @@ class Firer:
             node_id=cfg.node_id,
         )
         self.lifecycle = Lifecycle(self, table=self.table, leases=self.leases, backlog=self.backlog)
+        self.progress = Progress(verifier=self.verifier, claimed_through=self.claimed_through)
+        self.book = ScheduleBook(
+            self,
+            table=self.table,
+            lifecycle=self.lifecycle,
+            leases=self.leases,
+            backlog=self.backlog,
+            verifier=self.verifier,
+            progress=self.progress,
+            clock=clock,
+        )
         self.sweeper = Sweeper(
             self,
             claims=claims,
@@ -269,111 +273,31 @@ class Firer:
         return self.backlog.queued
 
     # ------------------------------------------------------------------ jobs
+    # (the schedule book's: see ScheduleBook)
     def install(self, job: OwnedJob, after_ms: int, timing: Timing | None = None) -> bool:
-        """Install a job (or a newer version of it); its next occurrence is the first after
-        ``after_ms``. Executions already held keep going, with the new definition. ``timing``:
-        the job's, when the caller has made it already (see OwnedJob.timing). A job staged (see
-        stage) is installed in its entry of the table."""
-        old = self.jobs.get(job.id)
-        if old is job and job.key is None:
-            old = None
-        if old is not None:
-            if job.version <= old.version:
-                return False
-            if old.incarnation != job.incarnation:
-                self.lifecycle.recreated(job, after_ms)
-            elif job.paused and not old.paused:
-                self.lifecycle.cancel_job(job.id, "the job was paused")
-            if old.same_timing(job) and old.paused == job.paused:
-                self.table.place(job, old, keep=True)  # same timing: its pending entry stays valid
-                self.jobs[job.id] = job
-                return True
-        # A new generation of the place: timer entries of any earlier object are stale.
-        place = self.table.place(job, old)
-        self.jobs[job.id] = job
-        if not job.paused:
-            nxt = next_occurrence(job, after_ms, timing)
-            if nxt is not None:
-                self.table.schedule(job, place, nxt)
-        self._wake.set()
-        return True
+        return self.book.install(job, after_ms, timing)
 
-    def install_at(self, job: OwnedJob, nxt: int, after_ms: int, timing: Timing) -> None:
-        """``install(job, after_ms, timing)`` for a caller that worked out the job's next occurrence
-        already (``nxt``, after ``after_ms``): a node becoming ready installs millions of jobs, and
-        working it out again was a sixth of the time it spent on each."""
-        if job.paused or job.key is not None or self.jobs.get(job.id, job) is not job:  # (install's to decide)
-            self.install(job, after_ms, timing)
-            return
-        table = self.table
-        place = table.place(job, None)
-        table.jobs[job.id] = job
-        table.schedule(job, place, nxt)
-        self._wake.set()
-
-    def retime(self, job_id: str, timing: Timing, resume: Callable[[int], int | None] | None = None) -> None:
-        """What the job's timing says changed (a calendar it names): its next occurrence is worked
-        out again from where the timer is, not before it (an occurrence the timer passed stays as
-        it was), by ``resume`` (default: the timing's next_after). ``timing``: the timing that
-        changed; nothing happens if the job has another."""
-        job = self.jobs.get(job_id)
-        if job is None or job.paused or job.key is None or job.timing is not timing:
-            return  # (a job staged has no timer entry yet: it is installed with the calendars of then)
-        pending = job.key >> PLACE_BITS
-        through = self.firing_ms if self.firing_ms is not None else self.clock() - 1
-        after = min(through, pending - 1) if pending else through
-        place = self.table.place(job, job)  # a new generation: the pending entry is stale
-        try:
-            nxt = (resume or timing.next_after)(after)
-        except Exception:  # noqa: BLE001 - one job's schedule never stops the others
-            log.exception("cannot compute the next occurrence", extra={"job_id": job.id})
-            nxt = None
-        if nxt is not None:
-            self.table.schedule(job, place, nxt)
-        self._wake.set()
+    def stage(self, job: OwnedJob) -> None:
+        """Keep a job read before the node is ready, without a timer entry (see Timetable.stage)."""
+        self.table.stage(job)
 
     def compact(self) -> None:
         """Size the table of jobs for what it holds, when it is well over that (see Timetable)."""
         self.table.compact()
 
-    def stage(self, job: OwnedJob) -> None:
-        """Keep a job read before the node is ready, without a timer entry (nor a place: its key
-        is None): it is installed once the node is ready (what it missed decided then), where it
-        is. One that replaces an installed job (a change read while the node becomes ready) frees
-        that job's place."""
-        self.table.stage(job)
-
     def remove(self, job_id: str, reason: str) -> None:
         self.lifecycle.remove(job_id, reason)
 
     def halt(self, job_id: str, reason: str) -> bool:
-        """The job was paused or deleted, heard of before the change feed brings the change (see
-        scheduler_node.stops): from now on it is paused here, its timer entry stale, and nothing
-        of it not already being sent goes out (as when a paused version is installed). The
-        feed's version of it then installs as usual. False if there was nothing to halt."""
-        job = self.jobs.get(job_id)
-        if job is None or job.paused:
-            return False
-        job.paused = True
-        if job.key is not None:  # (a staged job has no place, nor a timer entry)
-            self.table.place(job, job)
-        self.lifecycle.cancel_job(job_id, reason)
-        return True
+        return self.book.halt(job_id, reason)
 
     def set_slots(self, slots: frozenset[int]) -> None:
-        """The slots this node owns now; jobs of slots it no longer owns are dropped, and their
-        executions not yet sent are handed over (parked for the slot's new owners)."""
-        dropped = self.slots - slots
-        self.slots = slots
-        if not dropped:
-            return
-        for job_id in [j.id for j in self.jobs.values() if j.slot in dropped]:
-            self.table.pop(job_id)
-        self.verifier.drop_slots(dropped)
-        self.due = [e for e in self.due if e.job.slot not in dropped]
-        self.backlog.keep_only(lambda e: e.job.slot not in dropped)
-        self.leases.drop_parked(lambda e: e.job.slot in dropped)  # stays parked in the claim store
-        self._hand_over(lambda e: e.job.slot in dropped)
+        self.book.set_slots(slots)
+
+    @property
+    def slots(self) -> frozenset[int]:
+        """The slots this node owns (the schedule book's)."""
+        return self.book.slots
 
     def enqueue(self, executions: Iterable[Execution], verify: bool | None = None) -> None:
         """Executions to claim at the next timer pass (triggers, redeliveries, catch-up); with
@@ -385,45 +309,6 @@ class Firer:
                 e.verify = verify
         self.due.extend(executions)
         self._wake.set()
-
-    # What the node learns that bears on its claims: Redis's data lost, slots taken over, the
-    # change feed read.
-    def verify_through_at_least(self, slot: int, ms: int) -> None:
-        """Occurrences of ``slot`` due up to ``ms`` are checked against history before sending
-        (they may have been delivered before a loss of Redis's data)."""
-        self.verifier.mark_at_least(slot, ms)
-
-    def verify_slot_through(self, slot: int, ms: int) -> None:
-        """As :meth:`verify_through_at_least`, for a slot just taken over: its mark is ``ms``."""
-        self.verifier.mark(slot, ms)
-
-    def lower_progress(self, before_ms: int) -> None:
-        """Claims made since ``before_ms`` may be lost: progress is not past it until the next
-        pass says how far the claims got again."""
-        if self.progress_ms is not None:
-            self.progress_ms = min(self.progress_ms, before_ms - 1)
-
-    def settle_progress(self, now: int) -> int:
-        """Progress is how far every occurrence owed has been claimed (see claimed_through)."""
-        self.progress_ms = progress = self.claimed_through(now)
-        return progress
-
-    def forget_verified(self) -> None:
-        """Slots checked against history only through what progress has passed are not any more."""
-        if self.progress_ms is not None:
-            self.verifier.forget_through(self.progress_ms)
-
-    def feed_read(self, started_ms: int) -> None:
-        """A read of the change feed that began at ``started_ms`` succeeded."""
-        self.feed_read_ms = started_ms
-
-    def occurrence(self, job: OwnedJob, when: int, trigger: str = Trigger.SCHEDULE) -> list[Execution]:
-        out = [Execution.of(job, when, i, trigger) for i in range(job.opts.events)]
-        through = self.verifier.through
-        if through and when <= through.get(job.slot, -1):
-            for e in out:  # its slot's mark was lowered by a loss of Redis's data past this time
-                e.verify = True
-        return out
 
     def queued(self) -> int:
         """Executions waiting for a timer pass to claim them (the backlog's late ones included)."""
@@ -456,7 +341,7 @@ class Firer:
                 for h in standby.release(now, loop.time()):
                     job = jobs.get(h.job_id)
                     if job is not None and self.table.generation(job) == h.gen:
-                        due.extend(self.occurrence(job, h.when))
+                        due.extend(self.book.occurrence(job, h.when))
                 if standby.covered:
                     self.metrics.claim["covered"].inc(standby.covered)
                     self.left_to_leader += standby.covered
@@ -468,12 +353,14 @@ class Firer:
             self.metrics.tally.flush()
             # (passed or not: a node whose claims wait for Redis is running, and delivers what
             # came due once Redis answers; Redis away is not an outage of the cluster: seed 982324)
-            self.firing_ms = self._claimed(now, now + 1)
-            if ok:
+            firing = self._claimed(now, now + 1)
+            if not ok:
+                self.progress.passed(firing, None)
+            else:
                 pending = self.pending_ms(now)
                 claimed = self._claimed(now, pending)
                 held = standby.oldest() if standby is not None else None
-                self.progress_ms = claimed if held is None else min(claimed, held - 1)
+                self.progress.passed(firing, claimed if held is None else min(claimed, held - 1))
                 if standby is not None:
                     self._passes += 1
                     # due work left over (a burst): a full batch popped, or catch-up work waiting
@@ -496,10 +383,10 @@ class Firer:
                 # another owner leads the slot: held back until it is known to have claimed
                 standby.hold(leader, Held(when, job.id, table.generation(job), job.slot, standby.until(when, now)))
             elif when <= late:
-                self.backlog.push(self.occurrence(job, when))
+                self.backlog.push(self.book.occurrence(job, when))
                 moved += 1
             else:
-                due.extend(self.occurrence(job, when))
+                due.extend(self.book.occurrence(job, when))
             table.schedule(job, place, next_occurrence(job, when))
             if len(due) >= MAX_BATCH or moved >= LATE_MOVED:
                 break
@@ -660,7 +547,8 @@ class Firer:
             self.cancel(e, "the job was deleted")
             return
         if current.paused and e.trigger == Trigger.SCHEDULE and not e.d.suffix:
-            if e.taken and (self.feed_read_ms is None or self.feed_read_ms < e.scheduled_ms):
+            read = self.progress.feed_read_ms
+            if e.taken and (read is None or read < e.scheduled_ms):
                 # Taken over from another node, which fired the occurrence (it saw the job live
                 # then), while what this node read of the job is older than that: the pause it
                 # read may have been undone since (seed 82449). Not this node's to end on that
@@ -761,7 +649,7 @@ class Firer:
         self.finisher.close(e, status, row)
 
     # ------------------------------------------------------------------ handing over
-    def _hand_over(self, which: Callable[[Execution], bool], patience: float = 3.0) -> None:
+    def hand_over(self, which: Callable[[Execution], bool], patience: float = 3.0) -> None:
         """Executions claimed but not yet sent go back to the claim store at once, for whoever
         owns their slot (this node included, if it still does)."""
         waiting = [e for e in self.held.values() if e.stage is Stage.WAITING and which(e)]
@@ -788,7 +676,7 @@ class Firer:
             await asyncio.wait(pending, timeout=timeout)
         waiting = [e for e in self.held.values() if e.stage is Stage.WAITING]
         if waiting:
-            self._hand_over(lambda e: True, patience=handover_seconds)
+            self.hand_over(lambda e: True, patience=handover_seconds)
         if self.parked:
             await self.leases.repark(list(self.parked.values()), patience=handover_seconds)
         await self.tasks.wait(handover_seconds + 1)

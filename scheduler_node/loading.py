@@ -79,12 +79,12 @@ class Loading:
         for slot in added:
             claimed, fired = marks.claimed.get(slot), marks.fired.get(slot)
             if claimed is not None and fired is not None and fired > claimed:
-                firer.verify_slot_through(slot, fired)
+                firer.progress.verify_slot_through(slot, fired)
         # A loss noticed and not on record yet has not lowered the marks: from no later than it says.
         lost = recovery.unrecorded_loss_since
         if lost is not None:
             for slot in added:
-                firer.verify_through_at_least(slot, now)
+                firer.progress.verify_through_at_least(slot, now)
 
         # (one int object for the many jobs that start at the same time, not one each: millions
         # of them, kept until the node is ready, leave their pages behind when they go)

@@ -384,7 +384,7 @@ class Node:
         self.firer.sweep_soon()  # what holders gone from the loaded slots left: taken now (see Ownership.apply)
         # Not past what the loaded slots still owe: a node that dies before claiming its catch-up
         # (or holding it back for a slot's leader) must not have recorded it as fired.
-        self.firer.settle_progress(now)
+        self.firer.progress.settle(now)
         # Worked out after their catch-up was queued, it speaks for the slots just loaded.
         self.recovery.all_settled()
         await self.recovery.save_progress()

@@ -69,7 +69,7 @@ class Ownership:
         assert node.parts is not None
         while not node.stopping:
             try:
-                progress = node.firer.progress_ms if node.firer is not None and node.ready else None
+                progress = node.firer.progress.claimed_ms if node.firer is not None and node.ready else None
                 beat = await node.parts.membership.beat(node.info(), progress)
                 node.metrics.heartbeat_age.set(0)
                 node.recovery.heard(beat.epoch, beat.progress_ms)

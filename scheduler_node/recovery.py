@@ -128,7 +128,7 @@ class Recovery:
             tally.merged_of, tally.merged = self._outages, merged(self._outages)
             tally.until = max(now, tally.merged[-1][1]) if tally.merged else now  # (disjoint, in order)
         if first > tally.until:  # nothing came due since, nor in an outage: no outage matters (most jobs)
-            firer.install_at(job, first, start, timing)
+            firer.book.install_at(job, first, start, timing)
             return
         # An outage is the one the first node back recorded, whole, by its clock: one that ends
         # after this node's now (recorded by a node whose clock runs ahead) is not cut short here.
@@ -146,7 +146,7 @@ class Recovery:
             times = misfire.between(timing, cursor, a)
             if len(times) == misfire.MAX_COUNTED and times[-1] < a:
                 tally.bound(job.id)
-            late = [e for t in times for e in firer.occurrence(job, t)]
+            late = [e for t in times for e in firer.book.occurrence(job, t)]
             if late:
                 firer.enqueue(late, verify=True)  # the previous owner may have delivered them
             # with its calendars: an occurrence on an excluded day was never due, so never missed
@@ -250,9 +250,9 @@ class Recovery:
         if not node.ready:  # what the loaded slots owe is caught up once ready: from no later than this
             if node.loading.lower_pending(since):
                 for slot in node.owned:
-                    firer.verify_through_at_least(slot, until)
+                    firer.progress.verify_through_at_least(slot, until)
             return
-        firer.lower_progress(since)  # until the next pass says how far the claims got again
+        firer.progress.lower(since)  # until the next pass says how far the claims got again
         # Occurrences due while the whole cluster was down got their misfire policy, which is
         # not to be undone here (seed 65289: Redis lost its data seconds after an outage ended,
         # and a skip policy's occurrence was claimed again and fired).
@@ -264,7 +264,7 @@ class Recovery:
             t = next_of(job, max(since, 0))
             while t is not None and t <= until and len(again) < 100_000:
                 if not any(a < t <= b for a, b in outages):
-                    again.extend(firer.occurrence(job, t))
+                    again.extend(firer.book.occurrence(job, t))
                 t = next_of(job, t)
         log.warning(
             "Redis lost its data: claiming recent occurrences again, checked against history",
@@ -388,7 +388,7 @@ class Recovery:
         node = self.node
         assert node.parts is not None
         firer = node.firer
-        if firer is None or firer.progress_ms is None or not node.ready:
+        if firer is None or firer.progress.claimed_ms is None or not node.ready:
             return
         if self._losses and not await self._record_losses():
             return  # progress of the new data is saved once the old data's loss is on record
@@ -407,18 +407,18 @@ class Recovery:
         # claim store was away, it lost the catch-up of a node killed meanwhile: seed 100656.)
         unsettled = self._unsettled
         if unsettled:
-            for slot in [s for s, at in unsettled.items() if firer.progress_ms >= at]:
+            for slot in [s for s, at in unsettled.items() if firer.progress.claimed_ms >= at]:
                 del unsettled[slot]
-        firer.forget_verified()
+        firer.progress.forget_verified()
         owned = node.owned.difference(unsettled) if unsettled else node.owned
         try:
             await node.parts.store.save_progress(
                 node.node_id,
                 node.incarnation,
-                firer.progress_ms,
+                firer.progress.claimed_ms,
                 bitmap(owned, node.slot_count),
                 self.epoch,
-                firer.firing_ms,
+                firer.progress.firing_ms,
             )
         except TransientError as exc:
             log.warning("could not record how far this node fired: %s", exc)

@@ -79,7 +79,7 @@ def test_a_slot_still_loading_does_not_end_its_backfills(client: FlaskClient, st
 
     async def renew_after_a_feed_read() -> None:
         await asyncio.sleep(lease_ms / 3000 + 0.05)
-        firer.feed_read(_now_ms())  # the job feed read since the backfill was (for the slots loaded then)
+        firer.progress.feed_read(_now_ms())  # the job feed read since the backfill was (for the slots loaded then)
         await driver.renew()
 
     asyncio.run(driver.renew())  # the backfill is known from here

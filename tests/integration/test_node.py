@@ -244,7 +244,7 @@ def test_an_occurrence_asked_for_again_while_its_done_mark_is_on_its_way_is_not_
 
     def again() -> None:  # what a catch-up does: the same occurrence, to be claimed at the next pass
         job = firer.jobs["asked-again"]
-        firer.enqueue(firer.occurrence(job, when))
+        firer.enqueue(firer.book.occurrence(job, when))
 
     node.loop.call_soon_threadsafe(again)
     time.sleep(2.5)

@@ -216,7 +216,7 @@ def test_installing_at_a_worked_out_occurrence_is_installing(steps: list[tuple[i
         timing = b.timing
         nxt = timing.next_after(after)
         assert nxt is not None
-        short.install_at(b, nxt, after, timing)
+        short.book.install_at(b, nxt, after, timing)
         assert _state(short) == _state(plain)
 
 
@@ -241,7 +241,7 @@ def test_a_node_becoming_ready_installs_its_staged_jobs_where_they_are() -> None
             timing = current.timing
             nxt = timing.next_after(now - 1000)
             assert nxt is not None
-            firer.install_at(current, nxt, now - 1000, timing)
+            firer.book.install_at(current, nxt, now - 1000, timing)
     assert sys.getsizeof(firer.jobs) == staged
     assert firer.jobs["job-000007"] is newer and all(j.key is not None for j in firer.jobs.values())
     assert not firer.install(newer, now)  # (installed: the same object again changes nothing)

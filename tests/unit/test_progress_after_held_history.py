@@ -55,7 +55,7 @@ def _node(store: Store) -> Node:
     node = Node(settings, clock=lambda: NOW / 1000, parts=parts, slots=8)
     node.history = HistoryWriter(store.write_history, InlineExecutor(), flush_seconds=0.3, max_rows=100)
     node.firer = SimpleNamespace(  # type: ignore[assignment]
-        progress_ms=NOW, firing_ms=NOW, verify_through={}, forget_verified=lambda: None
+        progress=SimpleNamespace(claimed_ms=NOW, firing_ms=NOW, forget_verified=lambda: None)
     )
     node.ready = True
     return node
