@@ -38,8 +38,9 @@ from cronman.errors import TransientError
 from cronman.execution import backfill_trigger
 from cronman.hashing import slot_of
 from cronman.schedule import Timing
+from scheduler_node.aio import wait_event
 from scheduler_node.execution import Execution, Stage
-from scheduler_node.firer import Firer, wait_event
+from scheduler_node.firer import Firer
 from scheduler_node.store import CANCELLED_KEPT_PER_NAMESPACE, BackfillRow, NodeStore
 
 log = logging.getLogger("cronman.node.backfill")
@@ -275,7 +276,7 @@ class BackfillDriver:
             if now - batch.handed_out < _DROPPED_AFTER_S:
                 return
             if queued is None:  # (waiting to be claimed, or in a claim call out now)
-                queued = {id(e) for e in self.firer.due} | {id(e) for e in self.firer.claiming}
+                queued = {id(e) for e in self.firer.timer.due} | {id(e) for e in self.firer.timer.claiming}
             if any(id(e) in queued for e in waiting):
                 return
             drive.batches.clear()
@@ -286,7 +287,7 @@ class BackfillDriver:
     def hand_out(self, now: float) -> None:
         """Hand out what each drive's rate allows, while the node's delivery has room beyond its
         on-time work (drives take turns being first)."""
-        room = self.firer.spare_room()
+        room = self.firer.timer.spare_room()
         if room <= 0 or not self.drives:
             return
         out: list[Execution] = []

@@ -15,8 +15,8 @@ from cronman.calendars import CalendarTiming, SkipSummary, skip_summary, timing_
 from cronman.errors import TransientError
 from cronman.execution import Status, Trigger, backfill_of
 from cronman.schedule import Timing
+from scheduler_node.aio import wait_event
 from scheduler_node.execution import Execution
-from scheduler_node.firer import wait_event
 from scheduler_node.jobs import CalendarBook, JobRow, OwnedJob, WithCalendars
 from scheduler_node.store import ClusterConfig
 

@@ -21,8 +21,6 @@ failed attempt, with the error recorded.
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import random
 from collections.abc import Callable, Iterable
@@ -30,12 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cronman.calendars import SkipSummary
-from cronman.errors import TransientError
-from cronman.execution import Status, Trigger, backfill_of
+from cronman.execution import Status, Trigger
 from cronman.misfire import MisfirePlan
 from cronman.schedule import Timing
 from scheduler_node.acquire import Acquirer
-from scheduler_node.aio import Tasks, wait_event
+from scheduler_node.aio import Tasks
 from scheduler_node.backlog import Backlog
 from scheduler_node.delivery import Deliveries
 from scheduler_node.execution import Execution, Stage
@@ -43,7 +40,7 @@ from scheduler_node.finishing import Finisher
 from scheduler_node.history import HistoryRow, HistoryWriter
 from scheduler_node.jobs import OwnedJob
 from scheduler_node.leases import Leases
-from scheduler_node.lifecycle import Lifecycle, next_occurrence
+from scheduler_node.lifecycle import Lifecycle
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.parts import (
     Claims,
@@ -52,10 +49,11 @@ from scheduler_node.parts import (
 from scheduler_node.progress import Progress
 from scheduler_node.schedule_book import ScheduleBook
 from scheduler_node.senders import Senders
-from scheduler_node.standby import BUSY_MS, Held, Standby, Standing
+from scheduler_node.standby import Standby
 from scheduler_node.store import NodeStore
 from scheduler_node.sweeper import Sweeper
 from scheduler_node.throttle import ThrottleGate
+from scheduler_node.timer import Timer
 from scheduler_node.timetable import Timetable
 from scheduler_node.tracing import Tracing
 from scheduler_node.verify import Verifier
@@ -66,11 +64,6 @@ Verdict = tuple[Status, str] | tuple[Status, str, SkipSummary | None]
 
 log = logging.getLogger("cronman.node")
 
-MAX_BATCH = 5000  # due executions handled per timer pass
-# An occurrence the timer comes to this late is catch-up work (a load, an outage): it waits in the
-# backlog with the catch-up's other late occurrences (see take_queued), at most LATE_MOVED a pass.
-LATE_MS = 5000
-LATE_MOVED = 50_000
 PAUSE_RECHECK_MS = 1000  # a takeover this node cannot judge paused yet is parked again this long
 
 
@@ -130,24 +123,15 @@ class Firer:
         self.trace: Callable[[str, Execution, str], None] | None = None
         # what the node owns: its jobs and their timer entries (scheduler_node.timetable)
         self.table = Timetable()
-        # retries: (due ms, seq, execution)
-        self.retries: list[tuple[int, int, Execution]] = []
-        self.due: list[Execution] = []  # to claim at the next pass (triggers, catch-up)
         # late scheduled occurrences queued beyond what delivery keeps up with (see take_queued)
         self.backlog = Backlog()
-        # What the pass in progress claims (taken from ``due``; what it could not claim goes back)
-        self.claiming: list[Execution] = []
-        self._seq = itertools.count()
         self.tasks = Tasks()
-        self._wake = asyncio.Event()
         self.stopping = False
-        # Standing by for the other owner of a slot, when it leads (scheduler_node.standby); None:
-        # every occurrence is claimed on time. What this node last published of its own firing:
+        # Standing by for the other owner of a slot, when it leads (scheduler_node.standby; the
+        # node sets it, the timer defers to it); None: every occurrence is claimed on time.
         self.standby: Standby | None = None
-        self.standing: Standing | None = None
-        self.left_to_leader = 0  # occurrences this node held back and the slot's leader claimed
-        self._passes = 0
         self._compose(cfg, claims, senders, history, store, throttle, secrets, misfire)
+        self._compose_timer(cfg)
 
     def _compose(
         self,
@@ -162,7 +146,7 @@ class Firer:
     ) -> None:
         """The firer's parts (docs/architecture.md, the firing core), each the one owner of its state;
         those that call back are given the firer as the small protocol they need (SweepHost,
-        LeaseHost, AcquireHost, DeliveryHost, FinishHost, LifecycleHost, BookHost)."""
+        LeaseHost, AcquireHost, DeliveryHost, FinishHost, LifecycleHost)."""
         clock, metrics = self.clock, self.metrics
         self.verifier = Verifier(
             store=store,
@@ -218,17 +202,6 @@ class Firer:
             node_id=cfg.node_id,
         )
         self.lifecycle = Lifecycle(self, table=self.table, leases=self.leases, backlog=self.backlog)
-        self.progress = Progress(verifier=self.verifier, claimed_through=self.claimed_through)
-        self.book = ScheduleBook(
-            self,
-            table=self.table,
-            lifecycle=self.lifecycle,
-            leases=self.leases,
-            backlog=self.backlog,
-            verifier=self.verifier,
-            progress=self.progress,
-            clock=clock,
-        )
         self.sweeper = Sweeper(
             self,
             claims=claims,
@@ -239,6 +212,35 @@ class Firer:
             every_s=cfg.sweep_seconds,
             rows_after_ms=cfg.unrecorded_after_ms,
             slot_count=cfg.slots,
+        )
+
+    def _compose_timer(self, cfg: FirerConfig) -> None:
+        """The timer's parts: the schedule book, progress, the timer (given the firer as BookHost
+        and TimerHost)."""
+        self.progress = Progress(verifier=self.verifier, claimed_through=lambda now: self.timer.claimed_through(now))
+        self.book = ScheduleBook(
+            self,
+            table=self.table,
+            lifecycle=self.lifecycle,
+            leases=self.leases,
+            backlog=self.backlog,
+            verifier=self.verifier,
+            progress=self.progress,
+            clock=self.clock,
+        )
+        self.timer = Timer(
+            self,
+            cfg,
+            table=self.table,
+            book=self.book,
+            backlog=self.backlog,
+            leases=self.leases,
+            acquirer=self.acquirer,
+            delivery=self.delivery,
+            progress=self.progress,
+            throttle=self.throttle,
+            metrics=self.metrics,
+            clock=self.clock,
         )
 
     @property
@@ -299,21 +301,6 @@ class Firer:
         """The slots this node owns (the schedule book's)."""
         return self.book.slots
 
-    def enqueue(self, executions: Iterable[Execution], verify: bool | None = None) -> None:
-        """Executions to claim at the next timer pass (triggers, redeliveries, catch-up); with
-        ``verify``, each is (or is not) checked against history before it is sent, whatever
-        :meth:`occurrence` said."""
-        if verify is not None:
-            executions = list(executions)
-            for e in executions:
-                e.verify = verify
-        self.due.extend(executions)
-        self._wake.set()
-
-    def queued(self) -> int:
-        """Executions waiting for a timer pass to claim them (the backlog's late ones included)."""
-        return len(self.due) + len(self.backlog)
-
     def sweep_soon(self) -> None:
         """Sweep now, not at the next interval: slots were just taken over, and what a holder gone
         from them left (claims whose lease ran out) is taken at once."""
@@ -322,203 +309,38 @@ class Firer:
     def stop(self) -> None:
         """The timer and the sweeper end after the pass they are in."""
         self.stopping = True
-        self._wake.set()
+        self.timer.wake()
         self.sweeper.soon()
 
     # ------------------------------------------------------------------ the timer
+    # (the timer's: see Timer)
     async def run_timer(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self.stopping:
-            started = loop.time()
-            now = self.clock()
-            due: list[Execution] = []
-            jobs, standby = self.jobs, self.standby
-            # what this pass's standing will say: the cursor, the slots led and the Redis data's epoch
-            # before it began (a loss noticed since has its occurrences waiting in self.due)
-            cursor, led, epoch = (standby.cursor, standby.led(), standby.epoch) if standby is not None else (0, b"", "")
-            self.pop_fires(now, due)  # what is due on time first
-            if standby is not None and standby.held:
-                for h in standby.release(now, loop.time()):
-                    job = jobs.get(h.job_id)
-                    if job is not None and self.table.generation(job) == h.gen:
-                        due.extend(self.book.occurrence(job, h.when))
-                if standby.covered:
-                    self.metrics.claim["covered"].inc(standby.covered)
-                    self.left_to_leader += standby.covered
-                    standby.covered = 0
-            self.take_queued(due)
-            full = len(due) >= MAX_BATCH
-            retries = self.pop_retries(now)
-            ok = await self.timer_pass(due, retries)
-            self.metrics.tally.flush()
-            # (passed or not: a node whose claims wait for Redis is running, and delivers what
-            # came due once Redis answers; Redis away is not an outage of the cluster: seed 982324)
-            firing = self._claimed(now, now + 1)
-            if not ok:
-                self.progress.passed(firing, None)
-            else:
-                pending = self.pending_ms(now)
-                claimed = self._claimed(now, pending)
-                held = standby.oldest() if standby is not None else None
-                self.progress.passed(firing, claimed if held is None else min(claimed, held - 1))
-                if standby is not None:
-                    self._passes += 1
-                    # due work left over (a burst): a full batch popped, or catch-up work waiting
-                    # (not a timer merely late: a leader's hiccup is what the grace covers)
-                    busy = full or pending < self.clock() - BUSY_MS
-                    self.standing = Standing(claimed, cursor, led, self._passes, busy, epoch=epoch)
-            await self._sleep(started + self.cfg.tick_seconds - loop.time())
+        await self.timer.run()
 
-    def pop_fires(self, now: int, due: list[Execution]) -> None:
-        """The occurrences due by ``now`` join ``due`` (up to ``MAX_BATCH``), or the backlog if
-        they are more than ``LATE_MS`` late, or are held back for a slot's leader; each job's
-        next occurrence takes its place in the timer."""
-        table, standby = self.table, self.standby
-        late = now - LATE_MS  # entries due by then are late
-        moved = 0
-        if len(due) >= MAX_BATCH:
-            return
-        for job, when, place in table.due(now):
-            if standby is not None and (leader := standby.defers(job.slot)) is not None:
-                # another owner leads the slot: held back until it is known to have claimed
-                standby.hold(leader, Held(when, job.id, table.generation(job), job.slot, standby.until(when, now)))
-            elif when <= late:
-                self.backlog.push(self.book.occurrence(job, when))
-                moved += 1
-            else:
-                due.extend(self.book.occurrence(job, when))
-            table.schedule(job, place, next_occurrence(job, when))
-            if len(due) >= MAX_BATCH or moved >= LATE_MOVED:
-                break
+    def enqueue(self, executions: Iterable[Execution], verify: bool | None = None) -> None:
+        self.timer.enqueue(executions, verify)
 
-    def pending_ms(self, now: int) -> int:
-        # (a backfill's occurrences lie in the past on purpose: they say nothing of progress)
-        pending = min((e.scheduled_ms for e in self.due if not backfill_of(e.trigger)), default=now + 1)
-        oldest = self.backlog.oldest_ms()
-        return pending if oldest is None else min(pending, oldest)
+    @property
+    def due(self) -> list[Execution]:
+        """Executions waiting for the next timer pass to claim them (the timer's)."""
+        return self.timer.due
 
-    def take_queued(self, due: list[Execution]) -> None:
-        """What the node queued since the last pass joins this one, after what came due on time.
-        Late scheduled occurrences among it (a catch-up after an outage or a load, a loss's claims
-        again: hundreds of thousands at once) join only as far as delivery keeps up, oldest first,
-        and wait in the backlog meanwhile: claimed all at once, they held a lease each while every
-        occurrence due on time since waited behind them to be sent (a node's probes every second,
-        seconds late for as long as the catch-up took). Triggers, redeliveries and backfills
-        (paced by their drivers) join at once."""
-        queued, self.due = self.due, []
-        backlog = self.backlog
-        if not backlog and len(queued) <= self._room(len(due)):
-            due.extend(queued)
-            return
-        try:
-            late: list[Execution] = []
-            for e in queued:
-                (late if e.d.trigger == Trigger.SCHEDULE and not e.d.suffix else due).append(e)
-            if late:
-                backlog.push(late)
-            backlog.take(self._room(len(due)), due)
-        finally:
-            self.metrics.backlog.set(len(backlog))
-
-    def _room(self, taking: int) -> int:
-        """How many queued late occurrences may join a pass that claims ``taking`` already:
-        delivery has room while fewer than twice max_in_flight claimed executions wait to be sent
-        or are out (those waiting for a throttle's permits aside)."""
-        busy = len(self.held) + taking
-        if self.throttle is not None and self.throttle.waiting:
-            busy -= self.throttle.waiting_count()
-        cfg = self.cfg
-        return max(cfg.backlog_min, (2 * cfg.max_in_flight if cfg.backlog_room is None else cfg.backlog_room) - busy)
-
-    def spare_room(self) -> int:
-        """How many executions that can wait (a backfill's) may be queued now, behind on-time
-        work: none while late occurrences wait in the backlog; else what is left of
-        max_in_flight by the executions claimed or queued (those waiting for a throttle's permits
-        aside), keeping the other half of the backlog's room for a catch-up."""
-        if self.backlog:
-            return 0
-        busy = len(self.held) + len(self.due)
-        if self.throttle is not None and self.throttle.waiting:
-            busy -= self.throttle.waiting_count()
-        return max(0, self.cfg.max_in_flight - busy)
-
-    def _claimed(self, now: int, pending: int) -> int:
-        """How far every occurrence of the slots this node claims on time has been claimed: not
-        past the timer's head or what waits to be claimed (``pending``, from :meth:`pending_ms`)."""
-        head = self.table.head_ms()
-        if head is None:
-            head = now + 1
-        return min(now, head - 1, pending - 1)
-
-    def claimed_through(self, now: int) -> int:
-        """How far every occurrence this node owes has been claimed: :meth:`_claimed`, and not
-        past what it holds back for a slot's leader."""
-        out = self._claimed(now, self.pending_ms(now))
-        held = self.standby.oldest() if self.standby is not None else None
-        return out if held is None else min(out, held - 1)
-
-    async def timer_pass(self, due: list[Execution], retries: list[Execution]) -> bool:
-        """One timer pass; False when the claim store could not be reached for the due work (it
-        is tried again at the next pass)."""
-        ok = True
-        self.claiming = due
-        try:
-            if self.delivery.to_confirm:
-                await self.delivery.confirm()
-            if due:
-                await self.acquirer.claim(due)
-            if retries:
-                await self.acquirer.take(retries)
-            if self.throttle is not None and self.throttle.waiting:
-                for e in await self.throttle.grant(self.clock()):
-                    self.delivery.granted(e)
-        except TransientError as exc:
-            ok = False
-            log.warning("timer pass could not reach the claim store, retrying: %s", exc)
-            self.due[:0] = [e for e in due if e.stage is Stage.NEW]
-            for e in retries:
-                if e.stage is Stage.PARKED:
-                    self.later(self.clock() + 500, e)
-            await asyncio.sleep(0.2)
-        except Exception:  # noqa: BLE001 - a bug must not stop the timer; the work is retried
-            ok = False
-            log.exception("timer pass failed")
-            self.due[:0] = [e for e in due if e.stage is Stage.NEW]
-            await asyncio.sleep(0.2)
-        finally:
-            self.claiming = []
-        return ok
-
-    def pop_retries(self, now: int) -> list[Execution]:
-        """The retries parked here that are due by ``now`` (up to ``MAX_BATCH``), taken out of the timer."""
-        out: list[Execution] = []
-        heap = self.retries
-        while heap and heap[0][0] <= now and len(out) < MAX_BATCH:
-            e = heapq.heappop(heap)[2]
-            if e.stage is Stage.PARKED and self.parked.get(e.ticket.member) is e:
-                out.append(e)
-        return out
-
-    async def _sleep(self, rest_of_tick: float) -> None:
-        if self.due or self.delivery.to_confirm or self.backlog:
-            await asyncio.sleep(max(0.0, rest_of_tick))
-            return
-        heads = [h[0][0] for h in (self.retries,) if h]
-        head = self.table.head_ms()
-        if head is not None:
-            heads.append(head)
-        cap = 0.05 if self.throttle is not None and self.throttle.waiting else self.cfg.idle_seconds
-        delay = cap if not heads else max(0.0, min(cap, (min(heads) - self.clock()) / 1000))
-        delay = max(delay, rest_of_tick)
-        if delay <= 0:
-            await asyncio.sleep(0)
-            return
-        self._wake.clear()
-        await wait_event(self._wake, delay)
+    def keep_due(self, wanted: Callable[[Execution], bool]) -> None:
+        self.timer.keep_due(wanted)
 
     def later(self, when: int, e: Execution) -> None:
-        e.due_ms = when
-        heapq.heappush(self.retries, (when, next(self._seq), e))
+        self.timer.later(when, e)
+
+    def retry_at(self, when: int, e: Execution) -> None:
+        self.timer.retry_at(when, e)
+
+    def wake(self) -> None:
+        self.timer.wake()
+
+    @property
+    def left_to_leader(self) -> int:
+        """Occurrences this node held back and the slot's leader claimed (the timer's count)."""
+        return self.timer.left_to_leader
 
     # ------------------------------------------------------------------ claims
     async def take(self, items: list[Execution]) -> None:
@@ -601,10 +423,6 @@ class Firer:
         """The leases' renewal loop (see Leases.run_renewer)."""
         await self.leases.run_renewer()
 
-    def retry_at(self, when: int, e: Execution) -> None:
-        self.later(when, e)
-        self._wake.set()
-
     def landed(self, name: str) -> None:
         self.acquirer.landed(name)
 
@@ -629,9 +447,6 @@ class Firer:
     def unwait(self, e: Execution) -> None:
         self.delivery.unwait(e)
 
-    def wake(self) -> None:
-        self._wake.set()
-
     def outcome(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
         self.finisher.outcome(e, outcome, fired, finished)
 
@@ -641,9 +456,6 @@ class Firer:
 
     def cancel(self, e: Execution, reason: str) -> None:
         self.finisher.cancel(e, reason)
-
-    def keep_due(self, wanted: Callable[[Execution], bool]) -> None:
-        self.due = [e for e in self.due if wanted(e)]
 
     def _close(self, e: Execution, status: str, row: str) -> None:
         self.finisher.close(e, status, row)

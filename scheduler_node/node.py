@@ -36,11 +36,12 @@ from cronman.keys import LAYOUT_VERSION
 from cronman.schedule import LAZY_PHASE_MIN_MS
 from cronman.settings import Settings
 from cronman.timeutil import iso
+from scheduler_node.aio import wait_event
 from scheduler_node.backfill import BackfillDriver
 from scheduler_node.configuration import Configuration
 from scheduler_node.execution import Execution
 from scheduler_node.feed import Feed
-from scheduler_node.firer import Firer, FirerConfig, wait_event
+from scheduler_node.firer import Firer, FirerConfig
 from scheduler_node.history import HistoryRow, HistoryWriter
 from scheduler_node.jobs import Decoder, OwnedJob
 from scheduler_node.loading import Loading

@@ -247,7 +247,7 @@ class Ownership:
         loop = asyncio.get_running_loop()
         beats = itertools.count(1)
         while not node.stopping:
-            st = node.firer.standing
+            st = node.firer.timer.standing
             mine = replace(st, beat=next(beats)).encode() if node.ready and st is not None else None
             try:
                 texts = await node.parts.membership.stand(mine)

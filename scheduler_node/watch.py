@@ -54,7 +54,7 @@ from cronman.schedule import Timing
 from cronman.settings import Settings
 from cronman.spec import MIN_LATE_AFTER_SECONDS, OPTION_DEFAULTS
 from cronman.timeutil import iso
-from scheduler_node.firer import wait_event
+from scheduler_node.aio import wait_event
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder
 from scheduler_node.notify import OutboxSender, Summariser

@@ -627,7 +627,7 @@ class Sim:
         claim leases (seed 7600660: 80 s), and the checks would take either for lost."""
         until = self.world.now + limit
         while self.world.now < until and (
-            any((firer := self.processes[n].node.firer) is not None and firer.queued() for n in self.alive())
+            any((firer := self.processes[n].node.firer) is not None and firer.timer.queued() for n in self.alive())
             or any(b.row.state == "running" for b in self.db.backfills.values())
         ):
             self.world.run_until(self.world.now + 1.0)

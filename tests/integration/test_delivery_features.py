@@ -156,7 +156,7 @@ def _stalled(db: Any, nodes: list[NodeThread], receiver: Receiver) -> str:
         gate = f.throttle
         lines.append(
             f"{n.node.s.node_id}: held {stages}, due {len(f.due)}, timers {len(f.table.fires)}, "
-            f"parked {len(f.parked)}, retries {len(f.retries)}, sending {len(f.sending)}, "
+            f"parked {len(f.parked)}, retries {len(f.timer.retries)}, sending {len(f.sending)}, "
             f"in the node's gate {len(f.delivery.gate)}, to reverify {len(f.delivery.to_confirm)}"
             + (
                 f", waiting for a permit {gate.waiting_count()}, permits held {len(gate.held)}"

@@ -10,7 +10,7 @@ def pop_due(firer: Firer, now: int) -> list[Execution]:
     """The occurrences due by ``now``: those the pass claims at once, then those more than
     LATE_MS late, which it puts in the backlog (taken out here, oldest first)."""
     due: list[Execution] = []
-    firer.pop_fires(now, due)
+    firer.timer.pop_fires(now, due)
     late: list[Execution] = []
     firer.backlog.take(len(firer.backlog), late)
     return due + late

@@ -158,7 +158,7 @@ def test_on_time_work_and_a_catch_up_go_first() -> None:
     # a catch-up waiting in the backlog: nothing handed out
     firer.backlog.push([Execution.of(job, START - 60_000)])
     driver.hand_out(loop_now)
-    assert firer.spare_room() == 0 and not firer.due
+    assert firer.timer.spare_room() == 0 and not firer.due
     firer.backlog.take(len(firer.backlog), [])
     # on-time work queued and held: only the rest of max_in_flight (100)
     firer.due.extend(Execution.of(job, START + i) for i in range(60))
@@ -167,7 +167,7 @@ def test_on_time_work_and_a_catch_up_go_first() -> None:
         firer.leases.hold(e, 0.0)
     driver.hand_out(loop_now)
     backfilled = [e for e in firer.due if e.trigger.startswith("backfill:")]
-    assert len(backfilled) == 10 and firer.spare_room() == 0
+    assert len(backfilled) == 10 and firer.timer.spare_room() == 0
 
 
 def test_the_cluster_rate_is_shared_fairly_between_namespaces() -> None:

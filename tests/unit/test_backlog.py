@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 from cronman.execution import Trigger
 from cronman.schedule import IntervalTiming
 from scheduler_node.execution import Execution
-from scheduler_node.firer import LATE_MS, Firer, FirerConfig
+from scheduler_node.firer import Firer, FirerConfig
 from scheduler_node.jobs import Decoder, OwnedJob
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.senders import Senders
 from scheduler_node.senders.http import HttpSender
+from scheduler_node.timer import LATE_MS
 
 START = 1_790_000_000_000
 ROOM = 10
@@ -72,7 +73,7 @@ def _drain(firer: Firer, passes: int = 1000) -> list[Execution]:
     taken: list[Execution] = []
     for _ in range(passes):
         due: list[Execution] = []
-        firer.take_queued(due)
+        firer.timer.take_queued(due)
         taken += due
         if not firer.backlog and not firer.due:
             break
@@ -89,7 +90,7 @@ def test_what_is_due_on_time_goes_first_and_the_backlog_joins_as_delivery_keeps_
     firer.enqueue([trigger])
     on_time = Execution.of(jobs[1], START)
     due = [on_time]
-    firer.take_queued(due)
+    firer.timer.take_queued(due)
     # on time first, the trigger at once, then the oldest late ones while the room lasts
     assert due[0] is on_time and trigger in due
     backlog_taken = [e for e in due if e in late]
@@ -97,12 +98,12 @@ def test_what_is_due_on_time_goes_first_and_the_backlog_joins_as_delivery_keeps_
     oldest = sorted(e.scheduled_ms for e in late)
     assert [e.scheduled_ms for e in backlog_taken] == oldest[: ROOM - 2]
     # progress stops before the oldest occurrence still waiting
-    assert firer.pending_ms(clock.now) == oldest[ROOM - 2]
+    assert firer.timer.pending_ms(clock.now) == oldest[ROOM - 2]
     # delivery busy (its room taken): the minimum joins each pass all the same
     for e in due:
         firer.leases.hold(e, 0.0)
     more: list[Execution] = []
-    firer.take_queued(more)
+    firer.timer.take_queued(more)
     assert [e.scheduled_ms for e in more] == oldest[ROOM - 2 : ROOM - 2 + MINIMUM]
     for e in due:
         firer.leases.let_go(e)
@@ -110,7 +111,7 @@ def test_what_is_due_on_time_goes_first_and_the_backlog_joins_as_delivery_keeps_
     assert sorted(map(id, backlog_taken + more + rest)) == sorted(map(id, late))
     times = [e.scheduled_ms for e in rest]
     assert times == sorted(times)
-    assert firer.pending_ms(clock.now) == clock.now + 1
+    assert firer.timer.pending_ms(clock.now) == clock.now + 1
     assert firer.backlog.is_empty_of_jobs()
 
 
@@ -146,7 +147,7 @@ def test_whatever_leaves_while_it_waits_never_comes_out_and_the_rest_comes_out_o
                 owed[id(e)] = e
         elif op[0] == "pass":
             due: list[Execution] = []
-            firer.take_queued(due)
+            firer.timer.take_queued(due)
             out += due
             for e in due:
                 owed.pop(id(e), None)
@@ -187,14 +188,14 @@ def test_occurrences_the_timer_comes_to_late_wait_in_the_backlog_behind_those_du
     probe = _job("probe")
     firer.install(probe, START - 500)  # every second: due now
     due: list[Execution] = []
-    firer.pop_fires(START, due)
+    firer.timer.pop_fires(START, due)
     assert [e.d.job_id for e in due] == ["probe"]  # on time: claimed at once
     first = (START - 300_000) // 60_000 * 60_000 + 60_000
     owed = sorted(range(first, START - LATE_MS + 1, 60_000)) * len(behind)
     owed.sort()
     assert sorted(e.d.scheduled_ms for e in firer.backlog.executions()) == owed  # every late occurrence, each once
-    assert firer.pending_ms(START) == owed[0]
-    firer.take_queued(due)
+    assert firer.timer.pending_ms(START) == owed[0]
+    firer.timer.take_queued(due)
     assert due[0].d.job_id == "probe" and len(due) == ROOM  # then the oldest late ones, as room allows
     assert [e.scheduled_ms for e in due[1:]] == owed[: ROOM - 1]
     # the timer moved on: each late job's next occurrence is in its place

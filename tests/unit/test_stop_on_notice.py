@@ -118,7 +118,7 @@ def test_a_claim_on_its_way_when_the_stop_is_heard_is_cancelled_when_it_lands() 
         node.apply(_row(1))
         node.now += 1_000
         (e,) = pop_due(node.firer, node.now)
-        claiming = asyncio.ensure_future(node.firer.timer_pass([e], []))
+        claiming = asyncio.ensure_future(node.firer.timer.timer_pass([e], []))
         await node.claims.asked.wait()  # the claim call is out
         assert node.hear(Stop(JOB, 2)) == 1
         node.claims.answer.set()
@@ -142,7 +142,7 @@ def test_a_retry_waiting_is_not_made_and_nothing_more_comes_due() -> None:
     node.firer.leases.keep_parked(e)
     node.firer.retry_at(node.now + 1_000, e)
     assert node.hear(Stop(JOB, 2, deleted=True)) == 1
-    assert not node.firer.parked and not node.firer.pop_retries(node.now + 60_000)
+    assert not node.firer.parked and not node.firer.timer.pop_retries(node.now + 60_000)
     assert node.history() == [(e.scheduled_ms, 2, "cancelled", "the job was deleted")]
     node.now += 10_000
     assert pop_due(node.firer, node.now) == []  # its timer entry is stale
