@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cronman.calendars import SkipSummary
-from cronman.execution import Status, Trigger
+from cronman.execution import Status
 from cronman.misfire import MisfirePlan
 from cronman.schedule import Timing
 from scheduler_node.acquire import Acquirer
+from scheduler_node.admission import Admission, Verdict
 from scheduler_node.aio import Tasks
 from scheduler_node.backlog import Backlog
 from scheduler_node.delivery import Deliveries
@@ -58,13 +59,7 @@ from scheduler_node.timetable import Timetable
 from scheduler_node.tracing import Tracing
 from scheduler_node.verify import Verifier
 
-# What the cluster's configuration says of a won execution before it is sent (Firer.screen): end it
-# with this status and reason, and for a skipped span of excluded days, what its row stands for.
-Verdict = tuple[Status, str] | tuple[Status, str, SkipSummary | None]
-
 log = logging.getLogger("cronman.node")
-
-PAUSE_RECHECK_MS = 1000  # a takeover this node cannot judge paused yet is parked again this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +118,7 @@ class Firer:
         self.trace: Callable[[str, Execution, str], None] | None = None
         # what the node owns: its jobs and their timer entries (scheduler_node.timetable)
         self.table = Timetable()
-        # late scheduled occurrences queued beyond what delivery keeps up with (see take_queued)
+        # late scheduled occurrences queued beyond what delivery keeps up with (see Timer.take_queued)
         self.backlog = Backlog()
         self.tasks = Tasks()
         self.stopping = False
@@ -152,7 +147,7 @@ class Firer:
             store=store,
             history=history,
             misfire_of=misfire,
-            proceed=self._proceed,
+            proceed=lambda e: self.admission.proceed(e),
             close=self._close,
             spawn=self.tasks.spawn,
         )
@@ -215,8 +210,8 @@ class Firer:
         )
 
     def _compose_timer(self, cfg: FirerConfig) -> None:
-        """The timer's parts: the schedule book, progress, the timer (given the firer as BookHost
-        and TimerHost)."""
+        """The timer's parts: the schedule book, progress, the timer, and what a won claim becomes
+        before it is sent (given the firer as BookHost, TimerHost, AdmitHost)."""
         self.progress = Progress(verifier=self.verifier, claimed_through=lambda now: self.timer.claimed_through(now))
         self.book = ScheduleBook(
             self,
@@ -240,6 +235,17 @@ class Firer:
             progress=self.progress,
             throttle=self.throttle,
             metrics=self.metrics,
+            clock=self.clock,
+        )
+        self.admission = Admission(
+            self,
+            book=self.book,
+            lifecycle=self.lifecycle,
+            leases=self.leases,
+            progress=self.progress,
+            finisher=self.finisher,
+            delivery=self.delivery,
+            screen=self.screen,
             clock=self.clock,
         )
 
@@ -353,49 +359,7 @@ class Firer:
         if e.verify:
             self.verifier.check(e)
             return
-        self._proceed(e)
-
-    def _proceed(self, e: Execution) -> None:
-        current = self.jobs.get(e.d.job_id)
-        if e.job.slot not in self.slots:
-            # The slot moved to other nodes while this one was claiming: theirs to do.
-            if self.trace:
-                self.trace("release", e, "the slot moved")
-            self.leases.hand_back(e)
-            return
-        if current is not None and current.incarnation != e.job.incarnation:
-            self.lifecycle.adopt_claimed(current, e)  # claimed for the earlier incarnation
-        if current is None or current.incarnation != e.job.incarnation:
-            self.cancel(e, "the job was deleted")
-            return
-        if current.paused and e.trigger == Trigger.SCHEDULE and not e.d.suffix:
-            read = self.progress.feed_read_ms
-            if e.taken and (read is None or read < e.scheduled_ms):
-                # Taken over from another node, which fired the occurrence (it saw the job live
-                # then), while what this node read of the job is older than that: the pause it
-                # read may have been undone since (seed 82449). Not this node's to end on that
-                # view: parked again shortly, for the slot's owners (this one too, once it has read
-                # the job again).
-                if self.trace:
-                    self.trace("defer", e, "paused in a view of the job older than the occurrence")
-                self.leases.park(e, self.clock() + PAUSE_RECHECK_MS, here=False)
-                return
-            self.cancel(e, "the job was paused")
-            return
-        e.job = current  # a newer definition applies to what has not been sent yet
-        plan = e.misfire
-        if plan is not None:
-            for t in plan.skip:
-                if t != e.scheduled_ms:
-                    self.finisher.record_skip(e.job, t, 0, plan.reason)
-            if e.scheduled_ms in plan.skip:  # nothing of the missed window is fired
-                self.finish_with(e, Status.SKIPPED, plan.reason)
-                return
-        verdict = self.screen(e)  # e.g. an occurrence on a day one of the job's calendars excludes
-        if verdict is not None:
-            self.finish_with(e, *verdict)
-            return
-        self.delivery.dispatch(e)
+        self.admission.proceed(e)
 
     # ------------------------------------------------------------------ sweeping
     async def run_sweeper(self, ready: Callable[[], bool]) -> None:
