@@ -59,8 +59,8 @@ COPY alembic/ /app/alembic/
 # Smoke check, away from any source tree: the installed package finds its Lua scripts and the migrations,
 # and carries none of the development servers (the `devservers` extra).
 RUN cronman --help >/dev/null \
-    && python -c "from cronman.keys import lua; from cronman.migrate import migrations_dir; lua('members'); print(migrations_dir())" \
-    && python -c "from cronman.embedded import DEV_SERVER_PACKAGES, missing_dev_servers; assert len(missing_dev_servers()) == len(DEV_SERVER_PACKAGES)"
+    && python -c "from cronman.redis.keys import lua; from cronman.store.migrate import migrations_dir; lua('members'); print(migrations_dir())" \
+    && python -c "from cronman.dev.embedded import DEV_SERVER_PACKAGES, missing_dev_servers; assert len(missing_dev_servers()) == len(DEV_SERVER_PACKAGES)"
 
 # Numeric, so Kubernetes can verify runAsNonRoot.
 USER 10001:10001

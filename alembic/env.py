@@ -6,8 +6,8 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from alembic import context
-from cronman.db import PARTITION_PREFIX, metadata
-from cronman.store import engine_url, make_engine
+from cronman.store.db import PARTITION_PREFIX, metadata
+from cronman.store.store import engine_url, make_engine
 
 _MIGRATION_LOCK = 0x6D696772  # pg_advisory_lock key
 

@@ -14,12 +14,12 @@ from werkzeug.exceptions import HTTPException
 
 from api.metrics import init_app as init_metrics
 from api.metrics import note_error
-from cronman.changes import Stop, encode
 from cronman.errors import CronmanError
-from cronman.keys import Keys
-from cronman.redisconn import SyncRedis, sync_client
+from cronman.model.changes import Stop, encode
+from cronman.redis.keys import Keys
+from cronman.redis.redisconn import SyncRedis, sync_client
 from cronman.settings import Settings, load_settings
-from cronman.store import JobStore, make_engine
+from cronman.store.store import JobStore, make_engine
 
 log = logging.getLogger("cronman.api")
 
@@ -27,7 +27,7 @@ MAX_BODY_BYTES = 1024 * 1024
 
 
 class ChangeNotifier:
-    """Tells the scheduler nodes of changes (cronman.changes), from a thread of its own. A change
+    """Tells the scheduler nodes of changes (cronman.model.changes), from a thread of its own. A change
     that stops jobs (a pause, a delete) names them, and the request that made it waits until the
     message is out (at most ``wait`` seconds: Redis away must not hold the API up), so that the
     nodes hear of it by the time the caller has the answer. Other changes only raise a flag:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from flask import Flask, Response, g, jsonify, request
 
-from cronman.apikeys import ApiKeyStore
 from cronman.errors import Unauthorized
 from cronman.settings import Settings
+from cronman.store.apikeys import ApiKeyStore
 
 log = logging.getLogger("cronman.api.auth")
 

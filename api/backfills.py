@@ -1,6 +1,6 @@
 """Backfills: ``POST /v1/jobs/{id}/backfill`` delivers a job's occurrences in a past range again, as
 executions of their own, at a bounded rate; ``/v1/backfills/{id}`` shows the progress and cancels.
-The scheduler nodes pick a new backfill up on the change notification (cronman.backfills,
+The scheduler nodes pick a new backfill up on the change notification (cronman.model.backfills,
 scheduler_node.backfill)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from api.common import actor, int_arg, json_body, now_ms, own_namespace, services
-from cronman.backfill_store import Backfill, BackfillStore
-from cronman.backfills import BACKFILL_ID_PATTERN, BackfillLimits, check_range, parse_backfill
-from cronman.calendar_store import CalendarStore, names_of
 from cronman.errors import NotFound
-from cronman.spec import JOB_ID_RE
-from cronman.timeutil import iso_dt
+from cronman.model.backfills import BACKFILL_ID_PATTERN, BackfillLimits, check_range, parse_backfill
+from cronman.model.spec import JOB_ID_RE
+from cronman.model.timeutil import iso_dt
+from cronman.store.backfill_store import Backfill, BackfillStore
+from cronman.store.calendar_store import CalendarStore, names_of
 
 bp = Blueprint("backfills", __name__)
 

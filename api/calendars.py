@@ -13,7 +13,10 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from api.common import json_body, own_namespace, requested_namespace, services, target_namespace
-from cronman.calendar_store import (
+from cronman.errors import NotFound, PayloadTooLarge
+from cronman.model.calendars import calendar_to_dict
+from cronman.model.timeutil import iso_dt
+from cronman.store.calendar_store import (
     CALENDAR_NAME_RE,
     CalendarQuotas,
     CalendarStore,
@@ -21,9 +24,6 @@ from cronman.calendar_store import (
     check_name,
     parse_calendar,
 )
-from cronman.calendars import calendar_to_dict
-from cronman.errors import NotFound, PayloadTooLarge
-from cronman.timeutil import iso_dt
 
 bp = Blueprint("calendars", __name__, url_prefix="/v1/calendars")
 

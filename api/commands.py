@@ -7,9 +7,9 @@ from flask import Blueprint, Response, jsonify
 
 from api.auth import caller
 from api.common import own_namespace, services
-from cronman.commands import ADMIN_KEY, COMMAND_ID_RE, command_token, get_command
 from cronman.errors import Conflict, NotFound
-from cronman.timeutil import iso_dt
+from cronman.model.timeutil import iso_dt
+from cronman.store.commands import ADMIN_KEY, COMMAND_ID_RE, command_token, get_command
 
 bp = Blueprint("commands", __name__)
 
@@ -17,7 +17,7 @@ bp = Blueprint("commands", __name__)
 @bp.get("/v1/commands:token")
 def token() -> Response:
     """The calling key's command token: a producer signs each message it puts on the command queue
-    with it (see cronman.commands.sign_command); the command then acts in the key's namespace."""
+    with it (see cronman.store.commands.sign_command); the command then acts in the key's namespace."""
     secret = services().settings.command_secret
     if secret is None:
         raise Conflict(

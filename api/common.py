@@ -12,11 +12,11 @@ from flask import current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from api.auth import caller
-from cronman.apikeys import DEFAULT_NAMESPACE, check_namespace
-from cronman.audit import Actor
-from cronman.changes import Stop
 from cronman.errors import Forbidden, InvalidInput, PayloadTooLarge, UnsupportedMediaType
-from cronman.store import JobRecord
+from cronman.model.changes import Stop
+from cronman.store.apikeys import DEFAULT_NAMESPACE, check_namespace
+from cronman.store.audit import Actor
+from cronman.store.store import JobRecord
 
 JSON_TYPES = ("application/json", "application/merge-patch+json")
 

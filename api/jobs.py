@@ -22,21 +22,21 @@ from api.common import (
     stops_of,
     target_namespace,
 )
-from cronman.apikeys import DEFAULT_NAMESPACE
-from cronman.audit import JobEvent
-from cronman.calendar_store import CalendarStore, job_timing, names_of
-from cronman.calendars import Calendar
-from cronman.changes import Stop
-from cronman.commands import patch_job as apply_patch
 from cronman.errors import Conflict, InvalidInput, NotFound
-from cronman.execution import Trigger, execution_id
-from cronman.health import NO_HEALTH, Health, health_json, health_of, paused_reason_of
-from cronman.labels import parse_selector
-from cronman.schedule import Timing
-from cronman.spec import JOB_ID_RE, new_job_id, options_with_defaults
-from cronman.store import ExecutionRecord, JobRecord, decode_cursor, encode_cursor
-from cronman.targets import redact_target, spec_from_document
-from cronman.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, iso, iso_dt, parse_iso
+from cronman.model.calendars import Calendar
+from cronman.model.changes import Stop
+from cronman.model.execution import Trigger, execution_id
+from cronman.model.labels import parse_selector
+from cronman.model.schedule import Timing
+from cronman.model.spec import JOB_ID_RE, new_job_id, options_with_defaults
+from cronman.model.targets import redact_target, spec_from_document
+from cronman.model.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, iso, iso_dt, parse_iso
+from cronman.store.apikeys import DEFAULT_NAMESPACE
+from cronman.store.audit import JobEvent
+from cronman.store.calendar_store import CalendarStore, job_timing, names_of
+from cronman.store.commands import patch_job as apply_patch
+from cronman.store.health import NO_HEALTH, Health, health_json, health_of, paused_reason_of
+from cronman.store.store import ExecutionRecord, JobRecord, decode_cursor, encode_cursor
 
 log = logging.getLogger("cronman.api.jobs")
 

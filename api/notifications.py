@@ -1,4 +1,4 @@
-"""/v1/notifications: which events of which jobs of a namespace are sent where (cronman.notifications)."""
+"""/v1/notifications: which events of which jobs of a namespace are sent where (cronman.store.notifications)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from flask import Blueprint, Response, jsonify
 
 from api.common import json_body, own_namespace, requested_namespace, services, target_namespace
 from cronman.errors import NotFound
-from cronman.notifications import NAME_RE, Rule, RuleStore, check_name, check_target, parse_rule
-from cronman.targets import redact_target
-from cronman.timeutil import iso_dt
+from cronman.model.targets import redact_target
+from cronman.model.timeutil import iso_dt
+from cronman.store.notifications import NAME_RE, Rule, RuleStore, check_name, check_target, parse_rule
 
 bp = Blueprint("notifications", __name__, url_prefix="/v1/notifications")
 

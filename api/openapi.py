@@ -14,13 +14,13 @@ from api.batch import MAX_BATCH
 from api.jobs import MAX_SEARCH
 from api.openapi_schedules import SCHEDULE_MODELS, schedule_paths
 from cronman import __version__
-from cronman.apikeys import NAMESPACE_PATTERN
-from cronman.commands import COMMAND_ID_PATTERN
-from cronman.health import HealthState
-from cronman.labels import MAX_SELECTOR
-from cronman.notifications import EventKind, NotificationSpec
-from cronman.spec import JOB_ID_PATTERN, THROTTLE_NAME_PATTERN, JobSpec, PlainStr, Target
-from cronman.throttles import ThrottlePolicySpec
+from cronman.model.labels import MAX_SELECTOR
+from cronman.model.spec import JOB_ID_PATTERN, THROTTLE_NAME_PATTERN, JobSpec, PlainStr, Target
+from cronman.store.apikeys import NAMESPACE_PATTERN
+from cronman.store.commands import COMMAND_ID_PATTERN
+from cronman.store.health import HealthState
+from cronman.store.notifications import EventKind, NotificationSpec
+from cronman.store.throttles import ThrottlePolicySpec
 
 
 class _Out(BaseModel):

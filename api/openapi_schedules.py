@@ -7,9 +7,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict
 
-from cronman.backfills import BACKFILL_ID_PATTERN, MAX_OCCURRENCES, BackfillSpec
-from cronman.calendars import MAX_ENTRIES
-from cronman.spec import CALENDAR_NAME_PATTERN
+from cronman.model.backfills import BACKFILL_ID_PATTERN, MAX_OCCURRENCES, BackfillSpec
+from cronman.model.calendars import MAX_ENTRIES
+from cronman.model.spec import CALENDAR_NAME_PATTERN
 
 _DATE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$"
 _DATE_TIME: JsonDict = {"format": "date-time"}

@@ -6,7 +6,7 @@ from flask import Blueprint, Response, current_app, jsonify
 
 from api.metrics import render_metrics
 from api.openapi import openapi_document
-from cronman.cluster import cluster_view
+from cronman.redis.cluster import cluster_view
 
 bp = Blueprint("ops", __name__)
 

@@ -1,4 +1,4 @@
-"""The client and scheme of a request as trusted proxies report them (cronman.proxies), set where
+"""The client and scheme of a request as trusted proxies report them (cronman.model.proxies), set where
 Flask reads them (``REMOTE_ADDR``, ``wsgi.url_scheme``) before the application runs, as werkzeug's
 ProxyFix does, but only for a peer inside ``CRONMAN_TRUSTED_PROXIES``."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from cronman.proxies import Network, client_of, is_trusted, scheme_of
+from cronman.model.proxies import Network, client_of, is_trusted, scheme_of
 
 PEER = "cronman.proxy.peer"  # the address the request really came from
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify
 
 from api.common import services, target_namespace
-from cronman.signing_secrets import SigningSecretStore
-from cronman.timeutil import iso_dt
+from cronman.model.timeutil import iso_dt
+from cronman.store.signing_secrets import SigningSecretStore
 
 bp = Blueprint("signing", __name__, url_prefix="/v1/signing-secrets")
 

@@ -12,8 +12,8 @@ from flask import Blueprint, Response, jsonify
 
 from api.common import json_body, own_namespace, requested_namespace, services, target_namespace
 from cronman.errors import NotFound
-from cronman.throttles import THROTTLE_NAME_RE, ThrottlePolicy, ThrottleStore, check_name, parse_policy
-from cronman.timeutil import iso_dt
+from cronman.model.timeutil import iso_dt
+from cronman.store.throttles import THROTTLE_NAME_RE, ThrottlePolicy, ThrottleStore, check_name, parse_policy
 
 bp = Blueprint("throttles", __name__, url_prefix="/v1/throttles")
 

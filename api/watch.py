@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from api.metrics import api_metrics
 from cronman.settings import Settings
-from cronman.store import make_engine
+from cronman.store.store import make_engine
 
 log = logging.getLogger("cronman.api.watch")
 

@@ -7,7 +7,7 @@ the bench serves the API: gunicorn, the API's worker count, worker class, thread
 ``crud.concurrency`` in flight, ``crud.seconds``).
 
 The stored documents (schedule, target, retry, options, labels) of the crud client's jobs are
-computed once, at start, by the API's own model (``cronman.store._values``); per request the
+computed once, at start, by the API's own model (``cronman.store.store._values``); per request the
 endpoint takes the id and the payload from the body. What it leaves out is what the API adds to
 that floor: the key's check, the document's validation, the job event written with the row, the
 change notice, the record's JSON.
@@ -43,8 +43,8 @@ _INSERT = (
 
 def stored_documents(target_url: str) -> dict[str, Any]:
     """The columns the API stores for the crud client's documents, as ``_values`` computes them."""
-    from cronman.spec import parse_job
-    from cronman.store import _values
+    from cronman.model.spec import parse_job
+    from cronman.store.store import _values
 
     doc = {**CRUD_DOC, "target": {"type": "http", "url": target_url}, "id": "api-floor-template"}
     v = _values(parse_job(json.dumps(doc)), "api-floor-template", "default")
@@ -55,7 +55,7 @@ def create_app(database_url: str, target_url: str) -> Flask:
     import psycopg2
     from flask import Flask, Response, request
 
-    from cronman.hashing import slot_of
+    from cronman.model.hashing import slot_of
 
     stored = stored_documents(target_url)
     app = Flask("cronman-api-floor")
@@ -146,7 +146,7 @@ def run_api_floor(b: Bench) -> dict[str, Any]:
 
     from bench.scenarios import _crud_single
     from bench.stack import CpuMeter
-    from cronman.embedded import Child, free_port
+    from cronman.dev.embedded import Child, free_port
     from cronman.settings import Settings
 
     stack = b.stack

@@ -21,7 +21,7 @@ import aiohttp
 
 from bench import new_loop
 from cronman import __version__
-from cronman.timeutil import iso
+from cronman.model.timeutil import iso
 
 
 async def blast(url: str, count: int, concurrency: int, prefix: str, jobs: int) -> dict[str, Any]:

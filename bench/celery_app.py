@@ -30,7 +30,7 @@ import requests
 from celery import Celery
 from redbeat import RedBeatScheduler
 
-from cronman.timeutil import iso
+from cronman.model.timeutil import iso
 
 REDIS_URL = os.environ.get("BENCH_CELERY_REDIS_URL", "redis://127.0.0.1:6379/1")
 TASK = "cronman_bench.deliver"

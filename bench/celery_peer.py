@@ -33,9 +33,9 @@ from bench.ledger import analyse, percentile
 from bench.loader import JobTemplate, payload_of
 from bench.receiver import Arrival
 from bench.stack import CpuMeter
-from cronman.embedded import Child
-from cronman.schedule import phase_for
-from cronman.timeutil import parse_iso
+from cronman.dev.embedded import Child
+from cronman.model.schedule import phase_for
+from cronman.model.timeutil import parse_iso
 
 if TYPE_CHECKING:
     from bench.scenarios import Bench

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from bench.limit import children_cpu_s, debian_tool
 from bench.stack import CpuMeter
-from cronman.execution import execution_id
-from cronman.hashing import slot_of
-from cronman.keys import Keys
+from cronman.model.execution import execution_id
+from cronman.model.hashing import slot_of
+from cronman.redis.keys import Keys
 
 if TYPE_CHECKING:
     from bench.scenarios import Bench

@@ -38,8 +38,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cronman.execution import Trigger, execution_id
-from cronman.hashing import slot_of
+from cronman.model.execution import Trigger, execution_id
+from cronman.model.hashing import slot_of
 
 
 def _job_row(i: int, shared: bool) -> Any:
@@ -118,8 +118,8 @@ def node_bytes_per_job(count: int, shared: bool) -> float:
 
 
 async def _redis_figures(url: str, count: int) -> dict[str, float]:
-    from cronman.keys import Keys
-    from cronman.redisconn import async_client
+    from cronman.redis.keys import Keys
+    from cronman.redis.redisconn import async_client
     from cronman.settings import Settings
     from scheduler_node.claims import RedisClaims
     from scheduler_node.execution import Descriptor
@@ -168,8 +168,8 @@ async def _cpu_per_execution(settings: Any, count: int, cpu_seconds: Any, both: 
     """Redis CPU and the calling process's CPU (µs) per execution's claims, done mark and
     forgetting, in batches of 100: both owners claim (the default), or only the slot's leader
     (``both=False``: standing by, ``standby_grace_seconds`` above 0)."""
-    from cronman.keys import Keys
-    from cronman.redisconn import RedisMode, async_client
+    from cronman.redis.keys import Keys
+    from cronman.redis.redisconn import RedisMode, async_client
     from scheduler_node.claims import RedisClaims
     from scheduler_node.parts import Finish, Ticket
 
@@ -202,8 +202,8 @@ async def _cpu_per_execution(settings: Any, count: int, cpu_seconds: Any, both: 
 def redis_cpu(count: int, work: Path) -> dict[str, float]:
     import redis as redis_lib
 
-    from cronman.embedded import EmbeddedRedis
-    from cronman.embedded_redis import RedisClusterProcs
+    from cronman.dev.embedded import EmbeddedRedis
+    from cronman.dev.embedded_redis import RedisClusterProcs
     from cronman.settings import Settings
 
     def used(clients: list[Any]) -> float:
@@ -236,7 +236,7 @@ def redis_cpu(count: int, work: Path) -> dict[str, float]:
 
 
 def redis_bytes(count: int, work: Path) -> dict[str, float]:
-    from cronman.embedded import EmbeddedRedis
+    from cronman.dev.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(work / "redis", persist=False)
     server.start()
@@ -249,9 +249,9 @@ def redis_bytes(count: int, work: Path) -> dict[str, float]:
 def postgres_bytes(count: int, work: Path, load_jobs: int = 200_000) -> dict[str, float]:
     import psycopg2
 
-    from cronman.embedded import EmbeddedPostgres
-    from cronman.migrate import run_maintenance, upgrade
-    from cronman.store import make_engine
+    from cronman.dev.embedded import EmbeddedPostgres
+    from cronman.store.migrate import run_maintenance, upgrade
+    from cronman.store.store import make_engine
     from scheduler_node.store import PgNodeStore
 
     server = EmbeddedPostgres(work / "pg", durable=False, log=work / "pg.log")
@@ -316,8 +316,8 @@ def history_write_cost(url: str, executor: ThreadPoolExecutor, jobs: int = 4000,
     is not counted), the wall time, and the share of health updates PostgreSQL made HOT."""
     import psycopg2
 
-    from cronman.migrate import run_maintenance
-    from cronman.store import make_engine
+    from cronman.store.migrate import run_maintenance
+    from cronman.store.store import make_engine
     from scheduler_node.store import PgNodeStore
 
     if rounds < 4:
@@ -422,8 +422,8 @@ def _measure_load(url: str) -> dict[str, float]:
     """In a fresh process: the node's load of every slot (streamed and decoded, the jobs kept with
     what each still owes until the node is ready, then installed in a firer), and the resident
     memory it leaves per job over the process's own."""
-    from cronman.hashing import SLOTS
-    from cronman.store import make_engine
+    from cronman.model.hashing import SLOTS
+    from cronman.store.store import make_engine
     from scheduler_node.store import PgNodeStore
 
     engine = make_engine(url, pool_size=1)

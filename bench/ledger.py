@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.receiver import Arrival
-from cronman.schedule import timing_from_dict
-from cronman.timeutil import parse_iso
+from cronman.model.schedule import timing_from_dict
+from cronman.model.timeutil import parse_iso
 
 Occurrence = tuple[str, int]
 

@@ -1,9 +1,9 @@
 """Jobs written straight into PostgreSQL with COPY, for scenarios too large to create through the API.
 
-Each row is what :func:`cronman.store._values` writes for the same document: the document is
-validated once per template by the API's own model (:func:`cronman.spec.parse_job`), the stored
+Each row is what :func:`cronman.store.store._values` writes for the same document: the document is
+validated once per template by the API's own model (:func:`cronman.model.spec.parse_job`), the stored
 schedule, target, retry and options documents come from ``_values`` itself, the slot from
-:func:`cronman.hashing.slot_of`, ``version`` from ``jobs_version_seq`` (a block of ``nextval``
+:func:`cronman.model.hashing.slot_of`, ``version`` from ``jobs_version_seq`` (a block of ``nextval``
 reserved in the loading transaction), ``change_xid`` from that transaction's
 ``pg_current_xact_id()`` and both timestamps from its ``now()``. Only the id and the payload
 (``{"bench": "<id>"}``, or one given per row) differ between the rows of one template.
@@ -23,9 +23,9 @@ from typing import Any
 
 import psycopg2
 
-from cronman.hashing import slot_of
-from cronman.spec import parse_job
-from cronman.store import _values
+from cronman.model.hashing import slot_of
+from cronman.model.spec import parse_job
+from cronman.store.store import _values
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Columns whose value differs per row (or per loading transaction); every other column of
@@ -63,7 +63,7 @@ class JobTemplate:
         columns = tuple(v)
         missing = [c for c in _PER_ROW if c not in v]
         if missing:
-            raise RuntimeError(f"cronman.store._values no longer writes {missing}: update bench.loader")
+            raise RuntimeError(f"cronman.store.store._values no longer writes {missing}: update bench.loader")
         return cls(columns, tuple("" if c in _PER_ROW else _render(v[c]) for c in columns), v["schedule"])
 
 

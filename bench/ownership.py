@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cronman.hashing import SLOTS, Ownership
+from cronman.model.hashing import SLOTS, Ownership
 
 IDLE_SECONDS = 2.0  # about as long as the cold start at 200 nodes takes in the worker
 

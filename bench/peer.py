@@ -28,9 +28,9 @@ import aiohttp
 
 from bench import new_loop
 from cronman import __version__
-from cronman.execution import execution_id
-from cronman.schedule import phase_for
-from cronman.timeutil import iso, to_ms
+from cronman.model.execution import execution_id
+from cronman.model.schedule import phase_for
+from cronman.model.timeutil import iso, to_ms
 
 
 def _executor_class() -> Any:

@@ -262,7 +262,7 @@ class ReceiverProcess:
         return self.proc.pid
 
     def start(self, timeout: float = 20.0) -> ReceiverProcess:
-        from cronman.embedded import _die_with_parent
+        from cronman.dev.embedded import _die_with_parent
 
         log = open(self.workdir / "receiver.log", "ab")  # noqa: SIM115 - the child keeps its own copy
         try:

@@ -28,9 +28,9 @@ from bench.loader import JobTemplate, copy_jobs
 from bench.scale10m import run_scale10m
 from bench.stack import BenchNode, BenchStack, CpuMeter
 from bench.ui import run_ui
-from cronman.embedded import _die_with_parent
+from cronman.dev.embedded import _die_with_parent
+from cronman.model.timeutil import iso
 from cronman.settings import Settings
-from cronman.timeutil import iso
 
 # Defaults for a full run; ``--quick`` uses QUICK over them; ``--param name=value`` overrides either.
 DEFAULTS: dict[str, float] = {

@@ -19,8 +19,8 @@ from typing import Any
 import requests
 
 from bench.receiver import ReceiverProcess
-from cronman.embedded import Child, EmbeddedPostgres, EmbeddedRedis, free_port, free_ports
-from cronman.hashing import owned_slots
+from cronman.dev.embedded import Child, EmbeddedPostgres, EmbeddedRedis, free_port, free_ports
+from cronman.model.hashing import owned_slots
 
 REDIS_PREFIX = "bench:"
 
@@ -77,8 +77,8 @@ class BenchStack:
 
     # ------------------------------------------------------------------ start and stop
     def start(self) -> None:
-        from cronman.migrate import run_maintenance, upgrade
-        from cronman.store import make_engine
+        from cronman.store.migrate import run_maintenance, upgrade
+        from cronman.store.store import make_engine
 
         self.workdir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.workdir, 0o755)  # PostgreSQL runs as 'nobody' when the bench runs as root

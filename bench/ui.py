@@ -61,8 +61,8 @@ def _templates(url: str) -> list[JobTemplate]:
 
 
 def _load(b: Bench, jobs: int) -> dict[str, Any]:
-    from cronman.partitions import ensure_partitions
-    from cronman.store import make_engine
+    from cronman.store.partitions import ensure_partitions
+    from cronman.store.store import make_engine
 
     templates = _templates(b.receiver_url)
     rows = ((f"ui-{i:07d}", templates[i % len(templates)]) for i in range(jobs))
@@ -127,8 +127,8 @@ def _timed(session: requests.Session, url: str, count: int, check: str) -> dict[
 
 
 def run_ui(b: Bench) -> dict[str, Any]:
-    from cronman.apikeys import ApiKeyStore
-    from cronman.store import make_engine
+    from cronman.store.apikeys import ApiKeyStore
+    from cronman.store.store import make_engine
 
     stack = b.stack
     jobs, count = b.i("ui.jobs"), b.i("ui.requests")

@@ -9,7 +9,7 @@
         for j in cron.list_jobs(selector="team=data"):
             print(j.id, j.next_fire_at)
 
-Requests are the API's own models (:class:`cronman.spec.JobSpec`, or a mapping validated by it
+Requests are the API's own models (:class:`cronman.model.spec.JobSpec`, or a mapping validated by it
 before anything is sent); answers are frozen pydantic models that accept fields they do not know.
 One keep-alive session; every call has a timeout; a 429 or 503 is retried with exponential backoff,
 waiting at least what ``Retry-After`` asks (at most :data:`MAX_RETRY_AFTER` seconds). Errors are
@@ -44,9 +44,9 @@ from cronman.errors import (
     TransientError,
     Unauthorized,
 )
-from cronman.labels import Selector
-from cronman.spec import JobOptions, JobSpec, invalid_input, parse_job
-from cronman.timeutil import iso_dt
+from cronman.model.labels import Selector
+from cronman.model.spec import JobOptions, JobSpec, invalid_input, parse_job
+from cronman.model.timeutil import iso_dt
 
 DEFAULT_TIMEOUT = (5.0, 30.0)  # seconds to connect, seconds to wait for an answer
 MAX_RETRY_AFTER = 60.0
@@ -171,14 +171,14 @@ if TYPE_CHECKING:
     class _JobOptions(_JobDefinition, JobOptions):
         pass
 
-else:  # the options, and their defaults, are those of cronman.spec.JobOptions
+else:  # the options, and their defaults, are those of cronman.model.spec.JobOptions
     _JobOptions = create_model("_JobOptions", __base__=_JobDefinition, **_as_answer(JobOptions))
 
 
 class Job(_JobOptions):
     """A job as the API shows it. ``schedule``, ``target`` and ``retry`` are the stored documents
     (header values show as ``"<redacted>"``); :meth:`spec` gives them typed. The options
-    (``misfire_policy``, ``late_after_seconds`` ...) are those of :class:`cronman.spec.JobOptions`."""
+    (``misfire_policy``, ``late_after_seconds`` ...) are those of :class:`cronman.model.spec.JobOptions`."""
 
     state: str
     health: dict[str, Any] = Field(default_factory=dict)
@@ -260,7 +260,7 @@ class Redelivered(_Answer):
 
 
 class CalendarDoc(_Answer):
-    """A business calendar: the local dates it excludes, in its time zone (see cronman.calendars)."""
+    """A business calendar: the local dates it excludes, in its time zone (see cronman.model.calendars)."""
 
     name: str
     namespace: str

@@ -13,10 +13,10 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cronman.errors import ConfigError
-from cronman.netguard import Allowlist, parse_allowlist
-from cronman.proxies import Network, parse_networks
-from cronman.queues import parse_queue_allowlist
-from cronman.redisconn import RedisMode, topology
+from cronman.model.netguard import Allowlist, parse_allowlist
+from cronman.model.proxies import Network, parse_networks
+from cronman.model.queues import parse_queue_allowlist
+from cronman.redis.redisconn import RedisMode, topology
 
 
 def _default_node_id() -> str:
@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "cronman:"
 
-    # Redis topology (cronman.redisconn; docs/operations.md, "Redis"). cluster: redis_url holds
+    # Redis topology (cronman.redis.redisconn; docs/operations.md, "Redis"). cluster: redis_url holds
     # comma-separated seed URLs. sentinel: the sentinels and the master's name; redis_url then gives
     # the master's scheme (rediss:// for TLS), credentials and database, not its host.
     redis_mode: RedisMode = RedisMode.STANDALONE

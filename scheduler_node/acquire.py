@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from cronman.execution import Status, Trigger
+from cronman.model.execution import Status, Trigger
 from scheduler_node.aio import Trace
 from scheduler_node.execution import Execution, Stage
 from scheduler_node.leases import Leases

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from cronman.calendars import SkipSummary
-from cronman.execution import Status, Trigger
+from cronman.model.calendars import SkipSummary
+from cronman.model.execution import Status, Trigger
 from scheduler_node.aio import Trace
 from scheduler_node.delivery import Deliveries
 from scheduler_node.execution import Execution

@@ -21,7 +21,7 @@ whenever they come due.
 
 Behind on-time work, at a fair share: a driver hands out executions only while its node's
 delivery has room beyond what is due on time (none while a catch-up waits in the firer's backlog),
-and at the rate :func:`cronman.backfills.fair_rates` gives each backfill: the cluster's backfill
+and at the rate :func:`cronman.model.backfills.fair_rates` gives each backfill: the cluster's backfill
 rate shared max-min fairly between the namespaces, each at most its quota.
 """
 
@@ -33,11 +33,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cronman.backfills import fair_rates, timing_of
 from cronman.errors import TransientError
-from cronman.execution import backfill_trigger
-from cronman.hashing import slot_of
-from cronman.schedule import Timing
+from cronman.model.backfills import fair_rates, timing_of
+from cronman.model.execution import backfill_trigger
+from cronman.model.hashing import slot_of
+from cronman.model.schedule import Timing
 from scheduler_node.aio import wait_event
 from scheduler_node.execution import Execution, Stage
 from scheduler_node.firer import Firer

@@ -1,5 +1,5 @@
 """The command queue consumer: job commands arriving on SQS (CRONMAN_COMMAND_QUEUE_URL), applied by
-the scheduler nodes (see :mod:`cronman.commands` for the format and the rules).
+the scheduler nodes (see :mod:`cronman.store.commands` for the format and the rules).
 
 Each pass long-polls for up to ten messages, authenticates each (its ``Cronman-Command-Key`` and
 ``Cronman-Command-Signature`` attributes: signed with the command token of a live API key, derived
@@ -24,10 +24,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from cronman.changes import Stop
-from cronman.changes import encode as encode_changes
-from cronman.commands import Outcome, run_command
+from cronman.model.changes import Stop
+from cronman.model.changes import encode as encode_changes
 from cronman.settings import Settings
+from cronman.store.commands import Outcome, run_command
 
 log = logging.getLogger("cronman.node.commands")
 
@@ -41,7 +41,7 @@ class CommandConsumer:
     def __init__(
         self, settings: Settings, engine: Engine, executor: Executor, notify: Callable[[bytes], Awaitable[Any]]
     ) -> None:
-        """``notify``: publishes a change notification (cronman.changes), after commands were
+        """``notify``: publishes a change notification (cronman.model.changes), after commands were
         applied, naming the jobs they paused or deleted so that every node stops them at once."""
         import boto3
         from botocore.config import Config

@@ -1,6 +1,6 @@
 """The cluster-wide configuration a node reads whole: throttle policies, signing secrets and
 calendars (small tables), every few seconds and at once on a change notification. Calendars decide
-what is due: ``timing_of`` is a job's timing with them (``cronman.calendars.timing_with``), and an
+what is due: ``timing_of`` is a job's timing with them (``cronman.model.calendars.timing_with``), and an
 occurrence on an excluded day is skipped before it is sent (``screen``), its row standing for the
 excluded span.
 """
@@ -11,10 +11,10 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from cronman.calendars import CalendarTiming, SkipSummary, skip_summary, timing_with
 from cronman.errors import TransientError
-from cronman.execution import Status, Trigger, backfill_of
-from cronman.schedule import Timing
+from cronman.model.calendars import CalendarTiming, SkipSummary, skip_summary, timing_with
+from cronman.model.execution import Status, Trigger, backfill_of
+from cronman.model.schedule import Timing
 from scheduler_node.aio import wait_event
 from scheduler_node.execution import Execution
 from scheduler_node.jobs import CalendarBook, JobRow, OwnedJob, WithCalendars

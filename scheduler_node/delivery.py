@@ -9,10 +9,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from cronman import signing
 from cronman.errors import TransientError
-from cronman.execution import backfill_of
-from cronman.timeutil import iso
+from cronman.model import signing
+from cronman.model.execution import backfill_of
+from cronman.model.timeutil import iso
 from scheduler_node.aio import Trace
 from scheduler_node.execution import Execution, Stage
 from scheduler_node.gates import InFlight, PerHost

@@ -7,8 +7,8 @@ import enum
 from collections.abc import Hashable
 from typing import NamedTuple
 
-from cronman.execution import Trigger, execution_id
-from cronman.misfire import MisfirePlan
+from cronman.model.execution import Trigger, execution_id
+from cronman.model.misfire import MisfirePlan
 from scheduler_node.gates import Place
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import OwnedJob

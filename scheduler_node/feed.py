@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from cronman.execution import Trigger
+from cronman.model.execution import Trigger
 from scheduler_node.execution import Descriptor, Execution
 from scheduler_node.jobs import JobRow, OwnedJob
 from scheduler_node.loading import TRIGGER_LOOKBACK_MS

@@ -10,9 +10,9 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from cronman.calendars import SkipSummary
-from cronman.execution import Status, Trigger, backfill_of, execution_id
-from cronman.timeutil import iso
+from cronman.model.calendars import SkipSummary
+from cronman.model.execution import Status, Trigger, backfill_of, execution_id
+from cronman.model.timeutil import iso
 from scheduler_node.aio import Spawn, Trace
 from scheduler_node.execution import Execution, Stage
 from scheduler_node.history import HistoryRow, HistoryWriter, clean_text, row_to_text

@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cronman.calendars import SkipSummary
-from cronman.execution import Status
-from cronman.misfire import MisfirePlan
-from cronman.schedule import Timing
+from cronman.model.calendars import SkipSummary
+from cronman.model.execution import Status
+from cronman.model.misfire import MisfirePlan
+from cronman.model.schedule import Timing
 from scheduler_node.acquire import Acquirer
 from scheduler_node.admission import Admission, Verdict
 from scheduler_node.aio import Tasks
@@ -73,7 +73,7 @@ class FirerConfig:
     sweep_seconds: float = 1.0
     unrecorded_after_ms: int = 30_000  # a delivered row not written by then: an owner writes it
     done_ttl_ms: int = 60_000  # how long a finished claim stays in the claim store (done_ttl_seconds)
-    slots: int = 4096  # how many slots job ids hash to (cronman.hashing.SLOTS)
+    slots: int = 4096  # how many slots job ids hash to (cronman.model.hashing.SLOTS)
     # Late occurrences queued (a catch-up, a loss's claims again) wait in the backlog while this
     # many executions are claimed and not sent (None: twice max_in_flight); at least backlog_min
     # of them join each pass all the same.

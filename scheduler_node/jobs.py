@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from cronman.calendars import Calendar, FiringTiming, firing_timing
-from cronman.hashing import SLOTS
-from cronman.misfire import MisfirePolicy
-from cronman.schedule import LAZY_PHASE_MIN_MS, IdPhasedInterval, Timing, TimingMaker, id_phased, timing_maker
-from cronman.spec import OPTION_DEFAULTS, RETRY_DEFAULTS, OverlapPolicy
+from cronman.model.calendars import Calendar, FiringTiming, firing_timing
+from cronman.model.hashing import SLOTS
+from cronman.model.misfire import MisfirePolicy
+from cronman.model.schedule import LAZY_PHASE_MIN_MS, IdPhasedInterval, Timing, TimingMaker, id_phased, timing_maker
+from cronman.model.spec import OPTION_DEFAULTS, RETRY_DEFAULTS, OverlapPolicy
 from scheduler_node.parts import Target
 
 _OPTION = OPTION_DEFAULTS  # a job's options (and its retry policy) where its stored documents leave them out
@@ -153,7 +153,7 @@ class CalendarBook:
 
 class WithCalendars:
     """A job's timing with the calendars it names, as the node's timer fires it
-    (`cronman.calendars.FiringTiming`: the due occurrences, and the first of each excluded span).
+    (`cronman.model.calendars.FiringTiming`: the due occurrences, and the first of each excluded span).
     The calendars are looked up in the node's book, again after any of them changed. Equal to
     another for the same schedule and names, whatever the calendars say."""
 
@@ -208,7 +208,7 @@ class WithCalendars:
         return t
 
     def due(self) -> Timing:
-        """The occurrences that are due (`cronman.calendars.timing_with`)."""
+        """The occurrences that are due (`cronman.model.calendars.timing_with`)."""
         f = self.firing()
         return f.due if isinstance(f, FiringTiming) else f
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from cronman.errors import TransientError
-from cronman.scripts import resume_cancellation
+from cronman.redis.scripts import resume_cancellation
 from scheduler_node.aio import Spawn, Trace, wait_event
 from scheduler_node.execution import Execution, Stage
 from scheduler_node.metrics import NodeMetrics

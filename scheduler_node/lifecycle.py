@@ -9,8 +9,8 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from cronman.execution import Trigger
-from cronman.schedule import Timing
+from cronman.model.execution import Trigger
+from cronman.model.schedule import Timing
 from scheduler_node.aio import Trace
 from scheduler_node.backlog import Backlog
 from scheduler_node.execution import Descriptor, Execution, Stage

@@ -10,10 +10,10 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from cronman.cluster import parse_members
 from cronman.errors import TransientError
-from cronman.keys import Keys, lua
-from cronman.scripts import Script
+from cronman.redis.cluster import parse_members
+from cronman.redis.keys import Keys, lua
+from cronman.redis.scripts import Script
 from scheduler_node.parts import Beat, Member, Membership
 
 

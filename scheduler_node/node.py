@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from cronman.changes import Stop
-from cronman.changes import decode as decode_changes
 from cronman.errors import TransientError
-from cronman.keys import LAYOUT_VERSION
-from cronman.schedule import LAZY_PHASE_MIN_MS
+from cronman.model.changes import Stop
+from cronman.model.changes import decode as decode_changes
+from cronman.model.schedule import LAZY_PHASE_MIN_MS
+from cronman.model.timeutil import iso
+from cronman.redis.keys import LAYOUT_VERSION
 from cronman.settings import Settings
-from cronman.timeutil import iso
 from scheduler_node.aio import wait_event
 from scheduler_node.backfill import BackfillDriver
 from scheduler_node.configuration import Configuration
@@ -71,7 +71,7 @@ class NodeParts:
     senders: Senders
     executor: Executor | None = None
     throttle: ThrottleGate | None = None
-    # Runs until cancelled, calling back with each change notification's message (cronman.changes)
+    # Runs until cancelled, calling back with each change notification's message (cronman.model.changes)
     notifications: Callable[[Callable[[bytes], None]], Coroutine[Any, Any, None]] | None = None
     extra_loops: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
     close: Callable[[], Awaitable[None]] | None = None
@@ -106,8 +106,8 @@ class Node:
         """``parts``, or ``make_parts`` to build them when the node runs (a node that builds its
         parts is a process of its own, and serves its HTTP endpoints). ``phased_from_ms``:
         intervals from this long keep one timing for all their jobs (see
-        cronman.schedule.IdPhasedInterval; the simulation lowers it to drive that way too)."""
-        from cronman.hashing import SLOTS
+        cronman.model.schedule.IdPhasedInterval; the simulation lowers it to drive that way too)."""
+        from cronman.model.hashing import SLOTS
 
         self.s = settings
         self.node_id = settings.node_id

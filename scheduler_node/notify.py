@@ -30,11 +30,11 @@ from typing import Any
 from psycopg2.extras import Json, execute_values
 from sqlalchemy import Engine
 
-from cronman import signing
-from cronman.labels import parse_selector
-from cronman.notifications import Emit, RuleBudget, Summary, body, new_event_id, on_events, on_tick
+from cronman.model import signing
+from cronman.model.labels import parse_selector
+from cronman.model.timeutil import iso
 from cronman.settings import Settings
-from cronman.timeutil import iso
+from cronman.store.notifications import Emit, RuleBudget, Summary, body, new_event_id, on_events, on_tick
 from scheduler_node.parts import Delivery, Outcome
 from scheduler_node.senders import Senders
 

@@ -1,6 +1,6 @@
 """What a batch of new history rows changes besides history, in the transaction that writes them:
-each job's health (:mod:`cronman.health`), jobs that pause themselves after too many failures in a
-row (``failure_policy``), and the events notification rules may want (:mod:`cronman.notifications`).
+each job's health (:mod:`cronman.store.health`), jobs that pause themselves after too many failures in a
+row (``failure_policy``), and the events notification rules may want (:mod:`cronman.store.notifications`).
 
 Only rows written for the first time count (a row written again, by a retried write or by a node
 recovering a dead node's rows, changes nothing), so the counts stay exact whoever writes.
@@ -12,11 +12,11 @@ from typing import Any
 
 from psycopg2.extras import Json, execute_values
 
-from cronman.changes import Stop
-from cronman.health import LATE, HealthDelta, auto_paused, fold
-from cronman.notifications import EventKind
-from cronman.pgarray import array_columns
-from cronman.timeutil import iso
+from cronman.model.changes import Stop
+from cronman.model.timeutil import iso
+from cronman.store.health import LATE, HealthDelta, auto_paused, fold
+from cronman.store.notifications import EventKind
+from cronman.store.pgarray import array_columns
 from scheduler_node.history import HistoryRow
 
 _TS = "timestamptz 'epoch' + {} * interval '1 millisecond'"
@@ -69,7 +69,7 @@ WHERE failures_toward_pause > 0 OR before > 0
 
 # Jobs whose failures in a row reached their failure_policy pause themselves: the same change a
 # pause through the API makes (a new version on the change feed, a job event), with the reason.
-# The reason is cronman.health's; the time it gives is the transaction's (the job's updated_at).
+# The reason is cronman.store.health's; the time it gives is the transaction's (the job's updated_at).
 _PAUSE = """
 WITH v(job_id, incarnation, n, reason) AS (VALUES %s),
 p AS (

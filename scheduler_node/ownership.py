@@ -24,9 +24,9 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from cronman.cluster import overdue_after
 from cronman.errors import TransientError
-from cronman.hashing import shared_ownership
+from cronman.model.hashing import shared_ownership
+from cronman.redis.cluster import overdue_after
 from scheduler_node.membership import overdue
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class Ownership:
     # ------------------------------------------------------------------ the slots owned
     async def wanted(self) -> frozenset[int]:
         """The slots this node should own now (see the module docstring). The rendezvous table is
-        kept by :func:`cronman.hashing.shared_ownership` (each node's scores computed once); what a
+        kept by :func:`cronman.model.hashing.shared_ownership` (each node's scores computed once); what a
         membership change costs, a whole table at a cold start, is paid in the node's worker
         threads, so timers and lease renewals on this loop never wait for it."""
         node = self.node

@@ -22,7 +22,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from cronman import signing
+from cronman.model import signing
 
 
 # --------------------------------------------------------------------------- claims
@@ -168,7 +168,7 @@ class Delivery(NamedTuple):
     def metadata(self) -> dict[str, str]:
         if self.meta is not None:
             meta = dict(self.meta)
-            if self.signature:  # signed in the notifications' context (cronman.signing)
+            if self.signature:  # signed in the notifications' context (cronman.model.signing)
                 meta[signing.NOTIFICATION_HEADER] = self.signature
             return meta
         meta = {

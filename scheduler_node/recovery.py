@@ -23,11 +23,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, NamedTuple
 
-from cronman import misfire
 from cronman.errors import TransientError
-from cronman.execution import Trigger
-from cronman.schedule import Timing
-from cronman.timeutil import iso
+from cronman.model import misfire
+from cronman.model.execution import Trigger
+from cronman.model.schedule import Timing
+from cronman.model.timeutil import iso
 from scheduler_node.execution import Execution
 from scheduler_node.jobs import OwnedJob
 from scheduler_node.store import bitmap

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import NamedTuple
 
-from cronman.execution import Status, backoff_ms
+from cronman.model.execution import Status, backoff_ms
 from scheduler_node.jobs import Retry
 
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from cronman.hashing import score
+from cronman.model.hashing import score
 
 UNKNOWN = 1 << 62  # a slot's required cursor before this node has read its changes since loading it
 MAX_HELD = 500_000  # held at most (about 50 MB); beyond, occurrences are claimed here as they come

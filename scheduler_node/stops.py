@@ -1,4 +1,4 @@
-"""Jobs a change notification names as stopped (paused or deleted; cronman.changes), acted on the
+"""Jobs a change notification names as stopped (paused or deleted; cronman.model.changes), acted on the
 moment the notification arrives, without waiting for the change feed: each one this node has at a
 version older than the change's is halted in the firer (nothing of it that is not already being
 sent goes out: a claim on its way is cancelled when it lands, a retry waiting is not made). The feed
@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterable
 
-from cronman.changes import Stop
-from cronman.hashing import slot_of
+from cronman.model.changes import Stop
+from cronman.model.hashing import slot_of
 from scheduler_node.firer import Firer
 from scheduler_node.jobs import JobRow
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from cronman.errors import TransientError
-from cronman.hashing import slot_of
+from cronman.model.hashing import slot_of
 from scheduler_node.aio import Spawn, Trace, wait_event
 from scheduler_node.execution import Descriptor, Execution
 from scheduler_node.history import HistoryRow, HistoryWriter, row_from_text, row_to_text

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError
 
 from cronman.errors import TransientError
-from cronman.keys import Keys, lua
-from cronman.scripts import Script
+from cronman.redis.keys import Keys, lua
+from cronman.redis.scripts import Script
 
 if TYPE_CHECKING:
     from scheduler_node.execution import Execution

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from cronman.errors import TransientError
-from cronman.execution import Trigger, backfill_of
+from cronman.model.execution import Trigger, backfill_of
 from scheduler_node.acquire import Acquirer
 from scheduler_node.aio import wait_event
 from scheduler_node.backlog import Backlog

@@ -8,8 +8,8 @@ import logging
 from collections.abc import Callable, Iterable
 
 from cronman.errors import TransientError
-from cronman.execution import Status
-from cronman.misfire import MisfirePlan
+from cronman.model.execution import Status
+from cronman.model.misfire import MisfirePlan
 from scheduler_node.aio import Spawn
 from scheduler_node.execution import Execution, Stage
 from scheduler_node.history import HistoryRow, HistoryWriter, row_from_text

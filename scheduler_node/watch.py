@@ -9,9 +9,9 @@ the API's workers keep watching, and when the API is down a node does.
 Watchdog. Nodes record how far they have fired each slot (``node_progress``). A slot whose mark
 lags more than a job's ``late_after_seconds`` behind now has occurrences nobody took up. Which
 occurrences were due is what the nodes fire by: the job's schedule with its calendars
-(`cronman.calendars.timing_with`; an occurrence on an excluded day was never due, so never late).
+(`cronman.model.calendars.timing_with`; an occurrence on an excluded day was never due, so never late).
 A job's late occurrences over a stall are recorded as one row (status ``late``, attempt 0, node
-``watchdog``, at the first of them, with how many and the last: `cronman.late`), written again as
+``watchdog``, at the first of them, with how many and the last: `cronman.model.late`), written again as
 the count grows; the job's health turns ``late`` until an occurrence at or after it is attempted,
 an ``execution.late`` event goes to the notification rules when the row is new, and
 ``cronman_occurrences_late_total`` counts the new rows. A healthy cluster costs one small query per
@@ -44,16 +44,16 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from cronman.calendars import Calendar, timing_with
 from cronman.errors import TransientError
-from cronman.execution import execution_id
-from cronman.health import LATE, WATCHDOG
-from cronman.late import LateSpan, late_span
-from cronman.notifications import RuleBudget
-from cronman.schedule import Timing
+from cronman.model.calendars import Calendar, timing_with
+from cronman.model.execution import execution_id
+from cronman.model.late import LateSpan, late_span
+from cronman.model.schedule import Timing
+from cronman.model.spec import MIN_LATE_AFTER_SECONDS, OPTION_DEFAULTS
+from cronman.model.timeutil import iso
 from cronman.settings import Settings
-from cronman.spec import MIN_LATE_AFTER_SECONDS, OPTION_DEFAULTS
-from cronman.timeutil import iso
+from cronman.store.health import LATE, WATCHDOG
+from cronman.store.notifications import RuleBudget
 from scheduler_node.aio import wait_event
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder
@@ -340,7 +340,7 @@ class Watch:
         self, job: _Job, mark: int, now: int, previous: LateSpan | None
     ) -> tuple[list[HistoryRow], LateSpan | None]:
         """The row of the job's late occurrences after ``mark`` (one for the stall, counted on from
-        ``previous``, what an earlier pass recorded: `cronman.late.late_span`), if it has anything
+        ``previous``, what an earlier pass recorded: `cronman.model.late.late_span`), if it has anything
         new, and what the job's next pass goes on from."""
         late_after = job.late_after_ms
         end = now - late_after
@@ -387,7 +387,7 @@ class Watch:
 
     def _due_timing(self, job: _Job) -> Timing:
         """The job's due occurrences, as the nodes see them: its schedule with the calendars it
-        names (`cronman.calendars.timing_with`, the one definition both use)."""
+        names (`cronman.model.calendars.timing_with`, the one definition both use)."""
         base = self.decoder.timing(job.schedule, job.id, job.namespace)
         if not job.calendars:
             return base

@@ -2,8 +2,8 @@
 notifications; PostgreSQL for jobs, history and progress; a sender of each target kind; the command
 queue consumer and partition upkeep as extra loops.
 
-Redis is whatever ``CRONMAN_REDIS_MODE`` names (cronman.redisconn): a single server, a Redis
-Cluster or a Sentinel-managed primary. Every key carries a hash tag (cronman.keys), so each script
+Redis is whatever ``CRONMAN_REDIS_MODE`` names (cronman.redis.redisconn): a single server, a Redis
+Cluster or a Sentinel-managed primary. Every key carries a hash tag (cronman.redis.keys), so each script
 call runs on one shard; on a cluster the claims are batched per tag (``sharded``). PostgreSQL may be
 a libpq host list with ``target_session_attrs=read-write``: after a failover the pool reconnects to
 whichever host accepts writes, without a restart."""
@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
-from cronman.changes import Stop
-from cronman.changes import encode as encode_changes
 from cronman.errors import ConfigError
-from cronman.keys import LAYOUT_VERSION, Keys
-from cronman.partitions import run_maintenance
-from cronman.redisconn import RedisMode, async_client
-from cronman.store import make_engine
+from cronman.model.changes import Stop
+from cronman.model.changes import encode as encode_changes
+from cronman.redis.keys import LAYOUT_VERSION, Keys
+from cronman.redis.redisconn import RedisMode, async_client
+from cronman.store.partitions import run_maintenance
+from cronman.store.store import make_engine
 from scheduler_node.claims import RedisClaims
 from scheduler_node.membership import RedisMembership
 from scheduler_node.node import NodeParts, make_executor
@@ -87,7 +87,7 @@ async def production_parts(node: Node) -> NodeParts:
 
 
 async def _follow_changes(client: Any, keys: Keys, sharded: bool, changed: Callable[[bytes], None]) -> None:
-    """Redis pub/sub tells of changes at once (cronman.changes); polling alone bounds the delay."""
+    """Redis pub/sub tells of changes at once (cronman.model.changes); polling alone bounds the delay."""
     failures = 0
     while True:
         pubsub = None

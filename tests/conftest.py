@@ -19,7 +19,7 @@ import psycopg2
 import pytest
 from pydantic import SecretStr
 
-from cronman.embedded import EmbeddedPostgres, EmbeddedRedis, LocalSqs
+from cronman.dev.embedded import EmbeddedPostgres, EmbeddedRedis, LocalSqs
 from cronman.settings import Settings
 from tests.timings import FAST, Timings
 
@@ -139,8 +139,8 @@ def _with_db(url: str, name: str) -> str:
 def template_url(pg_admin_url: str) -> str:
     from datetime import UTC, datetime
 
-    from cronman.migrate import run_maintenance, upgrade
-    from cronman.store import make_engine
+    from cronman.store.migrate import run_maintenance, upgrade
+    from cronman.store.store import make_engine
 
     name = f"{TEMPLATE_DB}_{uuid.uuid4().hex[:8]}"
     conn = _admin(pg_admin_url)

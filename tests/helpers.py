@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import requests
 
-from cronman.embedded import Child, free_port
+from cronman.dev.embedded import Child, free_port
 from cronman.settings import Settings
 from scheduler_node.node import Node
 from scheduler_node.wiring import production_parts

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cronman.cluster import NodeInfo
-from cronman.hashing import slot_table
+from cronman.model.hashing import slot_table
+from cronman.redis.cluster import NodeInfo
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,19 +40,19 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import Text
 
-from cronman.db import jobs, scheduled_jobs
 from cronman.errors import InvalidInput
-from cronman.health import Health, health_of
-from cronman.labels import Selector
-from cronman.schedule import timing_from_dict
-from cronman.spec import MAX_JITTER_SECONDS
-from cronman.store import (
+from cronman.model.labels import Selector
+from cronman.model.schedule import timing_from_dict
+from cronman.model.spec import MAX_JITTER_SECONDS
+from cronman.model.timeutil import from_ms, to_ms
+from cronman.store.db import jobs, scheduled_jobs
+from cronman.store.health import Health, health_of
+from cronman.store.store import (
     decode_cursor,
     encode_cursor,
     search_clause,
     selector_clause,
 )
-from cronman.timeutil import from_ms, to_ms
 
 FAILED = ("failed", "permanently_failed")
 FAILING_LOOKBACK = timedelta(days=7)  # "failing" looks for failed attempts this recent ...

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import redis
 from sqlalchemy import Engine, and_, select
 
-from cronman.apikeys import KEY_PREFIX, hash_key
-from cronman.db import api_keys
-from cronman.keys import Keys, lua
+from cronman.redis.keys import Keys, lua
+from cronman.store.apikeys import KEY_PREFIX, hash_key
+from cronman.store.db import api_keys
 
 COOKIE = "cronman_ui"
 LOGIN_COOKIE = "cronman_ui_login"

@@ -15,11 +15,11 @@ from zoneinfo import ZoneInfo
 from flask import Response, current_app, g, redirect, request, url_for
 
 from api.ui.session import COOKIE, COOKIE_PATH, LOGIN_COOKIE, Session, SessionStore
-from cronman.audit import Actor
 from cronman.errors import Forbidden, Unauthorized
-from cronman.schedule import zone
+from cronman.model.schedule import zone
+from cronman.model.timeutil import from_ms, to_ms
 from cronman.settings import Settings
-from cronman.timeutil import from_ms, to_ms
+from cronman.store.audit import Actor
 
 # No inline script or style anywhere: scripts, styles and the vendored libraries are static files.
 CSP = (

@@ -1,5 +1,5 @@
 """The claim protocol in Redis: the Lua scripts beside this file, loaded once, called for a whole
-batch at a time (:class:`cronman.scripts.Script`). Keys are hash-tagged by the job's slot, and
+batch at a time (:class:`cronman.redis.scripts.Script`). Keys are hash-tagged by the job's slot, and
 every key a script touches is one of its KEYS, so one call's keys always share a Redis Cluster
 slot. With ``sharded`` (a Redis Cluster) a batch becomes one call per slot tag, all in one
 non-transactional pipeline that redis-py splits by shard; a standalone Redis or a Sentinel-managed
@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 from redis.exceptions import RedisError
 
 from cronman.errors import TransientError
-from cronman.keys import Keys
-from cronman.scripts import Call, Script, transient
+from cronman.redis.keys import Keys
+from cronman.redis.scripts import Call, Script, transient
 from scheduler_node.claims.rows import BATCH_PREFIX, Kept, RowCopies, batchable, is_batch, pack, unpack
 from scheduler_node.parts import (
     ClaimResult,

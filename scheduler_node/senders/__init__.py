@@ -1,4 +1,4 @@
-"""Senders by target kind. A kind is a target model (a :class:`cronman.spec.TargetModel`) plus a
+"""Senders by target kind. A kind is a target model (a :class:`cronman.model.spec.TargetModel`) plus a
 sender: a module of this package that registers a factory for it with :func:`sender_for`, under the
 kind's name, which is also its metrics label. Nothing is sent to a kind that has no sender, and no
 sender's failure, whatever the job holds, escapes the attempt."""
@@ -14,7 +14,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cronman.queues import queue_refusal
+from cronman.model.queues import queue_refusal
 from scheduler_node.parts import Delivery, Outcome, Sender, Target
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ it needs a fraction of the CPU per request (docs/performance.md), which is what 
 
 Only what a callback needs: one request per connection at a time, a body of known length, the
 status code and the start of the body for the error message. Connections go only to addresses the
-callback guard (:mod:`cronman.netguard`) allows: the host is resolved here, and the address checked
+callback guard (:mod:`cronman.model.netguard`) allows: the host is resolved here, and the address checked
 is the address connected to.
 
 A request's timeout bounds the attempt once it has a connection: sending it and reading the
@@ -29,8 +29,8 @@ from typing import Any
 import httptools
 
 from cronman import __version__
-from cronman.netguard import CallbackPolicy, explain, parse_address, parse_allowlist
-from cronman.urls import wire_url
+from cronman.model.netguard import CallbackPolicy, explain, parse_address, parse_allowlist
+from cronman.model.urls import wire_url
 from scheduler_node.parts import Delivery, Outcome, Sender
 from scheduler_node.senders import SenderSetup, sender_for
 from scheduler_node.senders.dns import Lookup, LookupFailed, Resolver
@@ -559,7 +559,7 @@ class HttpCall:
 
 
 class HttpSender(Sender):
-    """Callbacks reach only the addresses :mod:`cronman.netguard` allows (``dev_mode``,
+    """Callbacks reach only the addresses :mod:`cronman.model.netguard` allows (``dev_mode``,
     ``allowlist``: the node's CRONMAN_DEV_MODE and CRONMAN_CALLBACK_ALLOWLIST); a refused address
     is a failed attempt with the reason as its error. The fixed part of each target's request is
     prepared once."""

@@ -27,10 +27,10 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from cronman.backfills import occurrences
-from cronman.execution import Trigger, backfill_trigger, execution_id
-from cronman.misfire import REASON_PREFIX as MISFIRE_REASON
-from cronman.schedule import Timing, timing_from_dict
+from cronman.model.backfills import occurrences
+from cronman.model.execution import Trigger, backfill_trigger, execution_id
+from cronman.model.misfire import REASON_PREFIX as MISFIRE_REASON
+from cronman.model.schedule import Timing, timing_from_dict
 from scheduler_node.execution import Descriptor
 from scheduler_node.sim.parts import Arrival
 from scheduler_node.sim.world import EPOCH, Fault, JobPlan, Sim, bound_seconds

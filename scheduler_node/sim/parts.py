@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from cronman.errors import TransientError
-from cronman.hashing import slot_of
+from cronman.model.hashing import slot_of
 from scheduler_node.claims.memory import ClaimSpace, MemoryClaims, _claim_key
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder, JobRow, Loaded
@@ -381,7 +381,7 @@ class SimDb:
         return job
 
     def backfill(self, backfill_id: str, job_id: str, from_ms: int, to_ms: int, rate: float) -> None:
-        """A backfill as the API writes it (cronman.backfill_store)."""
+        """A backfill as the API writes it (cronman.store.backfill_store)."""
         job = self.jobs[job_id]
         events = int(job.options.get("events_per_trigger") or 1)
         timing = json.dumps({"schedule": job.schedule, "calendars": []})
@@ -853,6 +853,6 @@ def _settle(future: asyncio.Future[Outcome], outcome: Outcome, timer: asyncio.Ti
 
 
 def _ms(iso_text: str) -> int:
-    from cronman.timeutil import parse_iso
+    from cronman.model.timeutil import parse_iso
 
     return parse_iso(iso_text)

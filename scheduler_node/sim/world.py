@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cronman.schedule import LAZY_PHASE_MIN_MS
+from cronman.model.schedule import LAZY_PHASE_MIN_MS
 from cronman.settings import Settings
 from scheduler_node.node import Node, NodeParts
 from scheduler_node.senders import Senders
@@ -154,7 +154,7 @@ class SimConfig:
     # DB_FLAKY_SEEDS.
     db_flaky: bool | None = None
     # Jobs of an interval keep one timing for all of them, phased by each id when asked (what a node
-    # does for intervals of a minute and more, see cronman.schedule.IdPhasedInterval); the
+    # does for intervals of a minute and more, see cronman.model.schedule.IdPhasedInterval); the
     # workload's intervals are seconds. None: seeds whose tens digit is odd.
     phased: bool | None = None
     # Late occurrences queued beyond a room of 3 claimed executions wait in the backlog, at least
@@ -691,6 +691,6 @@ class _Capture(logging.Handler):
 
 
 def _iso(t: float) -> str:
-    from cronman.timeutil import iso
+    from cronman.model.timeutil import iso
 
     return iso(int(t * 1000))

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from cronman.spec import MAX_TIMEOUT_SECONDS, RETRY_DEFAULTS
+from cronman.model.spec import MAX_TIMEOUT_SECONDS, RETRY_DEFAULTS
 from scheduler_node.store.port import BackfillRow
 from scheduler_node.store.sql import _MS, _XMIN
 

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 
 from cronman.errors import TransientError
-from cronman.pgarray import array_literal
+from cronman.store.pgarray import array_literal
 from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, Loaded
 from scheduler_node.store.port import TriggerRow
 from scheduler_node.store.sql import _MS, _XMIN

@@ -15,10 +15,10 @@ from typing import Any
 from psycopg2 import errors as pg_errors
 from sqlalchemy import Engine, text
 
-from cronman.changes import Stop
-from cronman.misfire import REASON_PREFIX as MISFIRE_REASON
-from cronman.partitions import day_of_ms, ensure_partitions
-from cronman.pgarray import array_columns
+from cronman.model.changes import Stop
+from cronman.model.misfire import REASON_PREFIX as MISFIRE_REASON
+from cronman.store.partitions import day_of_ms, ensure_partitions
+from cronman.store.pgarray import array_columns
 from scheduler_node.history import HistoryRow
 from scheduler_node.outcomes import record_outcomes
 from scheduler_node.store.port import _ENDS, Attempts, Ident, one_row_per_attempt

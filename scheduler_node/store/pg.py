@@ -15,9 +15,9 @@ import psycopg2
 import sqlalchemy.exc
 from sqlalchemy import Engine
 
-from cronman.calendars import Calendar
-from cronman.changes import Stop
 from cronman.errors import TransientError
+from cronman.model.calendars import Calendar
+from cronman.model.changes import Stop
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder, JobRow, Loaded
 from scheduler_node.store.backfills import Backfills

@@ -9,8 +9,8 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from cronman.calendars import Calendar
-from cronman.misfire import REASON_PREFIX as MISFIRE_REASON
+from cronman.model.calendars import Calendar
+from cronman.model.misfire import REASON_PREFIX as MISFIRE_REASON
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder, JobRow, Loaded
 
@@ -51,7 +51,8 @@ class BackfillRow:
     to_ms: int
     rate: float  # executions per second
     events: int
-    timing: str  # JSON: {"schedule": ..., "calendars": [[name, document], ...]} (cronman.backfills); "" unless running
+    # JSON: {"schedule": ..., "calendars": [[name, document], ...]} (cronman.model.backfills); "" unless running
+    timing: str
     state: str  # running or cancelled
     cursor_ms: int | None  # every occurrence up to here is claimed
     dispatched: int

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from cronman.calendars import Calendar, calendar_from_stored
+from cronman.model.calendars import Calendar, calendar_from_stored
 from scheduler_node.store.port import ClusterConfig
 
 log = logging.getLogger("cronman.node.store")

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg2
 
 from bench.footprint import history_write_cost
-from cronman.migrate import upgrade
+from cronman.store.migrate import upgrade
 
 
 def test_the_history_write_cost_is_measured(pg_admin_url: str) -> None:

@@ -9,7 +9,7 @@ import psycopg2
 import redis
 
 from bench.storeprofile import StoreMeter, enable_statements, write_report
-from cronman.embedded import EmbeddedPostgres
+from cronman.dev.embedded import EmbeddedPostgres
 
 
 def test_the_window_s_statements_and_commands_are_counted_per_delivery(

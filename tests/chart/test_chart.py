@@ -464,7 +464,7 @@ def test_notes_show_how_to_create_a_first_job(helm: Path) -> None:
 
 # ---- alignment with the program ----
 
-# Read by the program outside the settings object (cronman.migrate.migrations_dir).
+# Read by the program outside the settings object (cronman.store.migrate.migrations_dir).
 _EXTRA_CRONMAN_VARIABLES = {"CRONMAN_MIGRATIONS_DIR"}
 
 
@@ -645,7 +645,7 @@ def program_settings(env: dict[str, str]) -> Any:
 def test_each_redis_mode_renders_settings_the_program_accepts(
     helm: Path, sets: tuple[str, ...], described: str
 ) -> None:
-    from cronman.redisconn import topology
+    from cronman.redis.redisconn import topology
 
     docs = render(helm, "database.url=postgresql://u@db/cronman", *sets)
     for w in workloads(docs):
@@ -673,7 +673,7 @@ def test_passwords_come_from_existing_secrets_in_every_container(helm: Path) -> 
 
 
 def test_a_multi_host_database_url_is_built_from_hosts(helm: Path) -> None:
-    from cronman.store import engine_url
+    from cronman.store.store import engine_url
 
     docs = render(helm, *MULTI_HOST_SETS, "redis.url=redis://r:6379/0")
     url = decoded(one(docs, "Secret", FULLNAME))["CRONMAN_DATABASE_URL"]

@@ -10,9 +10,9 @@ import pytest
 import yaml
 from sqlalchemy import Engine, text
 
-from cronman.apikeys import ApiKeyStore
-from cronman.cli_apply import Action, _carry_out, changes, load_sources, make_plan
+from cronman.cli.apply import Action, _carry_out, changes, load_sources, make_plan
 from cronman.client import Client
+from cronman.store.apikeys import ApiKeyStore
 from tests.cli.conftest import job
 
 SECRET = "Bearer s3cr3t-receiver-token"

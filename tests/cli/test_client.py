@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy import Engine, text
 
 from cronman import client as client_module
-from cronman.apikeys import ApiKeyStore
 from cronman.client import (
     ApiUnreachable,
     BadRequestError,
@@ -27,8 +26,9 @@ from cronman.client import (
     UnavailableError,
 )
 from cronman.errors import Conflict, InvalidInput, NotFound, TransientError
-from cronman.labels import parse_selector
-from cronman.spec import CronSchedule, JobSpec
+from cronman.model.labels import parse_selector
+from cronman.model.spec import CronSchedule, JobSpec
+from cronman.store.apikeys import ApiKeyStore
 from tests.cli.conftest import Faults, job
 from tests.conftest import ADMIN_KEY
 from tests.helpers import start_api_process

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from cronman.client import Client
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
 from cronman.settings import Settings
 from tests.cli.conftest import job
 from tests.helpers import NodeThread, wait_for
@@ -182,8 +182,8 @@ def test_notification_rules(cli: Any, tmp_path: Path) -> None:
 
 
 def test_next_shows_the_jobs_hashed_times(cli: Any, cron: Client) -> None:
-    from cronman.schedule import next_times, timing_from_dict
-    from cronman.timeutil import iso, parse_iso
+    from cronman.model.schedule import next_times, timing_from_dict
+    from cronman.model.timeutil import iso, parse_iso
 
     schedule = {"type": "cron", "expression": "H H(2-4) * * *"}
     cron.create_job(job("nightly-h", schedule=schedule))

@@ -40,8 +40,8 @@ import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from cronman.embedded import Child
-from cronman.hashing import owned_slots, slot_of
+from cronman.dev.embedded import Child
+from cronman.model.hashing import owned_slots, slot_of
 from tests.cluster.ledger import Figures, LedgerReceiver, analyse
 from tests.helpers import start_api_process, start_node_process, wait_for
 from tests.timings import FAST, Timings

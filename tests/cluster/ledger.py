@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
-from cronman.schedule import timing_from_dict
-from cronman.timeutil import parse_iso
+from cronman.model.schedule import timing_from_dict
+from cronman.model.timeutil import parse_iso
 
 
 class Arrival(NamedTuple):

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from cronman.execution import execution_id
-from cronman.receiver import Receiver
-from cronman.timeutil import iso, parse_iso
+from cronman.dev.receiver import Receiver
+from cronman.model.execution import execution_id
+from cronman.model.timeutil import iso, parse_iso
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.helpers import wait_for
 from tests.timings import FAST

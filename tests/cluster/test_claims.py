@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from cronman.timeutil import iso
+from cronman.model.timeutil import iso
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.helpers import wait_for
 from tests.timings import FAST

@@ -36,7 +36,7 @@ import time
 import psutil
 import pytest
 
-from cronman.timeutil import iso
+from cronman.model.timeutil import iso
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.cluster.ledger import Arrival
 from tests.timings import DEFAULTS

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cronman.hashing import SLOTS, owned_slots
+from cronman.model.hashing import SLOTS, owned_slots
 from tests.cluster.conftest import REPLICAS, Cluster, sleep_until
 from tests.timings import FAST
 

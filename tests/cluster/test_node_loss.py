@@ -7,7 +7,7 @@ import time
 import psycopg2
 import pytest
 
-from cronman.execution import execution_id
+from cronman.model.execution import execution_id
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.timings import FAST
 

@@ -12,8 +12,8 @@ import time
 import pytest
 from sqlalchemy import text
 
-from cronman.embedded import EmbeddedRedis, free_port
-from cronman.store import make_engine
+from cronman.dev.embedded import EmbeddedRedis, free_port
+from cronman.store.store import make_engine
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.helpers import wait_for
 from tests.timings import FAST

@@ -8,9 +8,9 @@ import time
 import pytest
 from sqlalchemy import text
 
-from cronman.embedded import EmbeddedRedis, free_port
-from cronman.store import make_engine
-from cronman.timeutil import iso
+from cronman.dev.embedded import EmbeddedRedis, free_port
+from cronman.model.timeutil import iso
+from cronman.store.store import make_engine
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.helpers import FreezingProxy, wait_for
 from tests.timings import FAST

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg2
 import pytest
 
-from cronman.execution import execution_id
+from cronman.model.execution import execution_id
 from tests.cluster.conftest import Cluster, ClusterNode, sleep_until
 from tests.helpers import scripted_ledger, start_node_process
 from tests.timings import FAST

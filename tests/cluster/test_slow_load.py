@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from bench.loader import JobTemplate, copy_jobs
-from cronman.hashing import SLOTS, owned_slots
+from cronman.model.hashing import SLOTS, owned_slots
 from tests.cluster.conftest import REPLICAS, Cluster
 from tests.helpers import FreezingProxy, wait_for
 from tests.timings import FAST

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from cronman.timeutil import iso
+from cronman.model.timeutil import iso
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.timings import FAST
 

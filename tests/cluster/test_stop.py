@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from cronman.embedded import EmbeddedRedis, free_port
-from cronman.hashing import owners, slot_of
-from cronman.timeutil import iso
+from cronman.dev.embedded import EmbeddedRedis, free_port
+from cronman.model.hashing import owners, slot_of
+from cronman.model.timeutil import iso
 from tests.cluster.conftest import Cluster
 from tests.cluster.ledger import Arrival
 from tests.helpers import FreezingProxy, history_rows, wait_for

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from api import create_app
 from api.metrics import job_change
 from api.server import prepare_multiprocess_dir
-from cronman.embedded import Child, free_port
+from cronman.dev.embedded import Child, free_port
 from cronman.settings import Settings
 
 JOB: dict[str, Any] = {

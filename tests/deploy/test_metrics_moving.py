@@ -11,7 +11,7 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
 from tests.helpers import start_api_process, start_node_process, wait_for
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -254,7 +254,7 @@ def test_production_install_lacks_the_dev_servers_and_cronman_dev_says_what_to_i
 ) -> None:
     python = str(installed / "bin" / "python")
     code = (
-        "from cronman.embedded import missing_dev_servers; import api, scheduler_node.node; "
+        "from cronman.dev.embedded import missing_dev_servers; import api, scheduler_node.node; "
         "print(missing_dev_servers())"
     )
     out = _run([python, "-c", code], cwd=tmp_path, env=_env())
@@ -275,10 +275,10 @@ def test_production_install_lacks_the_dev_servers_and_cronman_dev_says_what_to_i
 
 
 def test_installed_package_is_the_wheel_and_finds_its_lua_scripts(installed: Path, tmp_path: Path) -> None:
-    names = sorted(p.stem for p in (REPO / "cronman" / "lua").glob("*.lua"))
+    names = sorted(p.stem for p in (REPO / "cronman" / "redis" / "lua").glob("*.lua"))
     assert names
     code = (
-        "import json, sys, cronman, api, scheduler_node; from cronman.keys import lua; "
+        "import json, sys, cronman, api, scheduler_node; from cronman.redis.keys import lua; "
         "print(json.dumps({'files': [m.__file__ for m in (cronman, api, scheduler_node)], "
         "'lua': {n: lua(n) for n in sys.argv[1:]}}))"
     )
@@ -286,7 +286,7 @@ def test_installed_package_is_the_wheel_and_finds_its_lua_scripts(installed: Pat
     for path in out["files"]:
         assert Path(path).resolve().is_relative_to(installed.resolve()), path
     for name in names:
-        assert out["lua"][name] == (REPO / "cronman" / "lua" / f"{name}.lua").read_text()
+        assert out["lua"][name] == (REPO / "cronman" / "redis" / "lua" / f"{name}.lua").read_text()
 
 
 def test_installed_package_migrates_with_cronman_migrations_dir(
@@ -297,7 +297,7 @@ def test_installed_package_migrates_with_cronman_migrations_dir(
     cronman = str(installed / "bin" / "cronman")
     # Away from a checkout and without the variable, the migrations are not found: the image must set it.
     proc = subprocess.run(
-        [str(installed / "bin" / "python"), "-c", "from cronman.migrate import migrations_dir; migrations_dir()"],
+        [str(installed / "bin" / "python"), "-c", "from cronman.store.migrate import migrations_dir; migrations_dir()"],
         cwd=tmp_path,
         env=_env(),
         capture_output=True,

@@ -15,8 +15,8 @@ from typing import Any
 import psutil
 import requests
 
-from cronman.embedded import free_port
-from cronman.receiver import Receiver
+from cronman.dev.embedded import free_port
+from cronman.dev.receiver import Receiver
 from tests.helpers import api_session, start_api_process, start_node_process, wait_for
 
 

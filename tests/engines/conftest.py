@@ -8,9 +8,9 @@ Fixtures (function-scoped: each test gets its own servers, and may break them):
   migrated database; ``.fail_over()`` SIGKILLs the primary, promotes the standby and returns once
   the URL gives a writable connection again. Replication is synchronous, so a commit that returned
   before the kill is on the new primary.
-- ``redis_cluster`` -> :class:`cronman.embedded_redis.RedisClusterProcs` (3 primaries, 3 replicas,
+- ``redis_cluster`` -> :class:`cronman.dev.embedded_redis.RedisClusterProcs` (3 primaries, 3 replicas,
   password ``CLUSTER_PASSWORD``); ``.seed_urls``, ``.kill_primary_of(key)``, ``.wait_for_failover()``.
-- ``redis_sentinel`` -> :class:`cronman.embedded_redis.RedisSentinelProcs` (master, replica, 3
+- ``redis_sentinel`` -> :class:`cronman.dev.embedded_redis.RedisSentinelProcs` (master, replica, 3
   sentinels; passwords for the data nodes and for the sentinels); ``.sentinels``, ``.master_name``,
   ``.kill_master()``, ``.wait_for_failover()``.
 - ``*_settings`` fixtures: :class:`cronman.settings.Settings` for each Redis mode.
@@ -32,8 +32,8 @@ from typing import Any
 import psycopg2
 import pytest
 
-from cronman.embedded import EmbeddedPostgres
-from cronman.embedded_redis import RedisClusterProcs, RedisSentinelProcs
+from cronman.dev.embedded import EmbeddedPostgres
+from cronman.dev.embedded_redis import RedisClusterProcs, RedisSentinelProcs
 from cronman.settings import Settings
 
 CLUSTER_PASSWORD = "cluster-pass-not-a-secret"
@@ -83,8 +83,8 @@ class PgFailoverPair:
 
 @pytest.fixture
 def pg_failover_pair(workdir: Path) -> Iterator[PgFailoverPair]:
-    from cronman.migrate import run_maintenance, upgrade
-    from cronman.store import make_engine
+    from cronman.store.migrate import run_maintenance, upgrade
+    from cronman.store.store import make_engine
 
     base = workdir / f"pgpair-{uuid.uuid4().hex[:8]}"
     # fsync stays off (a SIGKILL loses nothing the kernel holds), but commits wait for the standby

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from cronman.embedded_redis import RedisClusterProcs, RedisSentinelProcs
-from cronman.keys import Keys
-from cronman.redisconn import async_client, sync_client
+from cronman.dev.embedded_redis import RedisClusterProcs, RedisSentinelProcs
+from cronman.redis.keys import Keys
+from cronman.redis.redisconn import async_client, sync_client
 from cronman.settings import Settings
 from scheduler_node.claims import ClaimSpace, MemoryClaims, RedisClaims
 from scheduler_node.claims.redis import CHUNK
@@ -607,7 +607,7 @@ def test_a_primary_without_the_scripts_gets_them_and_each_call_runs_once(store_o
 # ---- the scripts themselves ----
 
 REPO = Path(__file__).resolve().parents[2]
-LUA = sorted([*(REPO / "scheduler_node/claims").glob("*.lua"), *(REPO / "cronman/lua").glob("*.lua")])
+LUA = sorted([*(REPO / "scheduler_node/claims").glob("*.lua"), *(REPO / "cronman/redis/lua").glob("*.lua")])
 _CALL = re.compile(r"redis\.call\('([A-Z]+)',\s*([^,)]+)")
 _FROM_KEYS = re.compile(r"local\s+([\w,\s]+?)\s*=\s*(KEYS\[[^\n]*)")
 

@@ -28,10 +28,10 @@ import psycopg2
 import pytest
 import requests
 
-from cronman.embedded_redis import RedisClusterProcs, RedisSentinelProcs
-from cronman.execution import execution_id
-from cronman.hashing import slot_of
-from cronman.keys import Keys
+from cronman.dev.embedded_redis import RedisClusterProcs, RedisSentinelProcs
+from cronman.model.execution import execution_id
+from cronman.model.hashing import slot_of
+from cronman.redis.keys import Keys
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.cluster.ledger import Arrival, Figures
 from tests.engines.conftest import SENTINEL_DATA_PASSWORD, SENTINEL_PASSWORD, PgFailoverPair

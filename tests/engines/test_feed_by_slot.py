@@ -13,11 +13,11 @@ import sqlalchemy as sa
 from alembic import command
 from api import create_app
 from cronman.errors import TransientError
-from cronman.hashing import slot_of
-from cronman.migrate import alembic_config, check
-from cronman.pgarray import array_literal
+from cronman.model.hashing import slot_of
 from cronman.settings import Settings
-from cronman.store import make_engine
+from cronman.store.migrate import alembic_config, check
+from cronman.store.pgarray import array_literal
+from cronman.store.store import make_engine
 from scheduler_node.jobs import Decoder
 from scheduler_node.senders.http import HttpCall
 from scheduler_node.store import PgNodeStore
@@ -119,6 +119,6 @@ def test_migration_0007_goes_down_and_up_and_matches_the_models(database_url: st
         assert "ix_jobs_change_xid" in found and "ix_jobs_change_xid_slot" not in found
         command.upgrade(cfg, "head")
         assert "ix_jobs_change_xid_slot" in _indexes(engine)
-        check(database_url)  # the models in cronman.db and the migrated schema agree
+        check(database_url)  # the models in cronman.store.db and the migrated schema agree
     finally:
         engine.dispose()

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from cronman.changes import Stop, encode
-from cronman.embedded_redis import RedisClusterProcs, RedisSentinelProcs
+from cronman.dev.embedded_redis import RedisClusterProcs, RedisSentinelProcs
 from cronman.errors import ConfigError
-from cronman.keys import LAYOUT_VERSION, Keys
-from cronman.redisconn import sync_client
+from cronman.model.changes import Stop, encode
+from cronman.redis.keys import LAYOUT_VERSION, Keys
+from cronman.redis.redisconn import sync_client
 from cronman.settings import Settings
 from scheduler_node.node import Node
 from scheduler_node.parts import ClaimResult, Ticket

@@ -17,9 +17,9 @@ import requests
 import sqlalchemy.exc
 from sqlalchemy import text
 
-from cronman.embedded import free_port
+from cronman.dev.embedded import free_port
 from cronman.errors import ConfigError
-from cronman.store import engine_url, make_engine
+from cronman.store.store import engine_url, make_engine
 from tests.conftest import ADMIN_KEY
 from tests.engines.conftest import PgFailoverPair
 from tests.helpers import start_api_process

@@ -1,4 +1,4 @@
-"""The one Redis connection factory (cronman.redisconn) against real topologies: a password- and
+"""The one Redis connection factory (cronman.redis.redisconn) against real topologies: a password- and
 TLS-protected server, a 6-process Redis Cluster and a Sentinel setup, each losing its primary."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from cronman.changes import Stop, decode
-from cronman.embedded import EmbeddedRedis
-from cronman.embedded_redis import RedisClusterProcs, RedisSentinelProcs
-from cronman.redisconn import AsyncRedis, RedisMode, SyncRedis, async_client, sync_client, topology
+from cronman.dev.embedded import EmbeddedRedis
+from cronman.dev.embedded_redis import RedisClusterProcs, RedisSentinelProcs
+from cronman.model.changes import Stop, decode
+from cronman.redis.redisconn import AsyncRedis, RedisMode, SyncRedis, async_client, sync_client, topology
 from cronman.settings import Settings
 from tests.clients import job, keyed, send
 from tests.conftest import ADMIN_KEY
@@ -294,7 +294,7 @@ def test_the_api_uses_the_configured_topology(mode: str, request: pytest.Fixture
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.get_json()["checks"]["redis"] == "ok", ready.get_json()
     listener = sync_client(settings).pubsub()
-    from cronman.keys import Keys
+    from cronman.redis.keys import Keys
 
     listener.subscribe(Keys(settings.redis_prefix).changes_channel)
     assert listener.get_message(timeout=2)["type"] == "subscribe"
@@ -304,7 +304,7 @@ def test_the_api_uses_the_configured_topology(mode: str, request: pytest.Fixture
     while message is None and time.monotonic() < deadline:
         message = listener.get_message(timeout=0.5)
     assert message is not None and message["type"] == "message", "the change notification reached subscribers"
-    # a pause names the job in its notification, whatever the topology (cronman.changes)
+    # a pause names the job in its notification, whatever the topology (cronman.model.changes)
     paused = send(client, "POST", f"/v1/jobs/on-{mode}/pause").get_json()
     told: list[Stop] = []
     while not told and time.monotonic() < deadline + 5:
@@ -319,7 +319,7 @@ def test_a_cluster_node_whose_port_is_taken_starts_on_another(tmp_path: Path, mo
     tests choose at random too); the cluster still starts, on other ports."""
     import socket
 
-    import cronman.embedded_redis as embedded_redis
+    import cronman.dev.embedded_redis as embedded_redis
 
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))

@@ -44,8 +44,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from api import create_app
+from cronman.model.timeutil import MAX_INSTANT_MS, iso
 from cronman.settings import Settings
-from cronman.timeutil import MAX_INSTANT_MS, iso
 from tests.clients import keyed
 from tests.cluster.ledger import analyse
 from tests.conftest import ADMIN_KEY

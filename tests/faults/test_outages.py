@@ -15,10 +15,10 @@ import pytest
 import requests
 from sqlalchemy import text
 
-from cronman.embedded import EmbeddedPostgres
-from cronman.migrate import run_maintenance, upgrade
-from cronman.receiver import Receiver
-from cronman.store import make_engine
+from cronman.dev.embedded import EmbeddedPostgres
+from cronman.dev.receiver import Receiver
+from cronman.store.migrate import run_maintenance, upgrade
+from cronman.store.store import make_engine
 from tests.conftest import ADMIN_KEY
 from tests.helpers import FreezingProxy, start_api_process, start_node_process, wait_for
 from tests.timings import FAST

@@ -15,9 +15,9 @@ from flask.testing import FlaskClient
 from sqlalchemy import Engine, text
 
 from api import create_app
-from cronman.apikeys import ApiKeyStore
-from cronman.keys import Keys
+from cronman.redis.keys import Keys
 from cronman.settings import Settings
+from cronman.store.apikeys import ApiKeyStore
 from tests.clients import job, keyed, send  # noqa: F401 - the tests here import them from this module
 from tests.conftest import ADMIN_KEY
 

@@ -12,10 +12,10 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import Engine, text
 
-from cronman.execution import execution_id
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
+from cronman.model.execution import execution_id
+from cronman.model.timeutil import iso, parse_iso
 from cronman.settings import Settings
-from cronman.timeutil import iso, parse_iso
 from tests.features.conftest import job, rows, send
 from tests.helpers import NodeThread, wait_for
 

@@ -14,7 +14,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from api import create_app
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
 from cronman.settings import Settings
 from tests.clients import keyed
 from tests.conftest import ADMIN_KEY

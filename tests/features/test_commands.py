@@ -19,9 +19,9 @@ from pydantic import SecretStr
 from sqlalchemy import Engine
 
 from api import create_app
-from cronman.commands import command_token, parse_command, sign_command
 from cronman.errors import InvalidInput
 from cronman.settings import Settings
+from cronman.store.commands import command_token, parse_command, sign_command
 from tests.conftest import ADMIN_KEY
 from tests.features.conftest import job, keyed, rows, send
 from tests.helpers import NodeThread, wait_for
@@ -233,8 +233,8 @@ def test_a_command_that_meets_a_database_outage_stays_on_the_queue(
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
-    from cronman.embedded import free_port
-    from cronman.store import make_engine
+    from cronman.dev.embedded import free_port
+    from cronman.store.store import make_engine
     from scheduler_node.commands import CommandConsumer
 
     changed = {"command_queue_url": queues.commands, "sqs_endpoint_url": sqs_endpoint}
@@ -266,15 +266,15 @@ def test_a_command_that_meets_a_database_outage_stays_on_the_queue(
 def test_a_command_that_stops_a_job_names_it_in_its_change_notification(
     admin: FlaskClient, settings: Settings, queues: Queues, sqs_endpoint: str
 ) -> None:
-    """As the API's answer does (cronman.changes): a pause, a delete, or a put that leaves the job
+    """As the API's answer does (cronman.model.changes): a pause, a delete, or a put that leaves the job
     paused names the job and the version it stopped at, so every node stops it at once; a resume
     names nothing (a wake-up: read the feed)."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
-    from cronman.changes import Stop
-    from cronman.changes import decode as decode_changes
-    from cronman.store import make_engine
+    from cronman.model.changes import Stop
+    from cronman.model.changes import decode as decode_changes
+    from cronman.store.store import make_engine
     from scheduler_node.commands import CommandConsumer
 
     changed = {"command_queue_url": queues.commands, "sqs_endpoint_url": sqs_endpoint}

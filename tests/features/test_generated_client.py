@@ -1,6 +1,6 @@
 """A client generated from the served /openapi.json by openapi-python-client drives a job's life
 against the API on a real socket: the description and the server agree, because both come from one
-model (cronman.spec). The generator must not warn: a warning means part of the API was left out of
+model (cronman.model.spec). The generator must not warn: a warning means part of the API was left out of
 the client it made."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import requests
 from flask import Flask
 from werkzeug.serving import make_server
 
-from cronman.spec import OPTION_DEFAULTS
+from cronman.model.spec import OPTION_DEFAULTS
 from tests.conftest import ADMIN_KEY
 
 PACKAGE = "cronman_generated_client"

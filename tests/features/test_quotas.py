@@ -16,8 +16,8 @@ from sqlalchemy import Engine
 from sqlalchemy import text as sqltext
 
 from api import create_app
-from cronman.apikeys import ApiKeyStore
 from cronman.settings import Settings
+from cronman.store.apikeys import ApiKeyStore
 from tests.features.conftest import job, keyed, rows, send
 
 RULE = {"events": ["execution.failed"], "target": {"type": "http", "url": "https://example.com/alerts"}}

@@ -12,7 +12,7 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import Engine, text
 
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
 from cronman.settings import Settings
 from tests.features.conftest import job, send
 from tests.helpers import NodeThread, wait_for

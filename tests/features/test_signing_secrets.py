@@ -11,9 +11,9 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import Engine, text
 
-from cronman import signing
 from cronman.cli import main
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
+from cronman.model import signing
 from cronman.settings import Settings
 from tests.features.conftest import Notifications, job, rows, send
 from tests.helpers import NodeThread, wait_for

@@ -1,6 +1,6 @@
 """A change that stops jobs (a pause, a delete, a batch or a dashboard bulk pause that leaves jobs
 paused) names them in its change notification, each with the version the change gave it, so that
-the nodes stop them at once (cronman.changes); any other change only wakes the nodes. The request
+the nodes stop them at once (cronman.model.changes); any other change only wakes the nodes. The request
 waits for that notification to be out, but not for long when Redis hangs."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from flask.testing import FlaskClient
 from sqlalchemy import Engine
 
 from api import ChangeNotifier
-from cronman.apikeys import ApiKeyStore
-from cronman.changes import Stop, decode
-from cronman.embedded import EmbeddedRedis, free_port
+from cronman.dev.embedded import EmbeddedRedis, free_port
+from cronman.model.changes import Stop, decode
+from cronman.store.apikeys import ApiKeyStore
 from tests.features.conftest import Notifications, job, keyed, rows, send
 from tests.ui.conftest import Browser
 

@@ -12,10 +12,10 @@ from flask.testing import FlaskClient
 from sqlalchemy import text
 
 from api import create_app
-from cronman.execution import execution_id
-from cronman.health import Health, HealthState, fold, state_of
-from cronman.notifications import Summary, on_event, on_tick
+from cronman.model.execution import execution_id
 from cronman.settings import Settings
+from cronman.store.health import Health, HealthState, fold, state_of
+from cronman.store.notifications import Summary, on_event, on_tick
 from scheduler_node.history import HistoryRow
 from scheduler_node.store import PgNodeStore
 from tests.conftest import ADMIN_KEY

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from cronman import signing
-from cronman.embedded import Child
-from cronman.receiver import Received, Receiver
+from cronman.dev.embedded import Child
+from cronman.dev.receiver import Received, Receiver
+from cronman.model import signing
 from tests.helpers import api_session, start_api_process, start_node_process, wait_for
 from tests.timings import FAST
 

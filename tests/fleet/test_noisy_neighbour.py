@@ -24,9 +24,9 @@ from typing import Any
 import psutil
 import pytest
 
-from cronman.embedded import Child
-from cronman.receiver import Receiver
-from cronman.timeutil import iso, parse_iso
+from cronman.dev.embedded import Child
+from cronman.dev.receiver import Receiver
+from cronman.model.timeutil import iso, parse_iso
 from tests.helpers import NeverAnswers, api_session, start_api_process, start_node_process, wait_for
 from tests.timings import DEFAULTS
 

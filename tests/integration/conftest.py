@@ -8,7 +8,7 @@ from sqlalchemy import text
 
 from api import create_app
 from cronman.settings import Settings
-from cronman.store import make_engine
+from cronman.store.store import make_engine
 from tests.conftest import ADMIN_KEY
 
 

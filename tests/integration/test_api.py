@@ -376,7 +376,7 @@ def test_next_after_an_instant_outside_the_range_is_a_400(client: FlaskClient, a
     "parts", [[-1, 0, 1], [2**62, 0, 1], [0, -1, 1], [0, 0, 2**40], [253402300800000, 0, 1]], ids=str
 )
 def test_a_history_cursor_outside_the_range_is_a_400(client: FlaskClient, parts: list[int]) -> None:
-    from cronman.store import encode_cursor
+    from cronman.store.store import encode_cursor
 
     post(client, JOB)
     r = client.get("/v1/jobs/invoice-reminder-42/executions", query_string={"cursor": encode_cursor(parts)})

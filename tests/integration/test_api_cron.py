@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from flask.testing import FlaskClient
 
-from cronman.schedule import next_times, timing_from_dict
-from cronman.timeutil import iso, parse_iso
+from cronman.model.schedule import next_times, timing_from_dict
+from cronman.model.timeutil import iso, parse_iso
 from tests.clients import job, send
 
 AFTER = "2026-01-01T00:00:00Z"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from cronman.hashing import slot_of
+from cronman.model.hashing import slot_of
 from scheduler_node.backfill import BackfillDriver
 from scheduler_node.firer import Firer, FirerConfig
 from scheduler_node.jobs import Decoder

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from cronman.calendar_store import CalendarStore
-from cronman.calendars import calendar_from_dict
+from cronman.model.calendars import calendar_from_dict
+from cronman.store.calendar_store import CalendarStore
 from scheduler_node.store import PgNodeStore
 
 

@@ -13,12 +13,12 @@ import time
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
+from cronman.dev.receiver import Receiver
 from cronman.errors import TransientError
-from cronman.execution import Trigger
-from cronman.hashing import slot_of
-from cronman.keys import Keys
-from cronman.receiver import Receiver
-from cronman.redisconn import async_client
+from cronman.model.execution import Trigger
+from cronman.model.hashing import slot_of
+from cronman.redis.keys import Keys
+from cronman.redis.redisconn import async_client
 from cronman.settings import Settings
 from scheduler_node.claims import RedisClaims
 from scheduler_node.execution import Execution

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
+from cronman.model.timeutil import iso
 from cronman.settings import Settings
-from cronman.timeutil import iso
 from tests.cluster.ledger import LedgerReceiver, analyse
 from tests.helpers import BlackHole, NodeThread, history_rows, wait_for
 

@@ -17,10 +17,10 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import text
 
-from cronman import signing
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
+from cronman.model import signing
+from cronman.model.timeutil import parse_iso
 from cronman.settings import Settings
-from cronman.timeutil import parse_iso
 from tests.helpers import NodeThread, wait_for
 
 
@@ -329,7 +329,7 @@ def test_deliveries_are_signed_with_the_namespace_secret(client: FlaskClient, no
 def test_a_failed_execution_can_be_redelivered_under_its_id(
     client: FlaskClient, node: NodeThread, settings: Settings
 ) -> None:
-    from cronman.store import JobStore, make_engine
+    from cronman.store.store import JobStore, make_engine
 
     with Receiver(fail_first=1) as receiver:
         create(

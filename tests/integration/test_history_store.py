@@ -14,9 +14,9 @@ from typing import Any
 
 from sqlalchemy import text
 
-from cronman.migrate import check, run_maintenance
-from cronman.partitions import existing_partitions, partition_name
-from cronman.timeutil import parse_iso
+from cronman.model.timeutil import parse_iso
+from cronman.store.migrate import check, run_maintenance
+from cronman.store.partitions import existing_partitions, partition_name
 from scheduler_node.history import HistoryRow, HistoryWriter
 from scheduler_node.store import Attempts, PgNodeStore
 from tests.integration.conftest import count

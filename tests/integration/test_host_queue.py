@@ -12,8 +12,8 @@ from typing import Any
 
 from flask.testing import FlaskClient
 
+from cronman.model.timeutil import iso, parse_iso
 from cronman.settings import Settings
-from cronman.timeutil import iso, parse_iso
 from tests.helpers import NodeThread, SmallServer, history_rows, wait_for
 
 JOBS = 4

@@ -19,7 +19,7 @@ import psycopg2
 import pytest
 from flask.testing import FlaskClient
 
-from cronman.timeutil import iso
+from cronman.model.timeutil import iso
 from scheduler_node.senders.http import prepare
 from tests.cluster.ledger import LedgerReceiver, analyse
 from tests.helpers import NodeThread, RawHttpServer, history_rows, wait_for

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
-from cronman.apikeys import ApiKeyStore
-from cronman.labels import Op, Requirement, Selector
+from cronman.model.labels import Op, Requirement, Selector
+from cronman.store.apikeys import ApiKeyStore
 from tests.clients import job, keyed, send
 from tests.integration.conftest import count
 

@@ -14,7 +14,7 @@ import boto3
 import pytest
 from flask.testing import FlaskClient
 
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
 from cronman.settings import Settings
 from tests.helpers import NodeThread, wait_for
 
@@ -133,7 +133,7 @@ def test_the_last_failed_attempt_is_permanently_failed(client: FlaskClient, node
 
 
 def test_unreachable_target_is_a_failed_attempt(client: FlaskClient, node: NodeThread) -> None:
-    from cronman.embedded import free_port
+    from cronman.dev.embedded import free_port
 
     create(
         client,

@@ -14,9 +14,9 @@ from pathlib import Path
 import redis
 import requests
 
-from cronman.cluster import live_nodes
-from cronman.embedded import Child
-from cronman.keys import Keys
+from cronman.dev.embedded import Child
+from cronman.redis.cluster import live_nodes
+from cronman.redis.keys import Keys
 from tests.helpers import wait_for
 
 

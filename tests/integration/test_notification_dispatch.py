@@ -22,11 +22,11 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import Engine, text
 
-from cronman.hashing import SLOTS
-from cronman.migrate import run_maintenance
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
+from cronman.model.hashing import SLOTS
 from cronman.settings import Settings
-from cronman.store import make_engine
+from cronman.store.migrate import run_maintenance
+from cronman.store.store import make_engine
 from scheduler_node.notify import FANOUT_PER_PASS
 from scheduler_node.store import PgNodeStore, bitmap
 from scheduler_node.watch import Watch, watch_senders

@@ -1,4 +1,4 @@
-"""Array literals (cronman.pgarray) read back by PostgreSQL as the values they were built from:
+"""Array literals (cronman.store.pgarray) read back by PostgreSQL as the values they were built from:
 any text a job id, node name or error can hold (quotes, backslashes, braces, commas, "NULL",
 empty, non-ASCII), any bigint, booleans, NULLs, and enums; a NUL is refused as psycopg2 refuses it."""
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cronman.pgarray import array_columns, array_literal
+from cronman.store.pgarray import array_columns, array_literal
 
 # What PostgreSQL text can hold: no NUL, no lone surrogate.
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)

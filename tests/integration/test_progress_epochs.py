@@ -274,8 +274,8 @@ def test_a_slot_taken_over_after_a_loss_checks_history_before_sending_what_was_f
     through T0. A node taking it over (on an empty Redis) resumes from the lowered mark, and sends
     only what history does not show delivered: T0-16 to T0-8 s (owed: their claims may have been
     lost), not T0-28 to T0-18 s (delivered before the loss), and on from there as usual."""
-    from cronman.execution import execution_id
-    from cronman.receiver import Receiver
+    from cronman.dev.receiver import Receiver
+    from cronman.model.execution import execution_id
     from scheduler_node.history import HistoryRow
     from tests.helpers import NodeThread, wait_for
 

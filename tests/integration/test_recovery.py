@@ -11,9 +11,9 @@ from pathlib import Path
 import redis
 from flask.testing import FlaskClient
 
-from cronman.cluster import live_nodes
-from cronman.keys import Keys
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
+from cronman.redis.cluster import live_nodes
+from cronman.redis.keys import Keys
 from cronman.settings import Settings
 from tests.helpers import start_node_process, wait_for
 

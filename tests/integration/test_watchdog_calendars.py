@@ -20,9 +20,9 @@ import pytest
 from flask.testing import FlaskClient
 
 from api import create_app
-from cronman.hashing import SLOTS
+from cronman.model.hashing import SLOTS
+from cronman.model.timeutil import iso, parse_iso
 from cronman.settings import Settings
-from cronman.timeutil import iso, parse_iso
 from scheduler_node.store import PgNodeStore, bitmap
 from scheduler_node.watch import Watch, watch_senders
 from tests.clients import job, keyed, send

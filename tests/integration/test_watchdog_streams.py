@@ -24,9 +24,9 @@ import psycopg2
 import pytest
 
 from bench.loader import JobTemplate, copy_jobs
-from cronman.hashing import SLOTS
+from cronman.model.hashing import SLOTS
 from cronman.settings import Settings
-from cronman.store import make_engine
+from cronman.store.store import make_engine
 from scheduler_node.store import PgNodeStore, bitmap
 from scheduler_node.watch import Watch, watch_senders
 

@@ -10,8 +10,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from api import create_app
-from cronman.apikeys import ApiKeyStore
 from cronman.settings import Settings
+from cronman.store.apikeys import ApiKeyStore
 from tests.clients import job, keyed, send  # noqa: F401 - the tests here import them from this module
 from tests.conftest import ADMIN_KEY
 

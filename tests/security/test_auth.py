@@ -11,8 +11,8 @@ from flask.testing import FlaskClient
 from pydantic import SecretStr, ValidationError
 from sqlalchemy import text
 
-from cronman.apikeys import ApiKeyStore
 from cronman.settings import Settings
+from cronman.store.apikeys import ApiKeyStore
 from tests.conftest import ADMIN_KEY
 from tests.security.conftest import job, keyed, send
 

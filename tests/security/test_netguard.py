@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from cronman.netguard import CallbackPolicy, classify, parse_address, parse_allowlist
+from cronman.model.netguard import CallbackPolicy, classify, parse_address, parse_allowlist
 from scheduler_node.senders.http import Origin, Pool, Refused
 
 STRICT = CallbackPolicy(dev_mode=False)

@@ -9,7 +9,7 @@ import asyncio
 import socket
 from collections.abc import Callable
 
-from cronman.netguard import CallbackPolicy
+from cronman.model.netguard import CallbackPolicy
 from scheduler_node.parts import Outcome
 from scheduler_node.senders.http import Pool, prepare
 from tests.helpers import RawHttpServer

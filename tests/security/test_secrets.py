@@ -10,9 +10,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import text
 
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
+from cronman.model.spec import JobSpec
 from cronman.settings import Settings
-from cronman.spec import JobSpec
 from tests.helpers import NodeThread, wait_for
 from tests.security.conftest import job, send
 

@@ -1,7 +1,7 @@
 """Which SQS queues a job may send to: never one cronman itself uses (the command queue and its
 dead-letter queue, however the URL is spelt), and, when the operator sets CRONMAN_SQS_ALLOWLIST,
 only those on it for the job's namespace. The API refuses at the door (400 ``forbidden_queue``);
-the same rule (:func:`cronman.queues.queue_refusal`) is what the node applies when it sends."""
+the same rule (:func:`cronman.model.queues.queue_refusal`) is what the node applies when it sends."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from flask import Flask
 from pydantic import ValidationError
 
-from cronman.queues import parse_queue, parse_queue_allowlist, queue_refusal
+from cronman.model.queues import parse_queue, parse_queue_allowlist, queue_refusal
 from cronman.settings import Settings
 from tests.conftest import ADMIN_KEY
 from tests.security.conftest import job, keyed, send

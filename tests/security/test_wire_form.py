@@ -12,7 +12,7 @@ from flask.testing import FlaskClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cronman.urls import WireUrl, wire_url
+from cronman.model.urls import WireUrl, wire_url
 from tests.conftest import ADMIN_KEY
 from tests.security.conftest import job, keyed, send
 

@@ -663,7 +663,7 @@ def test_database_answers_are_lost_in_those_seeds_only() -> None:
 @pytest.mark.parametrize("seed", [13, 25, 1007, 46_501])
 def test_jobs_sharing_their_intervals_timing_fire_as_jobs_with_their_own(seed: int) -> None:
     """A node keeps one timing for all the jobs of an interval of a minute or more, each job's
-    phase made from its id when asked (cronman.schedule.IdPhasedInterval); seeds whose tens digit
+    phase made from its id when asked (cronman.model.schedule.IdPhasedInterval); seeds whose tens digit
     is odd run the workload's intervals of seconds that way. A seed delivers the same either way,
     every attempt at the same instant, faults and all."""
     for faults in (SimConfig(seed).faults, EVERY_FAULT):
@@ -675,7 +675,7 @@ def _killed_in_turn(seed: int) -> Report:
     """At the shipped timings (a heartbeat every 3 s living 30 s, a lease of 5 s): the two owners
     of job-0's slot killed a second apart, nothing else; the slot has no live owner until the
     others stop counting them."""
-    from cronman.hashing import shared_ownership
+    from cronman.model.hashing import shared_ownership
     from scheduler_node.sim.world import EPOCH, Sim
 
     sim = Sim(SimConfig(seed, faults=frozenset(), timings=True))

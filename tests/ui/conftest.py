@@ -15,9 +15,9 @@ from flask.testing import FlaskClient
 from sqlalchemy import Engine, text
 
 from api import create_app
-from cronman.apikeys import ApiKeyStore
-from cronman.partitions import ensure_partitions
 from cronman.settings import Settings
+from cronman.store.apikeys import ApiKeyStore
+from cronman.store.partitions import ensure_partitions
 from tests.clients import job, keyed, send  # noqa: F401 - the tests here import them from this module
 
 _HIDDEN_TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')

@@ -16,10 +16,10 @@ import pytest
 import requests
 from sqlalchemy import Engine, text
 
-from cronman.apikeys import ApiKeyStore
-from cronman.receiver import Receiver
+from cronman.dev.receiver import Receiver
 from cronman.settings import Settings
-from cronman.store import make_engine
+from cronman.store.apikeys import ApiKeyStore
+from cronman.store.store import make_engine
 from tests.conftest import ADMIN_KEY
 from tests.helpers import NodeThread, start_api_process, wait_for
 from tests.ui.chromium import csp_violations, screenshot, start_driver

@@ -14,10 +14,10 @@ from flask import Flask
 from sqlalchemy import Engine, text
 
 from api.ui import queries
-from cronman.apikeys import ApiKeyStore
-from cronman.health import auto_paused
-from cronman.partitions import ensure_partitions
 from cronman.settings import Settings
+from cronman.store.apikeys import ApiKeyStore
+from cronman.store.health import auto_paused
+from cronman.store.partitions import ensure_partitions
 from tests.conftest import ADMIN_KEY
 from tests.ui.conftest import Browser, add_history, job, keyed, send
 
@@ -533,7 +533,7 @@ def test_the_cluster_page_shows_what_each_node_reports(
         "started_at": time.time() - 60,
     }
     bare = {"ts": time.time() - 4}
-    from cronman.keys import lua
+    from cronman.redis.keys import lua
 
     beat = svc.redis.register_script(lua("beat"))  # what a node's heartbeat writes
     for node_id, info in (("node-full", full), ("node-bare", bare)):

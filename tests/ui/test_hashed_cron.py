@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from flask import Flask
 
-from cronman.describe import describe_schedule
+from cronman.model.describe import describe_schedule
 from tests.ui.conftest import Browser, job, keyed, send
 
 

@@ -16,8 +16,8 @@ from flask import Flask
 from api.ui.nodes import node_rows
 from api.ui.queries import Attempt, group_attempts
 from api.ui.web import local_path, relative
-from cronman.cluster import NodeInfo
-from cronman.describe import cron_words, describe_schedule, duration_words, instant_words
+from cronman.model.describe import cron_words, describe_schedule, duration_words, instant_words
+from cronman.redis.cluster import NodeInfo
 
 REPO = Path(__file__).resolve().parents[2]
 UI = REPO / "api" / "ui"

@@ -1,7 +1,7 @@
 """An independent model of cron schedules for the property tests.
 
 Expressions are generated from field grammars together with the value sets they mean, so the
-model never asks `cronman.cron` (or any cron library) what an expression means; days are decided with the
+model never asks `cronman.model.cron` (or any cron library) what an expression means; days are decided with the
 `calendar` module; and occurrences are found by brute force over instants, second by second,
 reading each instant's wall clock from zoneinfo (`datetime.fromtimestamp`), which is the ground
 truth the schedule maths must agree with.

@@ -3,8 +3,8 @@ instants near transitions (and at the ends of the accepted range).
 
     .venv/bin/python -m tests.unit.schedule_timing [--cases 2000] [--module-file PATH] [--standard-only]
 
-``--module-file`` measures another version of ``cronman/schedule.py`` (for example one written out
-with ``git show REV:cronman/schedule.py``); ``--standard-only`` keeps to the syntax every version
+``--module-file`` measures another version of ``cronman/model/schedule.py`` (for example one written out
+with ``git show REV:cronman/model/schedule.py``); ``--standard-only`` keeps to the syntax every version
 accepts. Each case builds its rule first (not timed), then times one call from an instant the
 rule has not seen, so no cached answer is counted.
 """
@@ -20,7 +20,7 @@ import time
 from types import ModuleType
 from zoneinfo import available_timezones
 
-from cronman.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS
+from cronman.model.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS
 from tests.unit.cron_reference import transitions
 
 STANDARD = [
@@ -108,9 +108,9 @@ def measure(schedule: ModuleType, cases: list[tuple[str, str, str, str, int]]) -
 
 def load(path: str | None) -> ModuleType:
     if path is None:
-        import cronman.schedule
+        import cronman.model.schedule
 
-        return cronman.schedule
+        return cronman.model.schedule
     spec = importlib.util.spec_from_file_location("schedule_under_test", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from cronman.backfills import most_occurrences, occurrences
-from cronman.schedule import timing_from_dict
-from cronman.timeutil import parse_iso
+from cronman.model.backfills import most_occurrences, occurrences
+from cronman.model.schedule import timing_from_dict
+from cronman.model.timeutil import parse_iso
 from tests.unit.cron_reference import expressions
 
 DAY = 86_400_000

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronman.backfills import fair_rates
-from cronman.hashing import slot_of
-from cronman.schedule import IntervalTiming
+from cronman.model.backfills import fair_rates
+from cronman.model.hashing import slot_of
+from cronman.model.schedule import IntervalTiming
 from scheduler_node.backfill import BackfillDriver
 from scheduler_node.execution import Execution
 from scheduler_node.firer import Firer, FirerConfig

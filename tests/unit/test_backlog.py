@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronman.execution import Trigger
-from cronman.schedule import IntervalTiming
+from cronman.model.execution import Trigger
+from cronman.model.schedule import IntervalTiming
 from scheduler_node.execution import Execution
 from scheduler_node.firer import Firer, FirerConfig
 from scheduler_node.jobs import Decoder, OwnedJob

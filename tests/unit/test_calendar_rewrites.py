@@ -8,8 +8,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from cronman.calendars import calendar_from_dict
-from cronman.schedule import timing_from_dict
+from cronman.model.calendars import calendar_from_dict
+from cronman.model.schedule import timing_from_dict
 from scheduler_node.jobs import CalendarBook, WithCalendars
 
 

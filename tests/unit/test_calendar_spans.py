@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from cronman.calendars import (
+from cronman.model.calendars import (
     MAX_SKIP_DAYS,
     Calendar,
     CalendarTiming,
@@ -29,9 +29,9 @@ from cronman.calendars import (
     excluded_span,
     skip_summary,
 )
-from cronman.misfire import between
-from cronman.schedule import IntervalTiming, count_between, timing_from_dict
-from cronman.timeutil import iso, parse_iso
+from cronman.model.misfire import between
+from cronman.model.schedule import IntervalTiming, count_between, timing_from_dict
+from cronman.model.timeutil import iso, parse_iso
 
 # zone, the day whose midnight is in a gap, the transition (its first instant)
 MIDNIGHT_GAPS = [

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronman.calendars import (
+from cronman.model.calendars import (
     MAX_SKIP_DAYS,
     Calendar,
     CalendarError,
@@ -17,8 +17,8 @@ from cronman.calendars import (
     calendar_from_dict,
     calendar_to_dict,
 )
-from cronman.schedule import IntervalTiming, Timing, cron_rule, next_times, timing_from_dict
-from cronman.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, iso, parse_iso
+from cronman.model.schedule import IntervalTiming, Timing, cron_rule, next_times, timing_from_dict
+from cronman.model.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, iso, parse_iso
 
 ISSUE_EXAMPLE = {
     "timezone": "Europe/Berlin",

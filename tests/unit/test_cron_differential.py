@@ -21,9 +21,9 @@ import pytest
 from cronsim import CronSim, CronSimError
 from hypothesis import HealthCheck, Phase, given, settings
 
-from cronman.cron import cron_error
-from cronman.schedule import cron_rule, next_times
-from cronman.timeutil import iso
+from cronman.model.cron import cron_error
+from cronman.model.schedule import cron_rule, next_times
+from cronman.model.timeutil import iso
 from tests.unit.cron_dialects import Drawn, Source, batches, cronman_text, cronsim_text, quartz_text
 from tests.unit.cron_reference import transitions
 from tests.unit.quartz import Quartz

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from cronman.cron import parse_cron, resolve_hashed
-from cronman.describe import describe_schedule
-from cronman.schedule import cron_spacing_seconds, next_times, timing_from_dict, validate_cron
-from cronman.timeutil import parse_iso
+from cronman.model.cron import parse_cron, resolve_hashed
+from cronman.model.describe import describe_schedule
+from cronman.model.schedule import cron_spacing_seconds, next_times, timing_from_dict, validate_cron
+from cronman.model.timeutil import parse_iso
 from scheduler_node.jobs import Decoder
 
 JOBS = 1000

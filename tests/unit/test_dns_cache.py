@@ -177,13 +177,13 @@ def test_the_real_resolver_reads_the_hosts_file_and_closes_with_queries_in_fligh
 
 
 def test_a_batchs_hosts_are_looked_up_together_and_odd_documents_are_left_to_their_checks() -> None:
-    """The API's side (cronman/targets.py): what ``check_callback`` reads, for every document of a
+    """The API's side (cronman/model/targets.py): what ``check_callback`` reads, for every document of a
     batch at once; documents that are not jobs, or whose URL cannot be parsed, are skipped here and
     reported by their own checks."""
     from types import SimpleNamespace
 
-    from cronman.netguard import parse_allowlist
-    from cronman.targets import resolve_callbacks
+    from cronman.model.netguard import parse_allowlist
+    from cronman.model.targets import resolve_callbacks
 
     settings = SimpleNamespace(dev_mode=True, allowlist=parse_allowlist("listed.example"))
     docs = [
@@ -208,7 +208,7 @@ def test_the_callback_client_forgets_origins_it_no_longer_calls() -> None:
     customer over months does not grow the node without bound."""
     import socket as sockets
 
-    from cronman.netguard import CallbackPolicy
+    from cronman.model.netguard import CallbackPolicy
     from scheduler_node.senders.http import Pool, prepare
 
     held = [sockets.socket() for _ in range(300)]  # bound, not listening: a connect is refused
@@ -261,8 +261,8 @@ def test_no_document_makes_the_batch_lookup_raise(docs: list[object]) -> None:
     what is wrong with it): a host that is not a name at all is simply not looked up."""
     from types import SimpleNamespace
 
-    from cronman.netguard import parse_allowlist
-    from cronman.targets import resolve_callbacks
+    from cronman.model.netguard import parse_allowlist
+    from cronman.model.targets import resolve_callbacks
 
     resolved: dict[str, list[str]] = {"": []}
     settings_ = SimpleNamespace(dev_mode=False, allowlist=parse_allowlist(""))

@@ -27,10 +27,10 @@ from zoneinfo import ZoneInfo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cronman.calendars import Calendar, CalendarTiming, skip_summary
-from cronman.schedule import timing_from_dict
+from cronman.model.calendars import Calendar, CalendarTiming, skip_summary
+from cronman.model.schedule import timing_from_dict
 from cronman.settings import Settings
-from cronman.store import make_engine
+from cronman.store.store import make_engine
 from scheduler_node.jobs import CalendarBook, Decoder, WithCalendars
 from scheduler_node.senders import Senders
 from scheduler_node.watch import Watch, _Job

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronman.execution import backoff_ms, execution_id
-from cronman.hashing import SLOTS, Ownership, owned_slots, owners, score, slot_of, slot_table
+from cronman.model.execution import backoff_ms, execution_id
+from cronman.model.hashing import SLOTS, Ownership, owned_slots, owners, score, slot_of, slot_table
 
 node_names = st.lists(st.text("abcdefgh123-", min_size=1, max_size=8), min_size=1, max_size=6, unique=True)
 # Unicode and NUL included: a node id is whatever the operator (or the host name) made it.
@@ -176,7 +176,7 @@ def test_backoff_doubles_up_to_the_cap() -> None:
 
 
 def test_the_cluster_view_counts_slots_once_per_membership() -> None:
-    from cronman.cluster import slot_counts
+    from cronman.redis.cluster import slot_counts
 
     members = frozenset(f"view-{i}" for i in range(50))
     first = slot_counts(members, 2)

@@ -1,4 +1,4 @@
-"""fold (cronman.health) gives the same change per job as the rule it implements, written the
+"""fold (cronman.store.health) gives the same change per job as the rule it implements, written the
 plain way (a new frozen delta for every row), for any batch: several jobs, any order, every
 status, late marks, retries, lags and occurrences out of order."""
 
@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronman.health import LATE, HealthDelta, fold
+from cronman.store.health import LATE, HealthDelta, fold
 from scheduler_node.history import HistoryRow
 
 STATUSES = st.sampled_from(["succeeded", "permanently_failed", "failed", LATE, "skipped", "cancelled"])

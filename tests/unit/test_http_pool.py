@@ -10,7 +10,7 @@ import asyncio
 import socket
 import time
 
-from cronman.netguard import CallbackPolicy
+from cronman.model.netguard import CallbackPolicy
 from scheduler_node.parts import Outcome
 from scheduler_node.senders.http import OPENING, Pool, prepare
 from tests.helpers import RawHttpServer, SmallServer

@@ -1,4 +1,4 @@
-"""A job's fields and defaults are written once, in cronman.spec: the API's description, the Python
+"""A job's fields and defaults are written once, in cronman.model.spec: the API's description, the Python
 client and the nodes' decoder take them from there, so none can drift from the model."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 from api.openapi import openapi_document
 from cronman import client
-from cronman.spec import OPTION_DEFAULTS, OPTION_FIELDS, RETRY_DEFAULTS, JobSpec
+from cronman.model.spec import OPTION_DEFAULTS, OPTION_FIELDS, RETRY_DEFAULTS, JobSpec
 from scheduler_node.jobs import Decoder, Options, Retry
 from scheduler_node.watch import _late_after_ms
 

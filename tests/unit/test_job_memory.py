@@ -13,8 +13,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronman.hashing import slot_of
-from cronman.schedule import timing_from_dict
+from cronman.model.hashing import slot_of
+from cronman.model.schedule import timing_from_dict
 from scheduler_node.firer import Firer, FirerConfig
 from scheduler_node.jobs import Decoder, JobRow, OwnedJob
 from scheduler_node.metrics import NodeMetrics

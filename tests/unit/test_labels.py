@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cronman.errors import InvalidInput
-from cronman.labels import Op, Requirement, Selector, key_error, labels_error, parse_selector, value_error
+from cronman.model.labels import Op, Requirement, Selector, key_error, labels_error, parse_selector, value_error
 
 
 @pytest.mark.parametrize(

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from cronman import misfire
-from cronman.execution import Trigger
-from cronman.hashing import slot_of
+from cronman.model import misfire
+from cronman.model.execution import Trigger
+from cronman.model.hashing import slot_of
 from cronman.settings import Settings
 from scheduler_node.claims import ClaimSpace, MemoryClaims
 from scheduler_node.execution import Execution

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronman.notifications import RuleBudget, Summary, on_events, on_tick
+from cronman.store.notifications import RuleBudget, Summary, on_events, on_tick
 
 
 def test_events_taken_together_go_out_as_one_after_a_quiet_interval() -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cronman.cluster import OVERDUE_MARGIN_SECONDS, overdue_after
-from cronman.hashing import shared_ownership
+from cronman.model.hashing import shared_ownership
+from cronman.redis.cluster import OVERDUE_MARGIN_SECONDS, overdue_after
 from scheduler_node.membership import overdue
 from scheduler_node.parts import Member
 

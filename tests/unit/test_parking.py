@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from cronman.schedule import IntervalTiming
+from cronman.model.schedule import IntervalTiming
 from scheduler_node.execution import Execution
 from scheduler_node.firer import Firer, FirerConfig
 from scheduler_node.jobs import Decoder, OwnedJob

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cronman.proxies import client_of, parse_networks, scheme_of
+from cronman.model.proxies import client_of, parse_networks, scheme_of
 
 TRUSTED = parse_networks("10.0.0.0/8, fd00::/8, 192.0.2.10")
 

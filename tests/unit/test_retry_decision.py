@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from cronman.execution import Status
+from cronman.model.execution import Status
 from scheduler_node.jobs import Retry
 from scheduler_node.retry import decide
 

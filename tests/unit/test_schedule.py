@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronman.schedule import (
+from cronman.model.schedule import (
     FoldPolicy,
     GapPolicy,
     IntervalTiming,
@@ -21,7 +21,7 @@ from cronman.schedule import (
     validate_cron,
     validate_timezone,
 )
-from cronman.timeutil import iso, parse_iso
+from cronman.model.timeutil import iso, parse_iso
 
 
 def times(schedule: dict, after: str, count: int, job_id: str = "job") -> list[str]:

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronman.cron import ALIASES, _parse_cached, parse_cron
-from cronman.schedule import cron_rule, next_times, timing_from_dict, validate_cron
-from cronman.timeutil import iso, parse_iso, to_ms
+from cronman.model.cron import ALIASES, _parse_cached, parse_cron
+from cronman.model.schedule import cron_rule, next_times, timing_from_dict, validate_cron
+from cronman.model.timeutil import iso, parse_iso, to_ms
 from tests.unit.cron_reference import Model, expressions
 
 ZONES = ["UTC", "America/New_York", "Australia/Sydney"]

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from cronman.cron import CronExpr
-from cronman.schedule import MAX_GAP_SKIPS, CronRule, FoldPolicy, GapPolicy, cron_rule, next_times
-from cronman.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, iso, parse_iso
+from cronman.model.cron import CronExpr
+from cronman.model.schedule import MAX_GAP_SKIPS, CronRule, FoldPolicy, GapPolicy, cron_rule, next_times
+from cronman.model.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, iso, parse_iso
 from tests.unit.cron_reference import Model, brute_next, expressions, fires_at, transitions
 
 ZONES = sorted(available_timezones())

@@ -8,9 +8,9 @@ import time
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from cronman.calendars import Calendar, CalendarTiming
-from cronman.misfire import MAX_COUNTED, MAX_RECORDED, MisfirePlan, MisfirePolicy, between, plan
-from cronman.schedule import (
+from cronman.model.calendars import Calendar, CalendarTiming
+from cronman.model.misfire import MAX_COUNTED, MAX_RECORDED, MisfirePlan, MisfirePolicy, between, plan
+from cronman.model.schedule import (
     CronTiming,
     EarliestOf,
     FoldPolicy,
@@ -22,7 +22,7 @@ from cronman.schedule import (
     cron_rule,
     timing_from_dict,
 )
-from cronman.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, parse_iso
+from cronman.model.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, parse_iso
 from tests.unit.cron_reference import expressions
 
 YEAR_MS = 365 * 86_400_000

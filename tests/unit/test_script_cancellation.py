@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from cronman.scripts import Script
+from cronman.redis.scripts import Script
 
 
 class _Sending:

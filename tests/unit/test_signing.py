@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cronman.signing import Context, sign, verify
+from cronman.model.signing import Context, sign, verify
 
 SECRET = "whsec_test-secret-of-the-namespace"
 NOW = 1_800_000_000

@@ -7,10 +7,10 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronman import signing
-from cronman.execution import backoff_ms
-from cronman.misfire import MAX_RECORDED, MisfirePolicy, plan
-from cronman.schedule import IntervalTiming, JitteredTiming, next_times, timing_from_dict
+from cronman.model import signing
+from cronman.model.execution import backoff_ms
+from cronman.model.misfire import MAX_RECORDED, MisfirePolicy, plan
+from cronman.model.schedule import IntervalTiming, JitteredTiming, next_times, timing_from_dict
 
 
 def test_ten_thousand_minutely_jobs_do_not_fire_in_one_second() -> None:

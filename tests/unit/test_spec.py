@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cronman.errors import InvalidInput
-from cronman.spec import parse_job
+from cronman.model.spec import parse_job
 
 BASE: dict[str, Any] = {
     "schedule": {"type": "interval", "every_seconds": 60},

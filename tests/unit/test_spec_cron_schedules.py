@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from cronman.errors import InvalidInput
-from cronman.schedule import cron_spacing_seconds, next_times, timing_from_dict
-from cronman.spec import parse_job
-from cronman.timeutil import iso, to_ms
+from cronman.model.schedule import cron_spacing_seconds, next_times, timing_from_dict
+from cronman.model.spec import parse_job
+from cronman.model.timeutil import iso, to_ms
 
 
 def _job(**schedule: Any) -> str:

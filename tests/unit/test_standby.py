@@ -10,7 +10,7 @@ import string
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronman.hashing import score
+from cronman.model.hashing import score
 from scheduler_node.standby import BUSY_PATIENCE_S, MAX_HELD, UNREAD_S, Held, Standby, Standing, Verdict
 
 SLOTS = 64

@@ -1,4 +1,4 @@
-"""A job heard paused or deleted (a change notification naming it: cronman.changes) stops at once,
+"""A job heard paused or deleted (a change notification naming it: cronman.model.changes) stops at once,
 before the change feed brings the change: nothing of it that is not already being sent goes out.
 
 The firer as the node wires it, on the in-memory claim store, with scheduler_node.stops in front of
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from cronman.changes import Stop, decode, encode
-from cronman.hashing import slot_of
+from cronman.model.changes import Stop, decode, encode
+from cronman.model.hashing import slot_of
 from scheduler_node.claims import ClaimSpace, MemoryClaims
 from scheduler_node.execution import Execution, Stage
 from scheduler_node.firer import Firer, FirerConfig

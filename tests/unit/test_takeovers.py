@@ -24,8 +24,8 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from cronman.errors import TransientError
-from cronman.execution import Trigger
-from cronman.hashing import slot_of
+from cronman.model.execution import Trigger
+from cronman.model.hashing import slot_of
 from scheduler_node.claims import ClaimSpace, MemoryClaims
 from scheduler_node.claims.memory import _claim_key
 from scheduler_node.execution import Execution

@@ -11,11 +11,11 @@ from typing import get_args
 import pytest
 
 from cronman.errors import InvalidInput
-from cronman.notifications import NotificationSpec, parse_rule
-from cronman.notifications import check_target as check_rule_target
+from cronman.model.spec import TARGET_KINDS, TARGET_MODELS, JobSpec, TargetModel, target_address
+from cronman.model.targets import check_callback, check_queues
 from cronman.settings import Settings
-from cronman.spec import TARGET_KINDS, TARGET_MODELS, JobSpec, TargetModel, target_address
-from cronman.targets import check_callback, check_queues
+from cronman.store.notifications import NotificationSpec, parse_rule
+from cronman.store.notifications import check_target as check_rule_target
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.senders import registered
 from scheduler_node.watch import watch_senders

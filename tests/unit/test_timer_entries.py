@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronman.schedule import IntervalTiming
+from cronman.model.schedule import IntervalTiming
 from scheduler_node.firer import Firer, FirerConfig
 from scheduler_node.jobs import Decoder, OwnedJob
 from scheduler_node.metrics import NodeMetrics

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from cronman import devstack
+from cronman.dev import devstack
 from cronman.settings import Settings
 from tests.timings import DEFAULTS, FAST, TIMING_FIELDS
 
