@@ -15,9 +15,9 @@ from api.common import actor, json_body, now_ms, own_namespace, requested_namesp
 from api.metrics import api_metrics
 from cronman.errors import CronmanError, InvalidInput
 from cronman.model.changes import Stop
+from cronman.model.namespaces import DEFAULT_NAMESPACE
 from cronman.model.spec import JOB_ID_RE, JobSpec, new_job_id
 from cronman.model.targets import resolve_callbacks, spec_from_document
-from cronman.store.apikeys import DEFAULT_NAMESPACE
 from cronman.store.store import StoredJob
 
 bp = Blueprint("batch", __name__)

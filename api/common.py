@@ -14,7 +14,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from api.auth import caller
 from cronman.errors import Forbidden, InvalidInput, PayloadTooLarge, UnsupportedMediaType
 from cronman.model.changes import Stop
-from cronman.store.apikeys import DEFAULT_NAMESPACE, check_namespace
+from cronman.model.namespaces import DEFAULT_NAMESPACE, check_namespace
 from cronman.store.audit import Actor
 from cronman.store.store import JobRecord
 

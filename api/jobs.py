@@ -27,11 +27,11 @@ from cronman.model.calendars import Calendar
 from cronman.model.changes import Stop
 from cronman.model.execution import Trigger, execution_id
 from cronman.model.labels import parse_selector
+from cronman.model.namespaces import DEFAULT_NAMESPACE
 from cronman.model.schedule import Timing
 from cronman.model.spec import JOB_ID_RE, new_job_id, options_with_defaults
 from cronman.model.targets import redact_target, spec_from_document
 from cronman.model.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, iso, iso_dt, parse_iso
-from cronman.store.apikeys import DEFAULT_NAMESPACE
 from cronman.store.audit import JobEvent
 from cronman.store.calendar_store import CalendarStore, job_timing, names_of
 from cronman.store.commands import patch_job as apply_patch

@@ -15,8 +15,8 @@ from api.jobs import MAX_SEARCH
 from api.openapi_schedules import SCHEDULE_MODELS, schedule_paths
 from cronman import __version__
 from cronman.model.labels import MAX_SELECTOR
+from cronman.model.namespaces import NAMESPACE_PATTERN
 from cronman.model.spec import JOB_ID_PATTERN, THROTTLE_NAME_PATTERN, JobSpec, PlainStr, Target
-from cronman.store.apikeys import NAMESPACE_PATTERN
 from cronman.store.commands import COMMAND_ID_PATTERN
 from cronman.store.health import HealthState
 from cronman.store.notifications import EventKind, NotificationSpec

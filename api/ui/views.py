@@ -36,12 +36,12 @@ from cronman.errors import Forbidden, InvalidInput, NotFound
 from cronman.model.changes import Stop
 from cronman.model.describe import describe_schedule, zone_of
 from cronman.model.labels import parse_selector
+from cronman.model.namespaces import check_namespace
 from cronman.model.schedule import next_times
 from cronman.model.spec import JOB_ID_RE, options_with_defaults
 from cronman.model.targets import redact_target
 from cronman.model.timeutil import from_ms, iso_dt, to_ms
 from cronman.redis.cluster import live_nodes
-from cronman.store.apikeys import check_namespace
 from cronman.store.backfill_store import BackfillStore
 from cronman.store.calendar_store import CalendarStore, job_timing, names_of
 from cronman.store.health import NO_HEALTH, health_json, paused_reason_of, state_of

@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -28,7 +28,9 @@ from cronman.model.cron import CronExpr, parse_cron
 from cronman.model.schedule import FoldPolicy, Timing, resolved_expressions, timing_from_dict, zone
 from cronman.model.spec import invalid_input
 from cronman.model.timeutil import parse_iso, to_ms
-from cronman.settings import Settings
+
+if TYPE_CHECKING:
+    from cronman.settings import Settings
 
 MAX_OCCURRENCES = 100_000  # executions one backfill may deliver (default of CRONMAN_BACKFILL_MAX_EXECUTIONS)
 MAX_RATE = 1_000_000.0  # the most CRONMAN_BACKFILL_MAX_PER_SECOND may be

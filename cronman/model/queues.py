@@ -25,7 +25,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from cronman.store.apikeys import NAMESPACE_RE
+from cronman.model.namespaces import NAMESPACE_RE
 
 if TYPE_CHECKING:
     from cronman.settings import Settings

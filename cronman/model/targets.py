@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cronman.errors import InvalidInput
 from cronman.model.netguard import CallbackPolicy, explain, parse_address
@@ -24,7 +24,9 @@ from cronman.model.queues import queue_refusal
 from cronman.model.spec import JobSpec, OnceSchedule, TargetModel, parse_job
 from cronman.model.timeutil import iso, parse_iso, to_ms
 from cronman.model.urls import wire_url
-from cronman.settings import Settings
+
+if TYPE_CHECKING:
+    from cronman.settings import Settings
 
 REDACTED = "<redacted>"
 RESOLVE_TIMEOUT_SECONDS = 2.0

@@ -9,7 +9,6 @@ indexed lookup.
 from __future__ import annotations
 
 import hashlib
-import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,12 +16,10 @@ from datetime import datetime
 from sqlalchemy import Engine, and_, func, select, update
 
 from cronman.errors import Conflict, InvalidInput, NotFound
+from cronman.model.namespaces import check_namespace
 from cronman.store.db import api_keys
 
 KEY_PREFIX = "cmk_"
-NAMESPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-NAMESPACE_RE = re.compile(NAMESPACE_PATTERN)
-DEFAULT_NAMESPACE = "default"
 _MAX_DESCRIPTION = 200
 
 
@@ -34,16 +31,6 @@ def generate_key() -> tuple[str, str]:
     """A new key and its display prefix."""
     prefix = KEY_PREFIX + secrets.token_hex(6)
     return f"{prefix}_{secrets.token_urlsafe(32)}", prefix
-
-
-def check_namespace(namespace: str, field: str = "namespace") -> str:
-    if not NAMESPACE_RE.match(namespace):
-        raise InvalidInput(
-            "a namespace is 1-64 characters: letters, digits, '.', '_' or '-', starting with a letter or digit",
-            field=field,
-            code="invalid_value",
-        )
-    return namespace
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,10 +40,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from cronman.errors import CronmanError, InvalidInput, NotFound, TransientError
 from cronman.model import signing
 from cronman.model.changes import Stop
+from cronman.model.namespaces import DEFAULT_NAMESPACE, NAMESPACE_RE
 from cronman.model.spec import JOB_ID_RE, changed_fields, merge_patch, new_job_id
 from cronman.model.targets import spec_from_document
 from cronman.settings import Settings
-from cronman.store.apikeys import DEFAULT_NAMESPACE, NAMESPACE_RE
 from cronman.store.audit import Actor
 from cronman.store.db import api_keys, commands
 from cronman.store.store import JobRecord, JobStore, document_of

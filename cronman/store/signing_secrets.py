@@ -13,8 +13,8 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, literal_column, select
 
+from cronman.model.namespaces import check_namespace
 from cronman.model.signing import new_secret
-from cronman.store.apikeys import check_namespace
 from cronman.store.db import signing_secrets
 
 OVERLAP = timedelta(days=1)

@@ -39,10 +39,10 @@ from cronman.model.changes import Stop
 from cronman.model.execution import Trigger, execution_id
 from cronman.model.hashing import slot_of
 from cronman.model.labels import Op, Selector
+from cronman.model.namespaces import DEFAULT_NAMESPACE
 from cronman.model.spec import JobSpec, options_of
 from cronman.model.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, from_ms, iso, to_ms
 from cronman.store import audit
-from cronman.store.apikeys import DEFAULT_NAMESPACE
 from cronman.store.audit import NOBODY, Actor, audited
 from cronman.store.calendar_store import missing_calendars, unknown_calendar
 from cronman.store.db import job_triggers, jobs, namespace_usage, scheduled_jobs
