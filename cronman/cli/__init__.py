@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from cronman import __version__
+from cronman.cli import apply as cli_apply
+from cronman.cli import calendars as cli_calendars
+from cronman.cli import config as cli_config
+from cronman.cli import jobs as cli_jobs
 from cronman.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -381,11 +385,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench_parser(sub)
     _add_sim_parser(sub)
     _add_receive_parser(sub)
-
-    from cronman.cli import apply as cli_apply
-    from cronman.cli import calendars as cli_calendars
-    from cronman.cli import config as cli_config
-    from cronman.cli import jobs as cli_jobs
 
     cli_jobs.add_parsers(sub)
     cli_calendars.add_parsers(sub)

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from cronman.cli.output import print_table
 from cronman.client import Client
 from cronman.errors import ConfigError
 from cronman.settings import Settings, load_settings
@@ -163,8 +164,6 @@ def cmd_get_contexts(args: argparse.Namespace) -> int:
     for name, c in sorted(config.contexts.items()):
         key = f"${c.api_key_env}" if c.api_key_env else ("in the file" if c.api_key else "-")
         rows.append(("*" if name == config.current_context else "", name, c.api_url, c.namespace or "-", key))
-    from cronman.cli.output import print_table
-
     print_table(rows)
     return 0
 

@@ -12,6 +12,8 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from cronman.cli.apply import documents, load_sources
+from cronman.cli.calendars import add_job_parsers
 from cronman.cli.config import add_connection_arguments, client_of, load_client_settings
 from cronman.cli.output import (
     FORMATS,
@@ -93,8 +95,6 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from cronman.cli.apply import load_sources
-
     sources = load_sources(args.filename, args.namespace)
     created: list[Job] = []
     failed = 0
@@ -299,8 +299,6 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("id", metavar="ID")
     c.add_argument("--limit", type=int, default=20, help="at most this many (default 20; 0: all)")
     _output(c)
-    from cronman.cli.calendars import add_job_parsers
-
     add_job_parsers(command)
     _notification_parsers(sub)
 
@@ -340,8 +338,6 @@ def cmd_notifications_delete(args: argparse.Namespace) -> int:
 
 def _yaml(text: str) -> Any:
     """One YAML document, read as ``apply`` reads job files (no aliases)."""
-    from cronman.cli.apply import documents
-
     docs = documents("<rule>.yaml", text)
     if len(docs) != 1:
         raise InvalidInput(f"a notification rule is one YAML document, not {len(docs)}")

@@ -56,7 +56,7 @@ from cronman.model.cron import (
     resolve_hashed,
     time_outcomes,
 )
-from cronman.model.timeutil import to_ms
+from cronman.model.timeutil import parse_iso, to_ms
 
 _FIRST_S = (datetime(2, 1, 1, tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(seconds=1)
 _LAST_S = (datetime(9990, 1, 1, tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(seconds=1)
@@ -392,8 +392,6 @@ def _ms_or_none(value: object) -> int | None:
         return value
     if isinstance(value, datetime):
         return to_ms(value)
-    from cronman.model.timeutil import parse_iso
-
     return parse_iso(str(value))
 
 
