@@ -78,6 +78,8 @@ def schedule_text(schedule: dict[str, Any]) -> str:
         return f"every {duration(int(schedule.get('every_seconds', 0)))}"
     if kind == "once":
         return f"once {schedule.get('at')}"
+    if kind == "after":
+        return f"after {', '.join(schedule.get('jobs') or [])}"
     return str(kind)
 
 

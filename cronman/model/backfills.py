@@ -194,6 +194,8 @@ def most_occurrences(schedule: dict[str, Any], job_id: str, namespace: str, from
     if hi < lo:
         return 0
     kind = schedule["type"]
+    if kind == "after":
+        return 0
     if kind == "once":
         return 1
     if kind == "interval":

@@ -111,6 +111,9 @@ def describe_schedule(schedule: dict[str, Any], job_id: str | None = None, names
         head = _interval(schedule)
     elif kind == "once":
         head = f"Once, at {instant_words(schedule['at'])}"
+    elif kind == "after":
+        within = duration_words(int(schedule.get("within_seconds", 86400)))
+        head = f"After {', '.join(schedule['jobs'])} succeeded (within {within})"
     else:
         return f"Unknown schedule type {kind!r}"
     rest = _bounds(schedule)

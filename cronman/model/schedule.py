@@ -109,6 +109,17 @@ class OnceTiming:
         return self.at_ms if self.at_ms > after_ms else None
 
 
+@dataclass(frozen=True, slots=True)
+class NoTiming:
+    """A schedule with no times of its own (``after``: its executions follow its upstreams')."""
+
+    def next_after(self, after_ms: int) -> int | None:
+        return None
+
+
+NEVER = NoTiming()
+
+
 def phase_for(job_id: str, every_ms: int) -> int:
     """A stable phase in [0, every_ms) from the job id, so equal intervals do not all fire at once."""
     digest = hashlib.blake2b(job_id.encode(), digest_size=8).digest()
@@ -494,6 +505,8 @@ def _shared_timing(schedule: dict, start: int | None, end: int | None) -> Timing
         at = _ms_or_none(schedule["at"])
         assert at is not None
         return OnceTiming(at)
+    if kind == "after":
+        return NEVER
     raise ValueError(f"unknown schedule type {kind!r}")
 
 

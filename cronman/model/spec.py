@@ -238,7 +238,43 @@ class OnceSchedule(_Bounds):
         return self
 
 
-Schedule = Annotated[CronSchedule | IntervalSchedule | OnceSchedule, Field(discriminator="type")]
+MAX_UPSTREAMS = 10
+MAX_WITHIN_SECONDS = 30 * 86400
+JobIdStr = Annotated[str, Field(pattern=JOB_ID_PATTERN, max_length=128)]
+
+
+def _distinct_jobs(v: list[str]) -> list[str]:
+    for i, name in enumerate(v):
+        if name in v[:i]:
+            raise PydanticCustomError("invalid_value", "job {name!r} is named twice", {"name": name, "field": str(i)})
+    return v
+
+
+class AfterSchedule(_Model):
+    type: Literal["after"]
+    jobs: list[JobIdStr] = Field(
+        min_length=1,
+        max_length=MAX_UPSTREAMS,
+        description=f"The upstream jobs, of the job's namespace (at most {MAX_UPSTREAMS}): the job fires once every "
+        "one of them has succeeded since it last fired (fan-in). A failed upstream (permanently_failed, or skipped "
+        "because its own upstream failed) makes the job record a skipped execution with the reason. A cycle is "
+        "refused.",
+        examples=[["transform", "audit"]],
+    )
+    within_seconds: int = Field(
+        86400,
+        ge=1,
+        le=MAX_WITHIN_SECONDS,
+        description="An upstream success older than this when the last of them arrives does not count.",
+    )
+
+    @field_validator("jobs")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        return _distinct_jobs(v)
+
+
+Schedule = Annotated[CronSchedule | IntervalSchedule | OnceSchedule | AfterSchedule, Field(discriminator="type")]
 
 
 MAX_TIMEOUT_SECONDS = 300
@@ -446,6 +482,66 @@ class FailurePolicy(_Model):
     )
 
 
+MAX_COMPLETION_SECONDS = 7 * 86400
+MAX_OUTPUT_BYTES = 4096
+
+
+class Completion(_Model):
+    mode: Literal["callback"] = Field(
+        description="callback: the receiver's 2xx accepts the work, the execution is running, and the work reports "
+        "its end with POST /v1/executions/{execution_id}:complete."
+    )
+    timeout_seconds: int = Field(
+        3600,
+        ge=1,
+        le=MAX_COMPLETION_SECONDS,
+        description="An attempt whose work reports no end this long after it was sent failed (retried by the "
+        "job's retry policy under the same execution id).",
+    )
+    heartbeat_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_COMPLETION_SECONDS,
+        description="When set, the work must also report (POST .../{execution_id}:heartbeat, or its end) at least "
+        "this often: an attempt silent this long failed. Each heartbeat gives it this long again, never past "
+        "timeout_seconds.",
+    )
+
+    @model_validator(mode="after")
+    def _within(self) -> Completion:
+        if self.heartbeat_seconds is not None and self.heartbeat_seconds > self.timeout_seconds:
+            raise PydanticCustomError(
+                "invalid_value", "heartbeat_seconds must not exceed timeout_seconds", {"field": "heartbeat_seconds"}
+            )
+        return self
+
+
+MAX_REQUIRE_WAIT_SECONDS = 86400
+
+
+class Requirement(_Model):
+    jobs: list[JobIdStr] = Field(
+        min_length=1,
+        max_length=MAX_UPSTREAMS,
+        description=f"Jobs of the job's namespace (at most {MAX_UPSTREAMS}) each of which must have succeeded within "
+        "within_seconds before an occurrence for it to be delivered.",
+        examples=[["extract"]],
+    )
+    within_seconds: int = Field(86400, ge=1, le=MAX_WITHIN_SECONDS)
+    wait_seconds: int = Field(
+        0,
+        ge=0,
+        le=MAX_REQUIRE_WAIT_SECONDS,
+        description="An occurrence whose requirement is not met waits this long after its time for it, then is "
+        "recorded skipped with the reason.",
+    )
+
+    @field_validator("jobs")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        return _distinct_jobs(v)
+
+
 MIN_LATE_AFTER_SECONDS = 5
 
 
@@ -503,6 +599,24 @@ class JobOptions(_Model):
         le=MAX_CAPTURE_BYTES,
         description="Keep the start of the receiver's answer (HTTP targets), up to this many bytes, in each "
         "execution's response. 0: keep none.",
+    )
+
+    completion: Completion | None = Field(
+        None,
+        description="The work completes asynchronously: the receiver's 2xx accepts it, the execution is running "
+        "until the work reports its end (POST /v1/executions/{execution_id}:complete, authorised by the "
+        "namespace's key or by the Cronman-Completion-Token sent with the delivery). overlap_policy skip then "
+        "skips while the work runs.",
+    )
+    require: Requirement | None = Field(
+        None, description="Jobs that must have succeeded recently for an occurrence to be delivered."
+    )
+    deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_COMPLETION_SECONDS,
+        description="An occurrence not succeeded (its work completed, for asynchronous work) this long after its "
+        "scheduled time is recorded, turns health.state late, and sends execution.deadline_missed, once.",
     )
 
     @field_validator("dead_letter_queue_url")
@@ -598,7 +712,7 @@ def options_with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
     return {k: stored.get(k, default) for k, default in OPTION_DEFAULTS.model_dump(mode="json").items()}
 
 
-_TAGS = {"cron", "interval", "once", *TARGET_KINDS}
+_TAGS = {"cron", "interval", "once", "after", *TARGET_KINDS}
 _CUSTOM = {
     "invalid_cron",
     "invalid_timezone",

@@ -433,3 +433,95 @@ backfills = Table(
     Index("ix_backfills_change_xid", "change_xid"),
     Index("ix_backfills_job", "job_id", "created_at"),
 )
+
+# Work that finishes later (completion.mode callback): one row per execution, the attempt sent
+# last; nodes write it before each attempt, the API's :complete and :heartbeat update it.
+async_runs = Table(
+    "async_runs",
+    metadata,
+    Column("execution_id", UUID(as_uuid=False), primary_key=True),
+    Column("namespace", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("scheduled_for", DateTime(timezone=True), nullable=False),
+    Column("event_index", Integer, nullable=False),
+    Column("trigger", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("status", Text, nullable=False),  # running, succeeded, failed (reported), timed_out
+    Column("token_hash", LargeBinary, nullable=False),  # sha256 of the attempt's completion token
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("deadline_at", DateTime(timezone=True), nullable=False),  # no end by then: the attempt failed
+    Column("timeout_at", DateTime(timezone=True), nullable=False),  # heartbeats never move it past this
+    Column("heartbeat_ms", BigInteger),
+    Column("last_heartbeat_at", DateTime(timezone=True)),
+    Column("reported_at", DateTime(timezone=True)),
+    Column("output", Text),
+    Column("reported_by", Text),
+    Index("ix_async_runs_job", "namespace", "job_id", "started_at"),
+    Index("ix_async_runs_running", "deadline_at", postgresql_where=text("status = 'running'")),
+)
+
+# Jobs that wait for other jobs: an edge per (upstream, downstream) of a namespace, kept by the API
+# with the downstream job ("after": its schedule; "require": its requirement).
+job_dependencies = Table(
+    "job_dependencies",
+    metadata,
+    Column("namespace", Text, nullable=False),
+    Column("upstream", Text, nullable=False),
+    Column("downstream", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("within_ms", BigInteger, nullable=False),
+    PrimaryKeyConstraint("namespace", "upstream", "downstream"),
+    Index("ix_job_dependencies_downstream", "namespace", "downstream"),
+)
+
+# An "after" job's upstreams' successes since it last ran: {upstream: [execution id, succeeded ms]}.
+after_waits = Table(
+    "after_waits",
+    metadata,
+    Column("namespace", Text, nullable=False),
+    Column("downstream", Text, nullable=False),
+    Column("pending", JSONB, nullable=False, server_default="{}"),
+    Column("last_fired_ms", BigInteger),
+    PrimaryKeyConstraint("namespace", "downstream"),
+)
+
+# The upstream executions an execution followed; for an "after" execution an upstream's failure
+# ended, why it is skipped.
+execution_upstreams = Table(
+    "execution_upstreams",
+    metadata,
+    Column("execution_id", UUID(as_uuid=False), primary_key=True),
+    Column("namespace", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("upstream_jobs", ARRAY(Text), nullable=False),
+    Column("upstream_ids", ARRAY(Text), nullable=False),
+    Column("skip_reason", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_execution_upstreams_job", "namespace", "job_id", "created_at"),
+)
+
+# The latest success of each job another job depends on.
+job_last_success = Table(
+    "job_last_success",
+    metadata,
+    Column("namespace", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("execution_id", UUID(as_uuid=False), nullable=False),
+    Column("succeeded_at", DateTime(timezone=True), nullable=False),
+    PrimaryKeyConstraint("namespace", "job_id"),
+)
+
+# Occurrences that missed their job's deadline_seconds, once each.
+deadline_misses = Table(
+    "deadline_misses",
+    metadata,
+    Column("namespace", Text, nullable=False),
+    Column("job_id", Text, nullable=False),
+    Column("execution_id", UUID(as_uuid=False), nullable=False),
+    Column("scheduled_for", DateTime(timezone=True), nullable=False),
+    Column("deadline_at", DateTime(timezone=True), nullable=False),
+    Column("status", Text, comment="what history said of it when the deadline passed"),
+    Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("execution_id"),
+    Index("ix_deadline_misses_job", "namespace", "job_id", "scheduled_for"),
+)
