@@ -18,6 +18,7 @@ from scheduler_node.leases import Leases
 from scheduler_node.lifecycle import Lifecycle
 from scheduler_node.progress import Progress
 from scheduler_node.schedule_book import ScheduleBook
+from scheduler_node.waits import Waits, waits_for_something
 
 # What the cluster's configuration says of a won execution before it is sent (Firer.screen): end it
 # with this status and reason, and for a skipped span of excluded days, what its row stands for.
@@ -34,7 +35,7 @@ class AdmitHost(Protocol):
 
 
 class Admission:
-    __slots__ = ("host", "book", "lifecycle", "leases", "progress", "finisher", "delivery", "screen", "clock")
+    __slots__ = ("host", "book", "lifecycle", "leases", "progress", "finisher", "delivery", "waits", "screen", "clock")
 
     def __init__(
         self,
@@ -46,6 +47,7 @@ class Admission:
         progress: Progress,
         finisher: Finisher,
         delivery: Deliveries,
+        waits: Waits,
         screen: Callable[[Execution], Verdict | None],
         clock: Callable[[], int],
     ) -> None:
@@ -56,6 +58,7 @@ class Admission:
         self.progress = progress
         self.finisher = finisher
         self.delivery = delivery
+        self.waits = waits
         self.screen = screen
         self.clock = clock
 
@@ -74,7 +77,7 @@ class Admission:
         if current is None or current.incarnation != e.job.incarnation:
             self.finisher.cancel(e, "the job was deleted")
             return
-        if current.paused and e.trigger == Trigger.SCHEDULE and not e.d.suffix:
+        if current.paused and e.trigger in (Trigger.SCHEDULE, Trigger.AFTER) and not e.d.suffix:
             read = self.progress.feed_read_ms
             if e.taken and (read is None or read < e.scheduled_ms):
                 # Taken over from another node, which fired the occurrence (it saw the job live
@@ -100,5 +103,8 @@ class Admission:
         verdict = self.screen(e)  # e.g. an occurrence on a day one of the job's calendars excludes
         if verdict is not None:
             self.finisher.finish_with(e, *verdict)
+            return
+        if waits_for_something(e):  # upstreams, or asynchronous work (scheduler_node.waits)
+            self.waits.admit(e)
             return
         self.delivery.dispatch(e)

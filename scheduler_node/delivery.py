@@ -245,7 +245,7 @@ class Deliveries:
             job.payload,
             e.event_index,
             signature,
-            (("Cronman-Backfill-Id", backfill),) if backfill else (),
+            ((("Cronman-Backfill-Id", backfill),) if backfill else ()) + e.extra,
             job.namespace,
             trace,
             job.opts.capture,

@@ -68,6 +68,8 @@ class Execution:
         "place",
         "waited",
         "failed_row",
+        "extra",
+        "reported",
     )
 
     def __init__(self, job: OwnedJob, d: Descriptor, *, guarded: bool = False) -> None:
@@ -92,6 +94,10 @@ class Execution:
         self.waited = 0.0  # seconds its attempt waited for that place
         # The history row of its last attempt here, while it waits to retry (see Leases._lose)
         self.failed_row: HistoryRow | None = None
+        # Headers sent with its next attempt besides the usual (a completion token, upstream ids)
+        self.extra: tuple[tuple[str, str], ...] = ()
+        # Its outcome is the end its asynchronous work reported (or its timeout), not an answer
+        self.reported = False
 
     @classmethod
     def of(

@@ -115,4 +115,5 @@ def _triggered(job: OwnedJob, t: TriggerRow) -> list[Execution]:
         e = Execution(job, d)
         e.attempt = t.attempt or 1
         return [e]
-    return [Execution.of(job, t.requested_ms, i, Trigger.MANUAL) for i in range(job.opts.events)]
+    trigger = Trigger.AFTER if t.kind == "after" else Trigger.MANUAL  # (after: its upstreams succeeded)
+    return [Execution.of(job, t.requested_ms, i, trigger) for i in range(job.opts.events)]

@@ -46,6 +46,9 @@ class FinishHost(Protocol):
     def wake(self) -> None:
         """Run a timer pass soon (a throttle permit was freed)."""
 
+    def accepted(self, e: Execution) -> None:
+        """The receiver accepted ``e``'s asynchronous work: it waits for the work's end."""
+
 
 class Finisher:
     def __init__(
@@ -99,8 +102,9 @@ class Finisher:
 
     def _finish(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
         job = e.job
+        reported, e.reported = e.reported, False  # (this outcome's: a retry's answer is an answer again)
         m = self.metrics
-        if e.attempt == 1 and not backfill_of(e.trigger):  # a backfill is late on purpose
+        if e.attempt == 1 and not backfill_of(e.trigger) and not reported:  # a backfill is late on purpose
             lag = max(0, fired - e.scheduled_ms - e.throttle_wait_ms)
             m.tally.observe(m.lag, lag / 1000)
             self._lags.append(lag)
@@ -121,6 +125,15 @@ class Finisher:
             aged_on_purpose=bool(backfill_of(e.trigger)),  # a backfill is old on purpose
         )
         self.tracing.end(e.ticket.name, e.attempt, outcome.ok, outcome.http_status, error, finished)
+        if status is Status.SUCCEEDED and job.opts.completion is not None and not reported:
+            # Accepted, not done: the work reports its end (scheduler_node.waits); whoever holds the
+            # claim waits for it (another node, if it was taken over meanwhile).
+            if e.superseded:
+                e.stage = Stage.OVER
+                self.leases.let_go(e)
+            else:
+                self.host.accepted(e)
+            return
         if status is not Status.FAILED:
             self.tracing.finish(e.id, job.id, e.scheduled_ms, status.value, finished)
         if status is Status.PERMANENTLY_FAILED and job.opts.dead_letter and not e.superseded:

@@ -58,6 +58,7 @@ from scheduler_node.timer import Timer
 from scheduler_node.timetable import Timetable
 from scheduler_node.tracing import Tracing
 from scheduler_node.verify import Verifier
+from scheduler_node.waits import Waits
 
 log = logging.getLogger("cronman.node")
 
@@ -196,6 +197,15 @@ class Firer:
             spawn=self.tasks.spawn,
             node_id=cfg.node_id,
         )
+        self.waits = Waits(
+            self,
+            store=store,
+            leases=self.leases,
+            finisher=self.finisher,
+            delivery=self.delivery,
+            clock=clock,
+            spawn=self.tasks.spawn,
+        )
         self.lifecycle = Lifecycle(self, table=self.table, leases=self.leases, backlog=self.backlog)
         self.sweeper = Sweeper(
             self,
@@ -245,6 +255,7 @@ class Firer:
             progress=self.progress,
             finisher=self.finisher,
             delivery=self.delivery,
+            waits=self.waits,
             screen=self.screen,
             clock=self.clock,
         )
@@ -415,6 +426,10 @@ class Firer:
         self.finisher.outcome(e, outcome, fired, finished)
 
     # ------------------------------------------------------------------ outcomes
+    def accepted(self, e: Execution) -> None:
+        """The receiver accepted ``e``'s asynchronous work (see Waits.accepted)."""
+        self.waits.accepted(e)
+
     def finish_with(self, e: Execution, status: Status, reason: str, summary: SkipSummary | None = None) -> None:
         self.finisher.finish_with(e, status, reason, summary)
 

@@ -32,6 +32,25 @@ class Retry:
 
 
 @dataclass(frozen=True, slots=True)
+class Completion:
+    """Asynchronous work (completion.mode callback): how long an attempt's work may run, and how
+    long it may stay silent between heartbeats (None: no heartbeat asked)."""
+
+    timeout_ms: int
+    heartbeat_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    """Jobs that must have succeeded within ``within_ms`` before an occurrence for it to be sent;
+    it waits ``wait_ms`` after its time for them, then is skipped."""
+
+    jobs: tuple[str, ...]
+    within_ms: int
+    wait_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Options:
     events: int = _OPTION.events_per_trigger
     throttle: str | None = _OPTION.throttle
@@ -42,6 +61,8 @@ class Options:
     dead_letter: str | None = _OPTION.dead_letter_queue_url
     capture: int = _OPTION.capture_response_bytes  # bytes of the receiver's answer kept in history
     calendars: tuple[str, ...] = tuple(_OPTION.calendars)  # names of calendars of the job's namespace
+    completion: Completion | None = None
+    require: Requirement | None = None
 
 
 class OwnedJob:
@@ -337,6 +358,8 @@ class Decoder:
                 dead_letter=d.get("dead_letter_queue_url") or _OPTION.dead_letter_queue_url,
                 capture=int(d.get("capture_response_bytes") or _OPTION.capture_response_bytes),
                 calendars=tuple(d.get("calendars") or _OPTION.calendars),
+                completion=_completion(d.get("completion")),
+                require=_requirement(d.get("require")),
             )
             if len(self._options) > 10_000:
                 self._options.clear()
@@ -429,6 +452,21 @@ class Decoder:
             options,
             paused,
         )
+
+
+def _completion(doc: dict[str, Any] | None) -> Completion | None:
+    if not doc:
+        return None
+    beat = doc.get("heartbeat_seconds")
+    return Completion(int(doc.get("timeout_seconds") or 3600) * 1000, int(beat) * 1000 if beat else None)
+
+
+def _requirement(doc: dict[str, Any] | None) -> Requirement | None:
+    if not doc or not doc.get("jobs"):
+        return None
+    return Requirement(
+        tuple(doc["jobs"]), int(doc.get("within_seconds") or 86400) * 1000, int(doc.get("wait_seconds") or 0) * 1000
+    )
 
 
 class _Never:

@@ -37,13 +37,16 @@ from scheduler_node.parts import (
 )
 from scheduler_node.sim.loop import World
 from scheduler_node.store import (
+    AsyncRun,
     Attempts,
     BackfillRow,
     ClusterConfig,
     Ident,
     NodeStore,
+    RunStart,
     SlotMarks,
     TriggerRow,
+    Upstreams,
     decide_outage,
     ends,
     replaces,
@@ -337,9 +340,21 @@ class SimDb:
     version: int = 1
     incarnations: int = 1
     trigger_ids: int = 1
+    # What executions wait for (scheduler_node.waits): asynchronous work's runs by execution id
+    # [attempt, status, started ms, deadline ms, timeout ms, heartbeat ms, reported ms, output,
+    # token hash], the latest success of each job, the upstreams executions followed.
+    runs: dict[str, list[Any]] = field(default_factory=dict)
+    last_success: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
+    upstreams: dict[str, Upstreams] = field(default_factory=dict)
 
     def now_ms(self) -> int:
         return int(self.world.now * 1000)
+
+    def run_of(self, execution_id: str) -> AsyncRun | None:
+        r = self.runs.get(execution_id)
+        if r is None:
+            return None
+        return AsyncRun(r[0], r[1], r[2], r[3] - self.now_ms(), r[6], r[7])
 
     # -- what the API does
     def put_job(self, job_id: str, **doc: Any) -> SimJob:
@@ -753,6 +768,65 @@ class SimStore(NodeStore):
         b.driver = None
         self.db.backfill_changed(backfill_id, "cancelled")
         return True
+
+    # -- what executions wait for
+    @_answered
+    async def start_runs(self, runs: Sequence[RunStart]) -> dict[str, tuple[bool, AsyncRun]]:
+        await self.db.call(self.node)
+        now, out = self.db.now_ms(), {}
+        for r in runs:
+            old = self.db.runs.get(r.execution_id)
+            if old is None or (old[0] < r.attempt and old[1] != "succeeded"):
+                beat = r.heartbeat_ms or r.timeout_ms
+                self.db.runs[r.execution_id] = [
+                    r.attempt,
+                    "running",
+                    now,
+                    now + min(r.timeout_ms, beat),
+                    now + r.timeout_ms,
+                    r.heartbeat_ms,
+                    None,
+                    None,
+                    r.token_hash,
+                ]
+                started = True
+            else:
+                started = False
+            run = self.db.run_of(r.execution_id)
+            assert run is not None
+            out[r.execution_id] = (started, run)
+        return out
+
+    @_answered
+    async def async_runs(self, execution_ids: Sequence[str]) -> dict[str, AsyncRun]:
+        await self.db.call(self.node)
+        return {i: run for i in execution_ids if (run := self.db.run_of(i)) is not None}
+
+    @_answered
+    async def time_out_runs(self, items: Sequence[tuple[str, int]]) -> dict[str, AsyncRun]:
+        await self.db.call(self.node)
+        now = self.db.now_ms()
+        for i, attempt in items:
+            r = self.db.runs.get(i)
+            if r is not None and r[0] == attempt and r[1] == "running" and r[3] <= now:
+                r[1], r[6] = "timed_out", now
+        return {i: run for i, _ in items if (run := self.db.run_of(i)) is not None}
+
+    @_answered
+    async def last_successes(self, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, int]]:
+        await self.db.call(self.node)
+        return {k: self.db.last_success[k] for k in wanted if k in self.db.last_success}
+
+    @_answered
+    async def upstreams_of(self, execution_ids: Sequence[str]) -> dict[str, Upstreams]:
+        await self.db.call(self.node)
+        return {i: self.db.upstreams[i] for i in execution_ids if i in self.db.upstreams}
+
+    @_answered
+    async def record_upstreams(self, rows: Sequence[tuple[str, str, str, Upstreams]]) -> None:
+        await self.db.call(self.node)
+        for execution_id, _, _, ups in rows:
+            self.db.upstreams.setdefault(execution_id, ups)
 
     def write_history(self, rows: list[HistoryRow]) -> int:
         return self.db.write(rows, self.node)

@@ -21,13 +21,16 @@ cursor per database; docs/scaling.md has the plan.
 from scheduler_node.store.backfills import CANCELLED_KEPT_PER_NAMESPACE
 from scheduler_node.store.pg import UNAVAILABLE, PgNodeStore
 from scheduler_node.store.port import (
+    AsyncRun,
     Attempts,
     BackfillRow,
     ClusterConfig,
     Ident,
     NodeStore,
+    RunStart,
     SlotMarks,
     TriggerRow,
+    Upstreams,
     bitmap,
     bitmap_slots,
     decide_outage,
@@ -38,6 +41,7 @@ from scheduler_node.store.port import (
 )
 
 __all__ = [
+    "AsyncRun",
     "CANCELLED_KEPT_PER_NAMESPACE",
     "UNAVAILABLE",
     "Attempts",
@@ -46,8 +50,10 @@ __all__ = [
     "Ident",
     "NodeStore",
     "PgNodeStore",
+    "RunStart",
     "SlotMarks",
     "TriggerRow",
+    "Upstreams",
     "bitmap",
     "bitmap_slots",
     "decide_outage",

@@ -21,6 +21,7 @@ from cronman.store.partitions import day_of_ms, ensure_partitions
 from cronman.store.pgarray import array_columns
 from scheduler_node.history import HistoryRow
 from scheduler_node.outcomes import record_outcomes
+from scheduler_node.store.dependencies import record_dependencies
 from scheduler_node.store.port import _ENDS, Attempts, Ident, one_row_per_attempt
 from scheduler_node.store.sql import _MS
 
@@ -133,6 +134,8 @@ class History:
                             cur.execute(_INSERT, array_columns(again))
                             returned = list(cur.fetchall())
                         paused = record_outcomes(cur, fresh) if fresh else []
+                        if fresh:
+                            record_dependencies(cur, fresh)  # jobs that wait for these
                     finally:
                         cur.close()
                     raw.commit()

@@ -24,16 +24,20 @@ from scheduler_node.store.backfills import Backfills
 from scheduler_node.store.feed import JobFeed
 from scheduler_node.store.history import History
 from scheduler_node.store.port import (
+    AsyncRun,
     Attempts,
     BackfillRow,
     ClusterConfig,
     Ident,
     NodeStore,
+    RunStart,
     SlotMarks,
     TriggerRow,
+    Upstreams,
 )
 from scheduler_node.store.progress import Progress
 from scheduler_node.store.tables import ClusterTables
+from scheduler_node.store.waits import Waits
 
 T = TypeVar("T")
 
@@ -59,6 +63,7 @@ class PgNodeStore(NodeStore):
         self.progress = Progress(engine)
         self.backfill_rows = Backfills(engine)
         self.history = History(engine)
+        self.waits = Waits(engine)
 
     @property
     def rows_loaded(self) -> int:
@@ -196,6 +201,25 @@ class PgNodeStore(NodeStore):
     # -- history
     async def attempts(self, idents: Sequence[Ident]) -> dict[Ident, Attempts]:
         return await self._call(self.history.attempts, list(idents))
+
+    # -- what executions wait for
+    async def start_runs(self, runs: Sequence[RunStart]) -> dict[str, tuple[bool, AsyncRun]]:
+        return await self._call(self.waits.start_runs, list(runs))
+
+    async def async_runs(self, execution_ids: Sequence[str]) -> dict[str, AsyncRun]:
+        return await self._call(self.waits.async_runs, list(execution_ids))
+
+    async def time_out_runs(self, items: Sequence[tuple[str, int]]) -> dict[str, AsyncRun]:
+        return await self._call(self.waits.time_out_runs, list(items))
+
+    async def last_successes(self, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, int]]:
+        return await self._call(self.waits.last_successes, list(wanted))
+
+    async def upstreams_of(self, execution_ids: Sequence[str]) -> dict[str, Upstreams]:
+        return await self._call(self.waits.upstreams_of, list(execution_ids))
+
+    async def record_upstreams(self, rows: Sequence[tuple[str, str, str, Upstreams]]) -> None:
+        await self._call(self.waits.record_upstreams, list(rows))
 
     def write_history(self, rows: list[HistoryRow]) -> int:
         try:

@@ -32,6 +32,46 @@ class TriggerRow:
 
 
 @dataclass(frozen=True, slots=True)
+class AsyncRun:
+    """What ``async_runs`` says of an execution of asynchronous work: the attempt sent last, its
+    status (running; succeeded or failed as the work reported; timed_out), when it was sent, how
+    long until its deadline by the database's clock (negative: passed), and the reported end."""
+
+    attempt: int
+    status: str
+    started_ms: int
+    remaining_ms: int
+    reported_ms: int | None = None
+    output: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """An attempt of asynchronous work about to be sent: its row in ``async_runs``."""
+
+    execution_id: str
+    namespace: str
+    job_id: str
+    scheduled_ms: int
+    event_index: int
+    trigger: str
+    attempt: int
+    token_hash: bytes
+    timeout_ms: int  # the work's timeout plus the target's own (the send itself)
+    heartbeat_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Upstreams:
+    """The upstream executions an execution follows (job ids and execution ids, in order), or why
+    an ``after`` execution is skipped (an upstream failed)."""
+
+    jobs: tuple[str, ...]
+    ids: tuple[str, ...]
+    skip_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterConfig:
     """Small tables every node keeps whole: throttle policies, signing secrets and calendars."""
 
@@ -129,6 +169,32 @@ class NodeStore(abc.ABC):
 
     @abc.abstractmethod
     async def attempts(self, idents: Sequence[Ident]) -> dict[Ident, Attempts]: ...
+
+    # -- work that finishes later, jobs that wait for other jobs (scheduler_node.waits)
+    @abc.abstractmethod
+    async def start_runs(self, runs: Sequence[RunStart]) -> dict[str, tuple[bool, AsyncRun]]:
+        """Record each attempt as running (a new token and deadline), unless the row holds that
+        attempt or a later one already, or a success: per execution id, (started by this call,
+        the row as it stands)."""
+
+    @abc.abstractmethod
+    async def async_runs(self, execution_ids: Sequence[str]) -> dict[str, AsyncRun]: ...
+
+    @abc.abstractmethod
+    async def time_out_runs(self, items: Sequence[tuple[str, int]]) -> dict[str, AsyncRun]:
+        """(execution id, attempt): timed out if still running at that attempt past its deadline;
+        the rows as they stand after."""
+
+    @abc.abstractmethod
+    async def last_successes(self, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, int]]:
+        """(namespace, job id) -> (execution id, ms) of the job's latest success, for jobs others depend on."""
+
+    @abc.abstractmethod
+    async def upstreams_of(self, execution_ids: Sequence[str]) -> dict[str, Upstreams]: ...
+
+    @abc.abstractmethod
+    async def record_upstreams(self, rows: Sequence[tuple[str, str, str, Upstreams]]) -> None:
+        """(execution id, namespace, job id, upstreams): kept once (a second record changes nothing)."""
 
     @abc.abstractmethod
     async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, tuple[int, int]]:

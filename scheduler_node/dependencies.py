@@ -1,0 +1,77 @@
+"""Jobs that wait for other jobs: what an upstream's end does to the jobs downstream of it, decided
+in the transaction that writes the upstream's history row (so exactly once, whoever writes it).
+
+- Every success of a job others depend on becomes its latest success (``require`` reads it).
+- An ``after`` job keeps its upstreams' successes since it last fired; when every one of its
+  upstreams has one, no older than its window, it fires (a trigger of kind ``after``, whose
+  execution carries those runs' ids) and starts over.
+- An upstream that failed (permanently_failed, or skipped because its own upstream failed or was
+  missing) makes the ``after`` job record a skipped execution with the reason, which passes on down
+  the chain; that upstream's earlier success no longer counts.
+
+Pure: the PostgreSQL store (scheduler_node.store.dependencies) and the simulation's both apply it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from cronman.model.execution import UPSTREAM_REASON
+from scheduler_node.history import HistoryRow
+from scheduler_node.store.port import Upstreams
+
+MAX_REASON = 500  # a skip's reason, passed down a chain, is cut to this many characters
+
+
+def counts_upstream(row: HistoryRow) -> bool:
+    """Whether a row ends its execution in a way downstream jobs hear of."""
+    return row.status in ("succeeded", "permanently_failed") or (
+        row.status == "skipped" and (row.error or "").startswith(UPSTREAM_REASON)
+    )
+
+
+@dataclass(slots=True)
+class Wait:
+    """An ``after`` job's upstream successes since it last fired: upstream -> (execution id, ms)."""
+
+    pending: dict[str, tuple[str, int]] = field(default_factory=dict)
+    last_fired_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    """An ``after`` job's execution to make: at ``requested_ms``, following ``upstreams`` (or skipped)."""
+
+    requested_ms: int
+    upstreams: Upstreams
+
+
+def advance(
+    wait: Wait, upstreams: tuple[str, ...], within_ms: int, ends: Iterable[tuple[str, HistoryRow]], now_ms: int
+) -> list[Fire]:
+    """Apply upstream ends (upstream job id, its row), in order, to an ``after`` job's wait;
+    returns the executions the job gets (each at a distinct time, after the last it got)."""
+    fires: list[Fire] = []
+
+    def at() -> int:
+        t = now_ms if wait.last_fired_ms is None else max(now_ms, wait.last_fired_ms + 1)
+        wait.last_fired_ms = t
+        return t
+
+    for upstream, row in ends:
+        if row.status == "succeeded":
+            wait.pending[upstream] = (row.execution_id, row.finished_ms or now_ms)
+            ready = [wait.pending.get(u) for u in upstreams]
+            if all(r is not None and r[1] >= now_ms - within_ms for r in ready):
+                ids = tuple(r[0] for r in ready if r is not None)
+                fires.append(Fire(at(), Upstreams(upstreams, ids)))
+                wait.pending = {}
+            continue
+        wait.pending.pop(upstream, None)
+        if row.status == "skipped":
+            reason = f"{UPSTREAM_REASON}{upstream} was skipped: {row.error}"
+        else:
+            reason = f"{UPSTREAM_REASON}{upstream} failed (execution {row.execution_id}, {row.status})"
+        fires.append(Fire(at(), Upstreams((upstream,), (row.execution_id,), reason[:MAX_REASON])))
+    return fires
