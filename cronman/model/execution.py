@@ -22,6 +22,17 @@ class Status(enum.StrEnum):
 class Trigger(enum.StrEnum):
     SCHEDULE = "schedule"
     MANUAL = "manual"
+    AFTER = "after"  # an ``after`` job's execution, once its upstreams succeeded
+
+
+# The status an execution of asynchronous work has between its acceptance and its reported end
+# (not a history row's: its row is written when the work ends).
+RUNNING = "running"
+# A skip an upstream caused starts with this (a skipped execution of a job that waits for others):
+# it is passed on to the job's own downstreams.
+UPSTREAM_REASON = "upstream "
+COMPLETION_TOKEN_HEADER = "Cronman-Completion-Token"
+UPSTREAMS_HEADER = "Cronman-Upstream-Execution-Ids"
 
 
 BACKFILL = "backfill:"  # a backfill's executions carry the trigger "backfill:<backfill id>"
