@@ -194,3 +194,25 @@ def test_a_requirement_not_met_skips_and_one_met_carries_the_upstream(
             lambda: [r for r in receiver.snapshot() if r.headers["Cronman-Job-Id"] == "needs2"], 10, "needs2 sent"
         )
         assert sent[0].headers["Cronman-Upstream-Execution-Ids"] == base[0]["execution_id"]
+
+
+def test_overlap_skip_skips_while_the_work_runs_not_only_while_the_call_does(
+    client: FlaskClient, node: NodeThread, db: Engine
+) -> None:
+    with Receiver() as receiver:
+        create(
+            client,
+            "async-overlap",
+            {"type": "interval", "every_seconds": 1},
+            {"type": "http", "url": receiver.url},
+            completion={"mode": "callback", "timeout_seconds": 60},
+            overlap_policy="skip",
+        )
+        first = wait_for(lambda: receiver.snapshot(), 10, "the first delivery")[0]
+        skipped = wait_for(
+            lambda: [r for r in rows(db, "async-overlap") if r["status"] == "skipped"][:2] or None, 10, "skips"
+        )
+        assert len(receiver.snapshot()) == 1, "nothing else is sent while the work runs"
+        assert all(r["execution_id"] != first.headers["Cronman-Execution-Id"] for r in skipped)
+        assert complete(db, first.headers["Cronman-Execution-Id"], first.headers["Cronman-Completion-Token"], "succeeded")
+        wait_for(lambda: len(receiver.snapshot()) >= 2, 10, "a delivery once the work ended")
