@@ -11,7 +11,7 @@ from typing import Any
 from flask import Blueprint, Response, jsonify
 
 from api.common import actor, int_arg, json_body, now_ms, own_namespace, services
-from cronman.errors import NotFound
+from cronman.errors import InvalidInput, NotFound
 from cronman.model.backfills import BACKFILL_ID_PATTERN, BackfillLimits, check_range, parse_backfill
 from cronman.model.spec import JOB_ID_RE
 from cronman.model.timeutil import iso_dt
@@ -71,6 +71,13 @@ def create_backfill(job_id: str) -> Response:
     svc = services()
     range_ms = check_range(spec, now_ms(), svc.settings.history_retention_days)
     record = svc.store.get(job_id, own_namespace())
+    if record.schedule.get("type") == "after":
+        raise InvalidInput(
+            f"job {job_id!r} runs after other jobs (schedule type after): it has no times of its own to "
+            "backfill; backfill its upstreams instead",
+            field="job_id",
+            code="not_backfillable",
+        )
     names = names_of(record.options)
     found = CalendarStore(svc.store.engine).named({(record.namespace, n) for n in names})
     limits = BackfillLimits.of(svc.settings)

@@ -115,6 +115,8 @@ def job_json(
     if calendars is None:
         calendars = calendars_of([r])
     nxt = None if r.paused else _next_fire(r, at_ms, calendars)
+    # An after job has no times of its own (next_fire_at null): it runs on while its upstreams do.
+    done = nxt is None and r.schedule.get("type") != "after"
     doc: dict[str, Any] = {"id": r.id, "namespace": r.namespace}
     if r.name is not None:
         doc["name"] = r.name
@@ -126,8 +128,8 @@ def job_json(
         retry=r.retry,
         paused=r.paused,
         **options_with_defaults(r.options),
-        state="paused" if r.paused else ("active" if nxt is not None else "completed"),
-        health=health_json(health, paused=r.paused, completed=nxt is None),
+        state="paused" if r.paused else ("completed" if done else "active"),
+        health=health_json(health, paused=r.paused, completed=done),
         paused_reason=paused_reason_of(r.paused, r.paused_reason, iso_dt(r.updated_at)),
         created_at=iso_dt(r.created_at),
         updated_at=iso_dt(r.updated_at),
@@ -158,6 +160,9 @@ def execution_json(e: ExecutionRecord) -> dict[str, Any]:
         "response": e.response,
         "occurrences": e.occurrences,
         "last_scheduled_for": iso_dt(e.last_scheduled_for),
+        "upstream_execution_ids": list(e.upstream_execution_ids or ()),
+        "started_at": iso_dt(e.started_at),
+        "deadline_at": iso_dt(e.deadline_at),
     }
 
 

@@ -42,10 +42,10 @@ from cronman.model.labels import Op, Selector
 from cronman.model.namespaces import DEFAULT_NAMESPACE
 from cronman.model.spec import JobSpec, options_of
 from cronman.model.timeutil import MAX_INSTANT_MS, MIN_INSTANT_MS, from_ms, iso, to_ms
-from cronman.store import audit
+from cronman.store import audit, dependencies
 from cronman.store.audit import NOBODY, Actor, audited
 from cronman.store.calendar_store import missing_calendars, unknown_calendar
-from cronman.store.db import job_triggers, jobs, namespace_usage, scheduled_jobs
+from cronman.store.db import async_runs, execution_upstreams, job_triggers, jobs, namespace_usage, scheduled_jobs
 from cronman.store.health import paused_by
 from cronman.store.pgurl import sqlalchemy_url
 from cronman.store.throttles import missing_policies, unknown_throttle
@@ -205,6 +205,8 @@ WITH usage AS (
 ), event AS (
     INSERT INTO job_events (job_id, namespace, action, actor, detail)
     SELECT id, namespace, %(action)s, %(actor)s, %(detail)s::jsonb FROM created
+), deps AS (
+    DELETE FROM job_dependencies d USING created WHERE d.namespace = created.namespace AND d.downstream = created.id
 )
 SELECT {_RETURNED} FROM created
 """
@@ -325,6 +327,39 @@ def _unknown_calendars(
     return out
 
 
+def _check_dependencies(
+    conn: Connection, items: Sequence[tuple[JobSpec, str]], namespace: str | None, refused: dict[int, CronmanError]
+) -> dict[str, list[dependencies.Edge]]:
+    """The dependency rows of a batch's items that name upstreams, by job id. Under the lock of each
+    namespace they land in, in item order: an item whose edges would close a cycle (with the
+    namespace's other jobs or the batch's earlier items) is added to ``refused``."""
+    named = {i: e for i, (spec, _) in enumerate(items) if i not in refused and (e := dependencies.edges_of(spec))}
+    if not named:
+        return {}
+    where = _landing(conn, [job_id for i, (_, job_id) in enumerate(items) if i not in refused], namespace)
+    graphs: dict[str, dict[str, set[str]]] = {}
+    for ns in sorted({where[items[i][1]] for i in named}):
+        dependencies.lock(conn, ns)
+        graphs[ns] = dependencies.namespace_edges(conn, ns)
+    for i, (_, job_id) in enumerate(items):  # the batch's jobs that name none wait for nothing any more
+        if i not in refused and i not in named:
+            graphs.get(where[job_id], {}).pop(job_id, None)
+    out: dict[str, list[dependencies.Edge]] = {}
+    for i, edges in named.items():
+        job_id = items[i][1]
+        graph = graphs[where[job_id]]
+        previous = graph.pop(job_id, None)
+        try:
+            dependencies.check(graph, job_id, edges)
+        except InvalidInput as exc:
+            refused[i] = exc
+            if previous is not None:
+                graph[job_id] = previous
+            continue
+        out[job_id] = edges
+    return out
+
+
 # Create-or-replace of many jobs in one statement: the rows travel as arrays (one bind parameter
 # per column, whatever the number of jobs), and each change's job_events row is written by the
 # same statement. The namespace rules are those of PUT (see JobStore.put).
@@ -356,6 +391,8 @@ WITH v AS (
     SELECT id, namespace, CASE WHEN created_at = updated_at THEN 'create' ELSE 'replace' END,
         :actor, CAST(:detail AS jsonb)
     FROM changed
+), deps AS (
+    DELETE FROM job_dependencies d USING changed WHERE d.namespace = changed.namespace AND d.downstream = changed.id
 )
 SELECT {select} FROM changed
 """
@@ -377,7 +414,7 @@ def _upsert_statement(admin: bool, full: bool) -> TextClause:
         else "excluded.namespace",
         where="" if admin else "WHERE jobs.namespace = excluded.namespace OR jobs.deleted_at IS NOT NULL",
         returning=", ".join(f"jobs.{n}" for n in names),
-        select=", ".join(names) if full else "id, created_at = updated_at AS created, version, paused",
+        select=", ".join(names) if full else "id, created_at = updated_at AS created, version, paused, namespace",
     )
     return text(sql)
 
@@ -508,6 +545,69 @@ def _history_of(record: JobRecord) -> ColumnElement[bool]:
     )
 
 
+def _running(conn: Connection, record: JobRecord, limit: int) -> list[ExecutionRecord]:
+    """The job's executions whose work (completing later) was accepted and whose end history has not
+    recorded yet, newest first: the head of the first page of its executions (one query)."""
+    a, c, u = async_runs.c, scheduled_jobs.c, execution_upstreams.c
+    ended = (
+        select(literal(1))
+        .where(
+            c.job_id == a.job_id,
+            c.scheduled_for == a.scheduled_for,
+            c.event_index == a.event_index,
+            c.trigger == a.trigger,
+            c.attempt >= a.attempt,
+        )
+        .exists()
+    )
+    q = (
+        select(
+            a.job_id,
+            a.execution_id,
+            a.scheduled_for,
+            a.event_index,
+            a.attempt,
+            a.trigger,
+            a.started_at,
+            a.deadline_at,
+            u.upstream_ids,
+        )
+        .select_from(async_runs.outerjoin(execution_upstreams, u.execution_id == a.execution_id))
+        .where(
+            a.namespace == record.namespace,
+            a.job_id == record.id,
+            a.started_at >= record.created_at,  # (the job's current incarnation)
+            not_(ended),
+        )
+        .order_by(a.scheduled_for.desc(), a.event_index.desc())
+        .limit(limit)
+    )
+    return [
+        ExecutionRecord(
+            job_id=r.job_id,
+            execution_id=r.execution_id,
+            scheduled_for=r.scheduled_for,
+            event_index=r.event_index,
+            attempt=r.attempt,
+            trigger=r.trigger,
+            status="running",
+            node=None,
+            fired_at=r.started_at,
+            finished_at=None,
+            lag_ms=None,
+            http_status=None,
+            error=None,
+            duplicates=0,
+            throttle_wait_ms=None,
+            dead_lettered=None,
+            upstream_execution_ids=r.upstream_ids,
+            started_at=r.started_at,
+            deadline_at=r.deadline_at,
+        )
+        for r in conn.execute(q)
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class StoredJob:
     namespace: str
@@ -536,6 +636,12 @@ class ExecutionRecord:
     response: str | None = None
     occurrences: int | None = None  # a summary row: how many occurrences it stands for
     last_scheduled_for: datetime | None = None
+    upstream_execution_ids: list[str] | None = None  # the upstream executions it followed
+    started_at: datetime | None = None  # work that completes later, still running: when its attempt was sent
+    deadline_at: datetime | None = None  # ... and when it fails unless its work reports
+
+
+_HISTORY_FIELDS = ExecutionRecord.__slots__[: ExecutionRecord.__slots__.index("upstream_execution_ids")]
 
 
 class JobStore:
@@ -599,7 +705,8 @@ class JobStore:
             "detail": None if actor.detail is None else json.dumps(actor.detail),
             "quota": _NO_QUOTA if self.quota is None else self.quota,
         }
-        with self._begin() if spec.calendars else self._single_statement() as conn:
+        edges = dependencies.edges_of(spec)
+        with self._begin() if spec.calendars or edges else self._single_statement() as conn:
             _require_throttle(conn, spec, namespace)
             refused = _unknown_calendars(conn, [(spec, job_id)], namespace)
             if refused:
@@ -607,6 +714,8 @@ class JobStore:
             row = conn.exec_driver_sql(_CREATE_SQL, params).mappings().first()
             if row is None and self.quota is not None and not _live_id(conn, job_id):
                 raise _over_quota(namespace, _usage(conn, namespace), self.quota)
+            if row is not None and edges:
+                dependencies.replace(conn, namespace, job_id, edges)
         if row is None:  # a live job has this id: a tombstoned one would have been revived
             raise Conflict(f"a job with id {job_id!r} already exists", field="id")
         return JobRecord.from_row(row)
@@ -632,6 +741,9 @@ class JobStore:
             created = record.created_at == record.updated_at
             if created:
                 self._check_quota(conn, record.namespace)
+            edges = dependencies.edges_of(spec)
+            if edges:  # (the statement dropped the job's rows)
+                dependencies.replace(conn, record.namespace, job_id, edges)
         return record, created
 
     def put_many(
@@ -663,11 +775,15 @@ class JobStore:
             wanted = [items[i] for i in candidates]
             unknown = {**_unknown_calendars(conn, wanted, namespace), **_unknown_throttles(conn, wanted, namespace)}
             refused.update({candidates[k]: err for k, err in unknown.items()})
+            edges = _check_dependencies(conn, items, namespace, refused)
             rows = [items[i] for i in range(len(items)) if i not in refused]
             if rows:
                 params = _upsert_params(rows, namespace, actor, detail)
                 result = list(conn.execute(_upsert(namespace, full=False), params))
                 written = {r.id: r.created for r in result}
+                for r in result:  # (the statement dropped the rows of the jobs it wrote)
+                    if r.id in edges:
+                        dependencies.replace(conn, r.namespace, r.id, edges[r.id], checked=True)
                 if stops is not None:
                     stops.extend(Stop(r.id, r.version) for r in result if r.paused and not r.created)
                 if any(written.values()):  # (an admin's creates go to the default namespace)
@@ -748,6 +864,8 @@ class JobStore:
                 if refused:
                     raise refused[0]
             row = conn.execute(audited(stmt, audit.UPDATE, actor, detail)).mappings().first()
+            if row is not None:
+                dependencies.replace(conn, row["namespace"], job_id, dependencies.edges_of(spec))
         if row is None:
             raise Conflict(
                 f"job {job_id!r} changed while it was being updated; try again", field="id", code="concurrent_update"
@@ -802,6 +920,7 @@ class JobStore:
         with self._begin() as conn:
             row = conn.execute(audited(stmt, audit.DELETE, actor)).first()
             if row is not None:
+                dependencies.drop(conn, row.namespace, row.id)
                 return int(row.version)
             current = _get(conn, job_id, namespace)  # NotFound when there is no such job
         raise PreconditionFailed(
@@ -901,7 +1020,9 @@ class JobStore:
         """The history of the live job ``job_id`` (visible in ``namespace``; None: any), newest
         first: its current incarnation's only, so an id created again starts with an empty history."""
         c = scheduled_jobs.c
-        q = select(*(getattr(c, f) for f in ExecutionRecord.__slots__))
+        u = execution_upstreams.c
+        q = select(*(getattr(c, f) for f in _HISTORY_FIELDS), u.upstream_ids.label("upstream_execution_ids"))
+        q = q.select_from(scheduled_jobs.outerjoin(execution_upstreams, u.execution_id == c.execution_id))
         if cursor:
             ms, ev, att, trig = _history_cursor(cursor)
             q = q.where(
@@ -913,12 +1034,13 @@ class JobStore:
         with self._connect() as conn:
             record = _get(conn, job_id, namespace)
             rows = [ExecutionRecord(**r) for r in conn.execute(q.where(_history_of(record))).mappings()]
+            running = [] if cursor else _running(conn, record, limit)
         next_cursor = None
         if len(rows) > limit:
             rows = rows[:limit]
             last = rows[-1]
             next_cursor = encode_cursor([to_ms(last.scheduled_for), last.event_index, last.attempt, last.trigger])
-        return rows, next_cursor
+        return running + rows, next_cursor
 
     def ping(self) -> None:
         with self.engine.connect() as conn:
