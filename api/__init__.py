@@ -115,6 +115,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     from api.batch import bp as batch_bp
     from api.calendars import bp as calendars_bp
     from api.commands import bp as commands_bp
+    from api.executions import bp as executions_bp
     from api.jobs import bp as jobs_bp
     from api.notifications import bp as notifications_bp
     from api.ops import bp as ops_bp
@@ -130,6 +131,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         backfills_bp,
         signing_bp,
         commands_bp,
+        executions_bp,
         ops_bp,
         ui_bp,
         notifications_bp,

@@ -1,13 +1,17 @@
 """Who is calling: ``Authorization: Bearer <key>`` on every /v1 endpoint.
 
 The admin key (CRONMAN_API_KEY) sees every namespace; any other key is looked up by its hash and
-sees only its own namespace. /healthz, /readyz, /metrics and /openapi.json stay open.
+sees only its own namespace. /healthz, /readyz, /metrics and /openapi.json stay open. The work of
+an execution that completes later may instead report its end (``POST
+/v1/executions/{id}:complete``, ``:heartbeat``) with the ``Cronman-Completion-Token`` sent with
+the attempt, and no key: that request has no caller, only the token, which api.executions checks.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import re
 from dataclasses import dataclass
 
 from flask import Flask, Response, g, jsonify, request
@@ -20,6 +24,10 @@ log = logging.getLogger("cronman.api.auth")
 
 ADMIN_ONLY_PATHS = frozenset({"/v1/cluster"})
 _MAX_KEY_LENGTH = 512
+COMPLETION_TOKEN_HEADER = "Cronman-Completion-Token"
+MAX_TOKEN_LENGTH = 512
+# The endpoints a completion token opens (POST only), without a key.
+_TOKEN_PATH = re.compile(r"^/v1/executions/[^/]+:(complete|heartbeat)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +53,21 @@ def caller() -> Caller:
 
 def _needs_key(path: str) -> bool:
     return path == "/v1" or path.startswith("/v1/")
+
+
+def completion_token() -> str | None:
+    """The request's Cronman-Completion-Token, if it sent one."""
+    return request.headers.get(COMPLETION_TOKEN_HEADER)
+
+
+def _token_only() -> bool:
+    """A report of an execution's work authorised by its completion token alone (no key)."""
+    return (
+        request.method == "POST"
+        and "Authorization" not in request.headers
+        and bool(completion_token())
+        and _TOKEN_PATH.match(request.path) is not None
+    )
 
 
 def _bearer(header: str | None) -> str | None:
@@ -81,6 +104,8 @@ def install_auth(app: Flask, settings: Settings) -> None:
         if settings.auth_disabled:
             g.cronman_caller = ADMIN
             return None
+        if _token_only():
+            return None  # the endpoint checks the token against the execution's attempt
         header = request.headers.get("Authorization")
         token = _bearer(header)
         if token is None:

@@ -12,6 +12,7 @@ from pydantic_core import PydanticUndefined
 
 from api.batch import MAX_BATCH
 from api.jobs import MAX_SEARCH
+from api.openapi_executions import COMPLETION_TOKEN_SCHEME, EXECUTION_MODELS, execution_paths
 from api.openapi_schedules import SCHEDULE_MODELS, schedule_paths
 from cronman import __version__
 from cronman.model.labels import MAX_SELECTOR
@@ -105,9 +106,11 @@ class Execution(_Out):
         description="schedule, manual (POST .../trigger) or backfill:<backfill id> (a backfill's execution).",
         examples=["schedule"],
     )
-    status: Literal["succeeded", "failed", "permanently_failed", "skipped", "cancelled", "late"] = Field(
+    status: Literal["succeeded", "failed", "permanently_failed", "skipped", "cancelled", "late", "running"] = Field(
         description="cancelled: no further attempt, the job was deleted or paused first; late: a row of attempt 0 "
-        "the watchdog wrote for an occurrence nobody took up in time."
+        "the watchdog wrote for an occurrence nobody took up in time; running: work that completes later "
+        "(completion), accepted by its receiver, whose end is not recorded yet (shown at the head of the first "
+        "page, besides limit rows of history)."
     )
     node: str | None
     fired_at: str | None
@@ -135,6 +138,18 @@ class Execution(_Out):
         None,
         json_schema_extra={"format": "date-time"},
         description="The last occurrence a summary row stands for (null on a row of one occurrence).",
+    )
+    upstream_execution_ids: list[str] = Field(
+        description="The upstream executions this one followed (a job with an after schedule or require; "
+        "Cronman-Upstream-Execution-Ids of its delivery); empty for others."
+    )
+    started_at: str | None = Field(
+        json_schema_extra={"format": "date-time"},
+        description="A running execution: when its attempt was sent (null otherwise).",
+    )
+    deadline_at: str | None = Field(
+        json_schema_extra={"format": "date-time"},
+        description="A running execution: when the attempt fails unless its work reports (null otherwise).",
     )
 
 
@@ -644,6 +659,7 @@ def _paths() -> dict[str, Any]:
             },
         },
         **schedule_paths(_NAMESPACE, _JOB_ID, _ERRORS, write_errors),
+        **execution_paths(_ERRORS),
         "/v1/signing-secrets": {
             "post": {
                 "summary": "Rotate the namespace's signing secret",
@@ -779,6 +795,7 @@ def openapi_document() -> dict[str, Any]:
         (Command, "serialization"),
         (CommandToken, "serialization"),
         *SCHEDULE_MODELS,
+        *EXECUTION_MODELS,
     ]
     _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
     return {
@@ -798,8 +815,10 @@ def openapi_document() -> dict[str, Any]:
                     "type": "http",
                     "scheme": "bearer",
                     "description": "An API key: the admin key (CRONMAN_API_KEY) or a namespace key "
-                    "(cronman keys create). Every /v1 endpoint needs one.",
-                }
+                    "(cronman keys create). Every /v1 endpoint needs one, but :complete and :heartbeat of an "
+                    "execution also take its completion token instead.",
+                },
+                "completionToken": COMPLETION_TOKEN_SCHEME,
             },
         },
     }

@@ -85,14 +85,19 @@ class MaintenanceReport:
     backfills_purged: int = 0
     notifications_purged: int = 0
     summaries_purged: int = 0
+    async_runs_purged: int = 0
+    upstreams_purged: int = 0
+    deadline_misses_purged: int = 0
+    dependencies_purged: int = 0
 
 
 def maintain(
     conn: Connection, today: date, retention_days: int, ahead_days: int, notification_days: int = 7
 ) -> MaintenanceReport:
     """Create partitions from yesterday to ``ahead_days`` ahead, drop expired ones, purge old
-    tombstones and triggers, job events, queued commands and finished backfills older than the
-    retention, and notifications sent or abandoned more than ``notification_days`` ago."""
+    tombstones and triggers, job events, queued commands, finished backfills, asynchronous work's
+    rows, executions' upstreams and deadline misses older than the retention, and notifications
+    sent or abandoned more than ``notification_days`` ago."""
     report = MaintenanceReport()
     report.created = ensure_partitions(conn, (today + timedelta(days=d) for d in range(-1, ahead_days + 1)))
     report.dropped = drop_expired(conn, today, retention_days)
@@ -117,7 +122,35 @@ def maintain(
         cutoff,
     ).rowcount
     report.notifications_purged, report.summaries_purged = purge_notifications(conn, notification_days)
+    purge_dependencies_and_async(conn, retention_days, report)
     return report
+
+
+def purge_dependencies_and_async(conn: Connection, retention_days: int, report: MaintenanceReport) -> None:
+    """What goes with the execution history: asynchronous work's rows, the upstream executions an
+    execution followed and the recorded deadline misses, older than the retention; and the
+    dependency rows of jobs that are no longer live (deleted by the scheduler once completed, or
+    whose id now lives in another namespace: every write through the API keeps them itself)."""
+    cutoff = {"days": retention_days}
+    report.async_runs_purged = conn.execute(
+        text(
+            "DELETE FROM async_runs WHERE coalesce(reported_at, deadline_at, started_at) "
+            "< now() - make_interval(days => :days)"
+        ),
+        cutoff,
+    ).rowcount
+    report.upstreams_purged = conn.execute(
+        text("DELETE FROM execution_upstreams WHERE created_at < now() - make_interval(days => :days)"), cutoff
+    ).rowcount
+    report.deadline_misses_purged = conn.execute(
+        text("DELETE FROM deadline_misses WHERE recorded_at < now() - make_interval(days => :days)"), cutoff
+    ).rowcount
+    report.dependencies_purged = conn.execute(
+        text(
+            "DELETE FROM job_dependencies d WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = d.downstream "
+            "AND j.namespace = d.namespace AND j.deleted_at IS NULL)"
+        )
+    ).rowcount
 
 
 def purge_notifications(conn: Connection, days: int) -> tuple[int, int]:

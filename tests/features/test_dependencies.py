@@ -120,9 +120,7 @@ def test_cycles_of_two_and_three_jobs_are_refused(client_for: Callable[[str], Fl
     assert send(other, "post", "/v1/jobs", job("x-c", schedule=after("x-a"))).status_code == 201
 
 
-def test_a_batch_refuses_the_item_that_closes_a_cycle(
-    client_for: Callable[[str], FlaskClient], engine: Engine
-) -> None:
+def test_a_batch_refuses_the_item_that_closes_a_cycle(client_for: Callable[[str], FlaskClient], engine: Engine) -> None:
     team = client_for("deps-f")
     items = [job("p", schedule=after("q")), job("q", schedule=after("r")), job("r", schedule=after("p")), job("s")]
     r = send(team, "post", "/v1/jobs:batch", {"jobs": items})
