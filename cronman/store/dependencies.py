@@ -116,16 +116,20 @@ def check(graph: dict[str, set[str]], job_id: str, edges: Sequence[Edge]) -> Non
     graph[job_id] = {e.upstream for e in edges}
 
 
-def replace(conn: Connection, namespace: str, job_id: str, edges: Sequence[Edge], *, checked: bool = False) -> None:
-    """Make ``edges`` the rows of ``job_id`` (the downstream), in the caller's transaction. Unless
-    ``checked`` (the caller holds the lock and has checked them), edges take the namespace's lock and
-    are checked for a cycle first (InvalidInput ``dependency_cycle``)."""
+def guard(conn: Connection, namespace: str, job_id: str, edges: Sequence[Edge]) -> None:
+    """Before a write gives ``job_id`` the upstreams ``edges``: take the namespace's lock (held to
+    the end of the transaction) and refuse a cycle (InvalidInput ``dependency_cycle``). Taken before
+    the write's row locks, as every writer does, so that writers never wait for each other in a circle."""
+    lock(conn, namespace)
+    graph = namespace_edges(conn, namespace)
+    graph.pop(job_id, None)
+    check(graph, job_id, edges)
+
+
+def replace(conn: Connection, namespace: str, job_id: str, edges: Sequence[Edge]) -> None:
+    """Make ``edges`` the rows of ``job_id`` (the downstream), in the caller's transaction (which
+    has guarded them when there are any)."""
     d = job_dependencies.c
-    if edges and not checked:
-        lock(conn, namespace)
-        graph = namespace_edges(conn, namespace)
-        graph.pop(job_id, None)
-        check(graph, job_id, edges)
     conn.execute(delete(job_dependencies).where(d.namespace == namespace, d.downstream == job_id))
     if edges:
         rows = [

@@ -711,6 +711,8 @@ class JobStore:
             refused = _unknown_calendars(conn, [(spec, job_id)], namespace)
             if refused:
                 raise refused[0]
+            if edges:
+                dependencies.guard(conn, namespace, job_id, edges)
             row = conn.exec_driver_sql(_CREATE_SQL, params).mappings().first()
             if row is None and self.quota is not None and not _live_id(conn, job_id):
                 raise _over_quota(namespace, _usage(conn, namespace), self.quota)
@@ -733,6 +735,10 @@ class JobStore:
             )
             if refused:
                 raise refused[0]
+            edges = dependencies.edges_of(spec)
+            if edges:
+                lands = _landing(conn, [job_id], namespace)[job_id]
+                dependencies.guard(conn, lands, job_id, edges)
             row = conn.execute(_upsert(namespace, full=True), _upsert_params([(spec, job_id)], namespace, actor, None))
             found = row.mappings().first()
             if found is None:  # the id belongs to another namespace
@@ -741,8 +747,9 @@ class JobStore:
             created = record.created_at == record.updated_at
             if created:
                 self._check_quota(conn, record.namespace)
-            edges = dependencies.edges_of(spec)
             if edges:  # (the statement dropped the job's rows)
+                if record.namespace != lands:  # (not expected: the namespace it was guarded in)
+                    dependencies.guard(conn, record.namespace, job_id, edges)
                 dependencies.replace(conn, record.namespace, job_id, edges)
         return record, created
 
@@ -783,7 +790,7 @@ class JobStore:
                 written = {r.id: r.created for r in result}
                 for r in result:  # (the statement dropped the rows of the jobs it wrote)
                     if r.id in edges:
-                        dependencies.replace(conn, r.namespace, r.id, edges[r.id], checked=True)
+                        dependencies.replace(conn, r.namespace, r.id, edges[r.id])
                 if stops is not None:
                     stops.extend(Stop(r.id, r.version) for r in result if r.paused and not r.created)
                 if any(written.values()):  # (an admin's creates go to the default namespace)
@@ -856,16 +863,23 @@ class JobStore:
         if namespace is not None:
             cond = and_(cond, jobs.c.namespace == namespace)
         stmt = update(jobs).where(cond).values(values).returning(*_RETURNING)
+        edges = dependencies.edges_of(spec)
         with self._begin() as conn:
-            if spec.throttle is not None or spec.calendars:
+            current = None
+            if spec.throttle is not None or spec.calendars or edges:
                 current = conn.execute(select(jobs.c.namespace).where(jobs.c.id == job_id)).scalar()
+            if spec.throttle is not None or spec.calendars:
                 _require_throttle(conn, spec, current or namespace or "default")
                 refused = _unknown_calendars(conn, [(spec, job_id)], current or namespace or "default")
                 if refused:
                     raise refused[0]
+            if edges:
+                dependencies.guard(conn, current or namespace or "default", job_id, edges)
             row = conn.execute(audited(stmt, audit.UPDATE, actor, detail)).mappings().first()
             if row is not None:
-                dependencies.replace(conn, row["namespace"], job_id, dependencies.edges_of(spec))
+                if edges and row["namespace"] != (current or namespace or "default"):  # (moved meanwhile)
+                    dependencies.guard(conn, row["namespace"], job_id, edges)
+                dependencies.replace(conn, row["namespace"], job_id, edges)
         if row is None:
             raise Conflict(
                 f"job {job_id!r} changed while it was being updated; try again", field="id", code="concurrent_update"

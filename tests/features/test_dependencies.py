@@ -4,6 +4,7 @@ the schedule type handling an ``after`` job."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -158,3 +159,64 @@ def test_what_switches_on_the_schedule_type_takes_an_after_job(client_for: Calla
     assert r.json["error"]["code"] == "not_backfillable" and "after" in r.json["error"]["message"]
     assert send(team, "post", "/v1/jobs/t/pause").status_code == 200
     assert send(team, "get", "/v1/jobs/t").json["state"] == "paused"
+
+
+def test_two_writes_at_once_cannot_close_a_cycle_together(
+    client_for: Callable[[str], FlaskClient], engine: Engine
+) -> None:
+    team = client_for("deps-h")
+    for n in range(8):
+        a, b = f"a{n}", f"b{n}"
+        gate = threading.Barrier(2)
+        codes: dict[str, int] = {}
+
+        for job_id in (a, b):
+            assert send(team, "post", "/v1/jobs", job(job_id)).status_code == 201
+
+        def write(job_id: str, upstream: str, gate: threading.Barrier = gate, codes: dict[str, int] = codes) -> None:
+            gate.wait(5)
+            patch = {"schedule": after(upstream)}
+            codes[job_id] = send(team, "patch", f"/v1/jobs/{job_id}", patch).status_code
+
+        threads = [threading.Thread(target=write, args=pair) for pair in ((a, b), (b, a))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert sorted(codes.values()) == [200, 400], codes
+    # no cycle among the rows
+    graph: dict[str, set[str]] = {}
+    for down, up, _, _ in edges(engine, "deps-h"):
+        graph.setdefault(down, set()).add(up)
+    assert all(not (graph.get(up, set()) & {down}) for down, ups in graph.items() for up in ups)
+
+
+def test_writers_of_one_namespace_never_deadlock(client_for: Callable[[str], FlaskClient]) -> None:
+    """A batch, a create, a put and a patch naming upstreams, at once, over and over: each takes the
+    namespace's dependency lock before its rows' locks, so none waits for another in a circle."""
+    team = client_for("deps-i")
+    assert send(team, "post", "/v1/jobs", job("base")).status_code == 201
+    for n in range(6):
+        assert send(team, "post", "/v1/jobs", job(f"p{n}")).status_code == 201
+        gate = threading.Barrier(4)
+        codes: dict[str, int] = {}
+        writes = {
+            "batch": ("post", "/v1/jobs:batch", {"jobs": [job(f"b{n}-{i}", schedule=after("base")) for i in range(3)]}),
+            "create": ("post", "/v1/jobs", job(f"c{n}", schedule=after("base"))),
+            "put": ("put", f"/v1/jobs/u{n}", job(f"u{n}", require={"jobs": ["base"]})),
+            "patch": ("patch", f"/v1/jobs/p{n}", {"schedule": after("base")}),
+        }
+
+        def write(
+            name: str, gate: threading.Barrier = gate, codes: dict[str, int] = codes, writes: Any = writes
+        ) -> None:
+            method, path, doc = writes[name]
+            gate.wait(5)
+            codes[name] = send(team, method, path, doc).status_code
+
+        threads = [threading.Thread(target=write, args=(name,)) for name in writes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert codes == {"batch": 200, "create": 201, "put": 201, "patch": 200}, codes
