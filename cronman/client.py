@@ -220,6 +220,29 @@ class Execution(_Answer):
     response: str | None = None
     occurrences: int | None = None  # a summary row (a skipped span, late occurrences): how many it stands for
     last_scheduled_for: datetime | None = None
+    upstream_execution_ids: list[str] = Field(default_factory=list)  # the upstream executions it followed
+    started_at: datetime | None = None  # status running (work that completes later): when its attempt was sent
+    deadline_at: datetime | None = None  # ... and when it fails unless its work reports
+
+
+class ExecutionEnd(_Answer):
+    """The end of an execution's work, as recorded (``duplicate``: it had been reported already)."""
+
+    execution_id: str
+    job_id: str
+    namespace: str
+    attempt: int
+    status: str
+    output: str | None = None
+    reported_at: datetime | None = None
+    duplicate: bool = False
+
+
+class ExecutionHeartbeat(_Answer):
+    execution_id: str
+    attempt: int
+    deadline_at: datetime | None = None
+    timeout_at: datetime | None = None
 
 
 class Notification(_Answer):
@@ -562,6 +585,23 @@ class Client:
         path = _job_path(job_id, "executions", execution_id, "redeliver")
         return self._get_model(Redelivered, "POST", path)
 
+    def complete_execution(
+        self, execution_id: str, status: str, output: str | None = None, *, token: str | None = None
+    ) -> ExecutionEnd:
+        """Report the end of an execution's work (``succeeded`` or ``failed``), with the client's key
+        or with ``token``, the Cronman-Completion-Token its attempt was sent with (a client made
+        without a key then needs none)."""
+        body: dict[str, Any] = {"status": status}
+        if output is not None:
+            body["output"] = output
+        path = _execution_path(execution_id, "complete")
+        return self._get_model(ExecutionEnd, "POST", path, body=body, headers=_token_header(token))
+
+    def heartbeat_execution(self, execution_id: str, *, token: str | None = None) -> ExecutionHeartbeat:
+        """The execution's work is alive (its deadline moves on when the job sets heartbeat_seconds)."""
+        path = _execution_path(execution_id, "heartbeat")
+        return self._get_model(ExecutionHeartbeat, "POST", path, headers=_token_header(token))
+
     def events_page(self, job_id: str, *, limit: int = 100, cursor: str | None = None) -> Page[JobEvent]:
         return self._page(JobEvent, _job_path(job_id, "events"), "events", {}, limit, cursor)
 
@@ -655,6 +695,14 @@ class Client:
 
 def _job_path(job_id: str, *rest: str) -> str:
     return "/".join(["/v1/jobs", *(quote(part, safe="") for part in (job_id, *rest))])
+
+
+def _execution_path(execution_id: str, action: str) -> str:
+    return f"/v1/executions/{quote(execution_id, safe='')}:{action}"
+
+
+def _token_header(token: str | None) -> dict[str, str] | None:
+    return None if token is None else {"Cronman-Completion-Token": token}
 
 
 def _calendar_path(name: str) -> str:

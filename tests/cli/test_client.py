@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -239,3 +241,34 @@ def test_the_answer_models_cover_the_api_description(cron: Client) -> None:
     schemas = openapi_document()["components"]["schemas"]
     for name, model in (("Job", Job), ("Execution", Execution), ("JobEvent", JobEvent)):
         assert set(schemas[name]["properties"]) <= set(model.model_fields), name
+
+
+def test_work_reports_its_end_with_its_token_or_the_key(cron: Client, api_url: str, engine: Engine) -> None:
+    cron.create_job(job("async", completion={"mode": "callback", "timeout_seconds": 600, "heartbeat_seconds": 60}))
+    ids = [str(uuid.uuid4()) for _ in range(2)]
+    with engine.begin() as conn:
+        for exec_id in ids:
+            conn.execute(
+                text(
+                    "INSERT INTO async_runs (execution_id, namespace, job_id, scheduled_for, event_index, trigger, "
+                    "attempt, status, token_hash, started_at, deadline_at, timeout_at, heartbeat_ms) VALUES "
+                    "(:e, 'default', 'async', now(), 0, 'schedule', 1, 'running', :h, now(), "
+                    "now() + interval '60 seconds', now() + interval '600 seconds', 60000)"
+                ),
+                {"e": exec_id, "h": hashlib.sha256(b"tok-" + exec_id.encode()).digest()},
+            )
+    with Client(api_url) as worker:  # no key: the token alone
+        beat = worker.heartbeat_execution(ids[0], token="tok-" + ids[0])
+        assert beat.attempt == 1 and beat.deadline_at is not None
+        end = worker.complete_execution(ids[0], "succeeded", "done", token="tok-" + ids[0])
+        assert (end.status, end.output, end.duplicate) == ("succeeded", "done", False)
+        with pytest.raises(ForbiddenError):
+            worker.complete_execution(ids[1], "succeeded", token="tok-" + ids[0])
+        with pytest.raises(UnauthorizedError):
+            worker.complete_execution(ids[1], "succeeded")
+    end = cron.complete_execution(ids[1], "failed")
+    assert end.status == "failed" and end.output is None
+    with pytest.raises(ConflictError) as refused:
+        cron.complete_execution(ids[1], "succeeded")
+    assert refused.value.code == "already_completed"
+    assert cron.complete_execution(ids[1], "failed").duplicate is True
