@@ -1,4 +1,5 @@
-"""What executions wait for, through a real node on real PostgreSQL and Redis, with HTTP receivers:
+"""What executions wait for, through a real node on real PostgreSQL and Redis, with HTTP receivers
+(jobs written through the API, which keeps their dependency rows):
 asynchronous work that reports its end (here as the completion endpoint would: the row updated
 with the token's hash checked), or never does (a failed attempt at its timeout, retried under the
 same execution id); after jobs fired by their upstreams' successes (fan-in) and skipped by a
@@ -64,19 +65,6 @@ def complete(db: Engine, execution_id: str, token: str, status: str, output: str
         )
 
 
-def depend(db: Engine, downstream: str, upstreams: list[str], kind: str = "after") -> None:
-    """The dependency rows the API keeps with the downstream job."""
-    with db.begin() as conn:
-        for up in upstreams:
-            conn.execute(
-                text(
-                    "INSERT INTO job_dependencies (namespace, upstream, downstream, kind, within_ms) "
-                    "VALUES ('default', :u, :d, :k, 86400000) ON CONFLICT DO NOTHING"
-                ),
-                {"u": up, "d": downstream, "k": kind},
-            )
-
-
 @pytest.fixture
 def node(settings: Settings) -> Iterator[NodeThread]:
     with NodeThread(settings) as n:
@@ -136,7 +124,6 @@ def test_after_job_fires_once_every_upstream_succeeded_carrying_their_ids(
 ) -> None:
     with Receiver() as receiver:
         target = {"type": "http", "url": receiver.url}
-        depend(db, "load", ["transform", "audit"])
         create(client, "load", {"type": "after", "jobs": ["transform", "audit"]}, target)
         create(client, "transform", {"type": "once", "at": at(0.5)}, target)
         time.sleep(2)
@@ -158,8 +145,6 @@ def test_after_job_fires_once_every_upstream_succeeded_carrying_their_ids(
 
 def test_a_failed_upstream_skips_the_chain_with_the_reason(client: FlaskClient, node: NodeThread, db: Engine) -> None:
     with Receiver(fail_first=10) as failing, Receiver() as ok:
-        depend(db, "t2", ["e2"])
-        depend(db, "l2", ["t2"])
         create(client, "t2", {"type": "after", "jobs": ["e2"]}, {"type": "http", "url": ok.url})
         create(client, "l2", {"type": "after", "jobs": ["t2"]}, {"type": "http", "url": ok.url})
         create(
@@ -182,13 +167,11 @@ def test_a_requirement_not_met_skips_and_one_met_carries_the_upstream(
 ) -> None:
     with Receiver() as receiver:
         target = {"type": "http", "url": receiver.url}
-        depend(db, "needs", ["base"], kind="require")
         create(client, "needs", {"type": "once", "at": at(0.5)}, target, require={"jobs": ["base"]})
         skipped = wait_for(lambda: rows(db, "needs"), 10, "the unmet requirement's skip")
         assert skipped[0]["status"] == "skipped" and "base has not succeeded" in skipped[0]["error"]
         create(client, "base", {"type": "once", "at": at(0.3)}, target)
         base = wait_for(lambda: [r for r in rows(db, "base") if r["status"] == "succeeded"], 10, "base")
-        depend(db, "needs2", ["base"], kind="require")
         create(client, "needs2", {"type": "once", "at": at(0.5)}, target, require={"jobs": ["base"]})
         sent = wait_for(
             lambda: [r for r in receiver.snapshot() if r.headers["Cronman-Job-Id"] == "needs2"], 10, "needs2 sent"
@@ -214,5 +197,6 @@ def test_overlap_skip_skips_while_the_work_runs_not_only_while_the_call_does(
         )
         assert len(receiver.snapshot()) == 1, "nothing else is sent while the work runs"
         assert all(r["execution_id"] != first.headers["Cronman-Execution-Id"] for r in skipped)
-        assert complete(db, first.headers["Cronman-Execution-Id"], first.headers["Cronman-Completion-Token"], "succeeded")
+        exec_id, token = first.headers["Cronman-Execution-Id"], first.headers["Cronman-Completion-Token"]
+        assert complete(db, exec_id, token, "succeeded")
         wait_for(lambda: len(receiver.snapshot()) >= 2, 10, "a delivery once the work ended")
