@@ -55,6 +55,7 @@ from cronman.settings import Settings
 from cronman.store.health import LATE, WATCHDOG
 from cronman.store.notifications import RuleBudget
 from scheduler_node.aio import wait_event
+from scheduler_node.deadlines import DeadlineJob, Deadlines
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder
 from scheduler_node.notify import OutboxSender, Summariser
@@ -92,6 +93,7 @@ class Watch:
         *,
         holder: str,
         on_late: Callable[[int], None] = lambda n: None,
+        on_deadline_missed: Callable[[int], None] = lambda n: None,
         on_sent: Callable[[str], None] = lambda result: None,
         clock: Callable[[], float] | None = None,
     ) -> None:
@@ -102,6 +104,7 @@ class Watch:
         self.store = PgNodeStore(engine, executor)
         self.holder = holder
         self.on_late = on_late
+        self.on_deadline_missed = on_deadline_missed
         self.on_sent = on_sent
         self.clock = clock or time.time
         self._conn: Any = None  # the connection that holds (or tries for) the advisory lock
@@ -116,6 +119,7 @@ class Watch:
         self.decoder = Decoder(lambda doc: doc)  # type: ignore[arg-type,return-value]
         self.summariser = Summariser(engine, RuleBudget(settings.notification_rule_per_minute))
         self.outbox = OutboxSender(settings, engine, senders, self._io, on_sent=on_sent, clock=self.clock)
+        self.deadlines = Deadlines(engine, self._due_timing, lookback_ms=LOOKBACK_MS)
 
     @property
     def watching(self) -> int:
@@ -184,6 +188,14 @@ class Watch:
                     log.warning("watch pass failed (the watchdog): %s", exc)
                 except Exception:  # noqa: BLE001 - the next pass tries again
                     log.exception("watch pass failed (the watchdog)")
+                try:
+                    missed = await self.record_deadlines(self.now_ms())
+                    if missed:
+                        log.warning("occurrences missed their deadline", extra={"count": missed})
+                except TransientError as exc:
+                    log.warning("watch pass failed (deadlines): %s", exc)
+                except Exception:  # noqa: BLE001 - the next pass tries again
+                    log.exception("watch pass failed (deadlines)")
             await asyncio.sleep(self.s.watch_seconds)
 
     async def _notify_loop(self) -> None:
@@ -222,6 +234,7 @@ class Watch:
         fresh = await self.record_late(self.now_ms())
         if fresh:
             self.on_late(fresh)
+        await self.record_deadlines(self.now_ms())
         await self._io(self.summariser.pass_once, self.now_ms())
         await self.outbox.pump()
         await self.outbox.settle(self.s.notification_timeout_seconds + 5)
@@ -248,6 +261,7 @@ class Watch:
         if got:
             self._leading = True
             self._watched.clear()
+            self.deadlines.forget()
             log.info("leading the watchdog and the notification dispatcher", extra={"holder": self.holder})
         return bool(got)
 
@@ -385,7 +399,16 @@ class Watch:
         )
         return [row], span
 
-    def _due_timing(self, job: _Job) -> Timing:
+    # ------------------------------------------------------------------ deadlines
+    async def record_deadlines(self, now: int) -> int:
+        """Record the occurrences that missed their job's deadline; returns how many are new."""
+        grace = int((self.s.progress_seconds + self.s.watch_seconds) * 1000)
+        missed = int(await self._io(self.deadlines.pass_once, now, grace))
+        if missed:
+            self.on_deadline_missed(missed)
+        return missed
+
+    def _due_timing(self, job: _Job | DeadlineJob) -> Timing:
         """The job's due occurrences, as the nodes see them: its schedule with the calendars it
         names (`cronman.model.calendars.timing_with`, the one definition both use)."""
         base = self.decoder.timing(job.schedule, job.id, job.namespace)

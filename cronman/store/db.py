@@ -87,6 +87,10 @@ jobs = Table(
     Index("ix_jobs_namespace_id", "namespace", "id"),
     # The few jobs that name calendars: which jobs use a calendar about to be deleted.
     Index("ix_jobs_calendars", "namespace", postgresql_where=text("options ? 'calendars' AND deleted_at IS NULL")),
+    # The few jobs with a deadline (migration 0018): the watchdog's deadline pass reads them each pass.
+    Index(
+        "ix_jobs_deadlines", "namespace", postgresql_where=text("options ? 'deadline_seconds' AND deleted_at IS NULL")
+    ),
 )
 
 # Each namespace's live jobs, kept by statement triggers on jobs (migration 0016):

@@ -3,7 +3,7 @@
 A rule (``PUT /v1/notifications/{name}``) names event kinds, a label selector and a target (an
 HTTP URL, signed in a context of its own, or an SQS queue) and ``min_interval_seconds``. Events are recorded
 by whoever sees them happen, in the transaction that records what happened (the nodes' history
-writers: failures, recoveries, auto-pauses; the watchdog: late occurrences); the dispatcher
+writers: failures, recoveries, auto-pauses; the watchdog: late occurrences, missed deadlines); the dispatcher
 (:mod:`scheduler_node.watch`) matches them against the rules, summarises bursts and sends from a
 durable outbox, at least once, each notification under a stable event id.
 
@@ -47,6 +47,7 @@ class EventKind(enum.StrEnum):
     EXECUTION_FAILED = "execution.failed"  # an attempt failed (a retry may follow)
     EXECUTION_PERMANENTLY_FAILED = "execution.permanently_failed"
     EXECUTION_LATE = "execution.late"  # an occurrence nobody took up within late_after_seconds
+    EXECUTION_DEADLINE_MISSED = "execution.deadline_missed"  # an occurrence not succeeded within deadline_seconds
     JOB_AUTO_PAUSED = "job.auto_paused"
     JOB_RECOVERED = "job.recovered"  # the first success after permanently failed executions
 
