@@ -65,6 +65,9 @@ class ApiMetrics:
         self.occurrences_late = Counter(
             "cronman_occurrences_late", "Occurrences nobody took up within late_after_seconds"
         )
+        self.deadlines_missed = Counter(
+            "cronman_deadlines_missed", "Occurrences not succeeded within their job's deadline_seconds"
+        )
         self.notifications = Counter("cronman_notifications", "Notification attempts, by result", ["result"])
 
 

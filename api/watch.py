@@ -37,6 +37,7 @@ def start_watch(settings: Settings) -> threading.Thread | None:
             watch_senders(settings, executor),
             holder=f"api/{socket.gethostname()}/{os.getpid()}",
             on_late=m.occurrences_late.inc,
+            on_deadline_missed=m.deadlines_missed.inc,
             on_sent=lambda result: m.notifications.labels(result).inc(),
         )
         try:

@@ -82,6 +82,9 @@ class NodeMetrics:
         self.occurrences_late = Counter(
             "cronman_occurrences_late", "Occurrences nobody took up within late_after_seconds", registry=r
         )
+        self.deadlines_missed = Counter(
+            "cronman_deadlines_missed", "Occurrences not succeeded within their job's deadline_seconds", registry=r
+        )
         self.notifications = Counter(
             "cronman_notifications", "Notification attempts, by result", ["result"], registry=r
         )

@@ -179,6 +179,7 @@ def _watch(node: Node, engine: Engine, executor: Executor) -> Watch:
         watch_senders(node.s, executor),
         holder=node.holder,
         on_late=m.occurrences_late.inc,
+        on_deadline_missed=m.deadlines_missed.inc,
         on_sent=lambda result: m.notifications.labels(result).inc(),
     )
 

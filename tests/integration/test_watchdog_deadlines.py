@@ -48,8 +48,8 @@ def parts(settings: Settings, api: FlaskClient) -> Iterator[tuple[Any, Any]]:
     executor = ThreadPoolExecutor(max_workers=2)
     store = PgNodeStore(engine, executor)
 
-    def watch() -> Watch:
-        return Watch(settings, engine, executor, watch_senders(settings, executor), holder="test")
+    def watch(**kw: Any) -> Watch:
+        return Watch(settings, engine, executor, watch_senders(settings, executor), holder="test", **kw)
 
     yield watch, store
     executor.shutdown()
@@ -127,7 +127,8 @@ def test_each_missed_occurrence_is_recorded_once(api: FlaskClient, parts: Any, d
     )
     assert api.get("/v1/jobs/slow").json["health"]["state"] == "ok"
 
-    watch = new_watch()
+    counted: list[int] = []  # (what cronman_deadlines_missed_total adds)
+    watch = new_watch(on_deadline_missed=counted.append)
     assert asyncio.run(watch.record_deadlines(t10 + 30 * M)) == 3
     expected = [
         ("slow", "2026-12-19T08:00:00Z", "2026-12-19T08:15:00Z", "permanently_failed"),
@@ -149,6 +150,7 @@ def test_each_missed_occurrence_is_recorded_once(api: FlaskClient, parts: Any, d
     assert watch.deadlines.checked == 0  # it goes on from where it stopped: nothing read again
     assert asyncio.run(watch.record_deadlines(t11 + 30 * M)) == 1
     assert _misses(database_url) == [*expected, ("slow", "2026-12-19T11:00:00Z", "2026-12-19T11:15:00Z", None)]
+    assert counted == [3, 1]
     # another leader looks back over the same hours: nothing recorded twice, no second event
     leader = new_watch()
     assert asyncio.run(leader.record_deadlines(t11 + 31 * M)) == 0
