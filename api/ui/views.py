@@ -13,7 +13,7 @@ from typing import Any
 from flask import Response, current_app, g, redirect, render_template, request, url_for
 
 from api.common import stops_of
-from api.ui import queries
+from api.ui import flow, queries
 from api.ui.blueprint import bp
 from api.ui.nodes import node_rows
 from api.ui.queries import FailureKind, JobQuery, Sort, State
@@ -196,6 +196,7 @@ def jobs() -> Response:
         query, page = JobQuery(namespace(), sort=_choice("sort", Sort, Sort.ID)), queries.EMPTY_PAGE
     template = "ui/_jobs_results.html" if request.headers.get("HX-Target") == "results" else "ui/jobs.html"
     health = queries.health_states(_engine(), page.rows)
+    missed = flow.recent_misses(_engine(), page.rows, from_ms(now))
     args = {k: v for k, v in request.args.items() if k not in ("cursor", "done", "n") and v}
     html = render_template(
         template,
@@ -207,6 +208,7 @@ def jobs() -> Response:
             r.id: state_of(health.get(r.id, NO_HEALTH), paused=r.paused, completed=r.next_fire_ms is None).value
             for r in page.rows
         },
+        missed=missed,
         describe=describe_schedule,
         message=message(),
         states=list(State),
@@ -273,6 +275,8 @@ def job(job_id: str) -> Response:
         target=redact_target(record.target),
         payload=json.loads(record.payload),
         delivery={"retry": record.retry, **options_with_defaults(record.options)},
+        flow=flow.job_flow(_engine(), row, record.created_at),
+        deadline_seconds=record.options.get("deadline_seconds"),
         events=events,
         events_next=events_next,
         message=message(),
