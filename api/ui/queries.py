@@ -112,9 +112,14 @@ class JobRow:
             return State.PAUSED
         if self.last is not None and self.last.failed:
             return State.FAILING
-        if self.next_fire_ms is None:
+        if self.completed:
             return State.COMPLETED
         return State.ACTIVE
+
+    @property
+    def completed(self) -> bool:
+        """Nothing left to fire: an ``after`` job has no times of its own, and is never over."""
+        return self.next_fire_ms is None and self.schedule.get("type") != "after"
 
 
 @dataclass(frozen=True, slots=True)

@@ -205,8 +205,7 @@ def jobs() -> Response:
         args=args,
         now=now,
         health={
-            r.id: state_of(health.get(r.id, NO_HEALTH), paused=r.paused, completed=r.next_fire_ms is None).value
-            for r in page.rows
+            r.id: state_of(health.get(r.id, NO_HEALTH), paused=r.paused, completed=r.completed).value for r in page.rows
         },
         missed=missed,
         describe=describe_schedule,
@@ -263,7 +262,7 @@ def job(job_id: str) -> Response:
     html = render_template(
         "ui/job.html",
         job=row,
-        health=health_json(health, paused=row.paused, completed=not upcoming),
+        health=health_json(health, paused=row.paused, completed=replace(row, next_fire_ms=_first(upcoming)).completed),
         paused_reason=paused_reason_of(record.paused, record.paused_reason, iso_dt(record.updated_at)),
         state=_state(row, upcoming, history["executions"]),
         record=record,
@@ -283,6 +282,10 @@ def job(job_id: str) -> Response:
         **history,
     )
     return Response(html, mimetype="text/html")
+
+
+def _first(upcoming: list[int]) -> int | None:
+    return upcoming[0] if upcoming else None
 
 
 def _state(row: queries.JobRow, upcoming: list[int], executions: list[queries.Execution]) -> State:

@@ -8,10 +8,11 @@ import argparse
 import itertools
 import sys
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from cronman.cli import flow
 from cronman.cli.apply import documents, load_sources
 from cronman.cli.calendars import add_job_parsers
 from cronman.cli.config import add_connection_arguments, client_of, load_client_settings
@@ -87,10 +88,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_get(args: argparse.Namespace) -> int:
     with _client(args) as cron:
         jobs = [cron.get_job(job_id) for job_id in args.ids]
-    if len(jobs) == 1 and args.output != "table":
-        print_data(jobs[0], args.output)  # one job asked for: the job itself, as kubectl does
-    else:
-        _show_jobs(jobs, args.output)
+        if len(jobs) == 1 and args.output != "table":
+            print_data(jobs[0], args.output)  # one job asked for: the job itself, as kubectl does
+        else:
+            _show_jobs(jobs, args.output)
+        if len(jobs) == 1 and args.output == "table":  # one job: where it stands among others, its work in flight
+            flow.show(cron, jobs[0], datetime.now(UTC))
     return 0
 
 
@@ -269,7 +272,9 @@ def add_parsers(sub: Any) -> None:
         "--limit", type=int, default=DEFAULT_LIMIT, help=f"at most this many (default {DEFAULT_LIMIT}; 0: all)"
     )
     _output(c)
-    c = command("get", cmd_get, "show jobs")
+    c = command(
+        "get", cmd_get, "show jobs (one job: also its upstreams and downstreams, running executions and deadline)"
+    )
     c.add_argument("ids", nargs="+", metavar="ID")
     _output(c)
     c = command("create", cmd_create, "create the jobs of a file (YAML or JSON; - for standard input)")

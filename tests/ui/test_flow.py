@@ -80,6 +80,7 @@ def test_a_job_page_shows_its_upstreams_downstreams_running_work_and_missed_dead
         job("transform", schedule=HOURLY),
         job("load", schedule=HOURLY),
         job("quiet", schedule=HOURLY),
+        job("follower", schedule={"type": "after", "jobs": ["quiet"]}),
     ):
         assert send(api, "post", "/v1/jobs", doc).status_code == 201, doc
     assert send(keyed(app, new_key("team-b")), "post", "/v1/jobs", job("theirs", schedule=HOURLY)).status_code == 201
@@ -115,3 +116,9 @@ def test_a_job_page_shows_its_upstreams_downstreams_running_work_and_missed_dead
 
     listing = b.get("/ui/jobs").text
     assert re.findall(r'data-missed-deadline="([^"]+)"', listing) == ["extract"]
+    # a job that runs after others has no times of its own, and is not over for that
+    row = re.search(r'<tr data-job-id="follower">(.*?)</tr>', listing, re.S)
+    assert row is not None and "state-active" in row.group(1) and "after upstreams" in row.group(1)
+    assert "health-ok" in row.group(1)
+    page = b.get("/ui/jobs/follower").text
+    assert 'id="job-state">active' in page and "it fires when its upstreams have succeeded" in page
