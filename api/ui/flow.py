@@ -15,6 +15,7 @@ from datetime import datetime
 from sqlalchemy import Connection, Engine, TextClause, text
 
 from api.ui.queries import JobRow
+from cronman.model.describe import duration_words
 
 EDGES_SHOWN = 50  # upstreams, and downstreams, shown at most
 RUNNING_SHOWN = 20
@@ -30,6 +31,10 @@ class Edge:
     kind: str  # "after" (the downstream's schedule) or "require"
     within_ms: int
     live: bool  # False: no such job any more
+
+    @property
+    def within(self) -> str:
+        return duration_words(self.within_ms // 1000)
 
 
 @dataclass(frozen=True, slots=True)
