@@ -17,8 +17,8 @@ nothing, no node took it up).
 
 Cost. When no job has a deadline a pass is one query on a partial index. Otherwise each job's
 occurrences are read from where the last pass stopped (kept in memory; a new leader looks back
-again, at most ``LOOKBACK_MS``), at most ``CHECKS_PER_PASS`` execution ids a pass, a history
-lookup and a write a batch at a time. A deadline is judged ``grace_ms`` after it passes, so that
+again, to deadlines at most ``LOOKBACK_MS`` old), at most ``CHECKS_PER_PASS`` execution ids a
+pass, a history lookup and a write a batch at a time. A deadline is judged ``grace_ms`` after it passes, so that
 a success finished in time but still in a node's history buffer is not taken for a miss.
 
 What was due is judged by the job's definition as it is: occurrences before its last change (a
@@ -217,12 +217,13 @@ class Deadlines:
 
     def _start(self, job: DeadlineJob, now: int, scale: int) -> int:
         """Where the job's look goes on from (``scale``: 1 for ms, 1000 for microseconds)."""
-        floor = max(now - self.lookback_ms, job.updated_ms - 1) * scale
+        back = now - self.lookback_ms - job.deadline_ms  # deadlines that passed within the lookback
+        floor = max(back, job.updated_ms - 1) * scale
         look = self._looks.get(job.id)
         if look is None:
             return floor
         if look.definition == job.definition:
-            return max(look.through, (now - self.lookback_ms) * scale)
+            return max(look.through, back * scale)
         return max(look.through, floor)
 
     def _occurrences(self, jobs: Sequence[DeadlineJob], until: int) -> Iterator[_Check]:

@@ -201,3 +201,16 @@ def test_no_job_with_a_deadline_costs_one_query(api: FlaskClient, parts: Any, da
     watch = new_watch()
     assert asyncio.run(watch.record_deadlines(parse_iso("2026-12-20T00:00:00Z"))) == 0
     assert watch.deadlines.checked == 0 and _misses(database_url) == []
+
+
+def test_a_deadline_longer_than_the_lookback_is_still_judged(api: FlaskClient, parts: Any, database_url: str) -> None:
+    new_watch, store = parts
+    three_days = 3 * 86400
+    weekly = {"type": "cron", "expression": "0 8 * * 1", "timezone": "UTC"}  # Mondays 08:00
+    _create(api, database_url, "weekly", "2026-12-01T00:00:00Z", schedule=weekly, deadline_seconds=three_days)
+    monday = parse_iso("2026-12-07T08:00:00Z")
+    watch = new_watch()
+    assert asyncio.run(watch.record_deadlines(monday + three_days * 1000 - M)) == 0  # not yet
+    # a new leader, half a day past that deadline: the occurrence is days old, its deadline within the lookback
+    assert asyncio.run(new_watch().record_deadlines(monday + three_days * 1000 + 12 * H)) == 1
+    assert _misses(database_url) == [("weekly", "2026-12-07T08:00:00Z", "2026-12-10T08:00:00Z", None)]
