@@ -184,6 +184,10 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                 "backfills_purged": report.backfills_purged,
                 "notifications_purged": report.notifications_purged,
                 "summaries_purged": report.summaries_purged,
+                "deadline_misses_purged": report.deadline_misses_purged,
+                "async_runs_purged": report.async_runs_purged,
+                "upstreams_purged": report.upstreams_purged,
+                "dependencies_purged": report.dependencies_purged,
             }
         )
     )

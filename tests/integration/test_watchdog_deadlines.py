@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg2
@@ -23,6 +24,8 @@ from api import create_app
 from cronman.model.execution import execution_id
 from cronman.model.timeutil import iso, parse_iso
 from cronman.settings import Settings
+from cronman.store.partitions import run_maintenance
+from cronman.store.store import make_engine
 from scheduler_node.history import HistoryRow
 from scheduler_node.store import PgNodeStore
 from scheduler_node.watch import Watch, watch_senders
@@ -214,3 +217,23 @@ def test_a_deadline_longer_than_the_lookback_is_still_judged(api: FlaskClient, p
     # a new leader, half a day past that deadline: the occurrence is days old, its deadline within the lookback
     assert asyncio.run(new_watch().record_deadlines(monday + three_days * 1000 + 12 * H)) == 1
     assert _misses(database_url) == [("weekly", "2026-12-07T08:00:00Z", "2026-12-10T08:00:00Z", None)]
+
+
+def test_missed_deadlines_go_with_the_history_they_belong_to(
+    settings: Settings, api: FlaskClient, database_url: str
+) -> None:
+    for days, n in ((50, 1), (40, 2)):  # older than the 45 days of history kept, and not
+        _sql(
+            database_url,
+            "INSERT INTO deadline_misses (namespace, job_id, execution_id, scheduled_for, deadline_at) "
+            "VALUES ('default', 'j', %s, now() - make_interval(days => %s), now())",
+            execution_id("j", n),
+            days,
+        )
+    engine = make_engine(database_url, pool_size=1)
+    try:
+        report = run_maintenance(engine, datetime.now(UTC).date(), 45, 7, 7)
+    finally:
+        engine.dispose()
+    assert report.deadline_misses_purged == 1
+    assert _sql(database_url, "SELECT execution_id::text FROM deadline_misses") == [(execution_id("j", 2),)]
