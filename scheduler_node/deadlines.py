@@ -195,12 +195,17 @@ class Deadlines:
         if not jobs:
             return 0
         until = now - grace_ms
-        checks = list(self._occurrences([j for j in jobs if not j.after], until))
-        checks += self._after_executions([j for j in jobs if j.after], until, CHECKS_PER_PASS - len(checks))
-        self.checked = len(checks)
-        fresh = 0
-        for i in range(0, len(checks), _BATCH):
-            fresh += self._record(checks[i : i + _BATCH])
+        before = dict(self._looks)
+        try:
+            checks = list(self._occurrences([j for j in jobs if not j.after], until))
+            checks += self._after_executions([j for j in jobs if j.after], until, CHECKS_PER_PASS - len(checks))
+            self.checked = len(checks)
+            fresh = 0
+            for i in range(0, len(checks), _BATCH):
+                fresh += self._record(checks[i : i + _BATCH])
+        except Exception:
+            self._looks = before  # the next pass looks again at what this one could not record
+            raise
         return fresh
 
     # -- what was due

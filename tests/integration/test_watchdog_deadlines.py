@@ -237,3 +237,17 @@ def test_missed_deadlines_go_with_the_history_they_belong_to(
         engine.dispose()
     assert report.deadline_misses_purged == 1
     assert _sql(database_url, "SELECT execution_id::text FROM deadline_misses") == [(execution_id("j", 2),)]
+
+
+def test_a_pass_that_cannot_record_leaves_its_occurrences_to_the_next(
+    api: FlaskClient, parts: Any, database_url: str
+) -> None:
+    new_watch, _ = parts
+    _create(api, database_url, "hourly", "2026-12-19T07:30:00Z", schedule=HOURLY, deadline_seconds=900)
+    now = parse_iso("2026-12-19T10:30:00Z")
+    watch = new_watch()
+    _sql(database_url, "ALTER TABLE deadline_misses RENAME TO deadline_misses_away")
+    with pytest.raises(psycopg2.errors.UndefinedTable):
+        asyncio.run(watch.record_deadlines(now))
+    _sql(database_url, "ALTER TABLE deadline_misses_away RENAME TO deadline_misses")
+    assert asyncio.run(watch.record_deadlines(now + M)) == 3  # 08:00, 09:00, 10:00
