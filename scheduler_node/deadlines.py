@@ -150,6 +150,7 @@ class _Look:
 
     definition: tuple[Any, ...]
     through: int
+    due: int | None = 0  # the deadline of the next occurrence not judged yet (None: it has no more)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +239,9 @@ class Deadlines:
         for job in jobs:
             if left <= 0:
                 return
+            look = self._looks.get(job.id)
+            if look is not None and look.definition == job.definition and (look.due is None or look.due > until):
+                continue  # nothing has come due since the last pass: its schedule is not even computed
             start = self._start(job, until, 1)
             try:
                 timing = self.timing(job)
@@ -252,7 +256,7 @@ class Deadlines:
                 left -= job.events
                 through = t
                 t = timing.next_after(t)
-            self._looks[job.id] = _Look(job.definition, through)
+            self._looks[job.id] = _Look(job.definition, through, None if t is None else t + job.deadline_ms)
 
     def _after_executions(self, jobs: Sequence[DeadlineJob], until: int, limit: int) -> list[_Check]:
         """The executions of ``after`` jobs whose deadline is before ``until``."""
