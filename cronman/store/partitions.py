@@ -143,7 +143,10 @@ def purge_dependencies_and_async(conn: Connection, retention_days: int, report: 
         text("DELETE FROM execution_upstreams WHERE created_at < now() - make_interval(days => :days)"), cutoff
     ).rowcount
     report.deadline_misses_purged = conn.execute(
-        text("DELETE FROM deadline_misses WHERE scheduled_for < now() - make_interval(days => :days)"), cutoff
+        text(
+            "DELETE FROM deadline_misses WHERE least(scheduled_for, recorded_at) < now() - make_interval(days => :days)"
+        ),
+        cutoff,
     ).rowcount
     report.dependencies_purged = conn.execute(
         text(

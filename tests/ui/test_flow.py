@@ -80,7 +80,7 @@ def test_a_job_page_shows_its_upstreams_downstreams_running_work_and_missed_dead
         job("transform", schedule=HOURLY),
         job("load", schedule=HOURLY),
         job("quiet", schedule=HOURLY),
-        job("follower", schedule={"type": "after", "jobs": ["quiet"]}),
+        job("follower", schedule={"type": "after", "jobs": ["elsewhere"]}),
     ):
         assert send(api, "post", "/v1/jobs", doc).status_code == 201, doc
     assert send(keyed(app, new_key("team-b")), "post", "/v1/jobs", job("theirs", schedule=HOURLY)).status_code == 201
