@@ -116,6 +116,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     from api.calendars import bp as calendars_bp
     from api.commands import bp as commands_bp
     from api.executions import bp as executions_bp
+    from api.flow import bp as flow_bp
     from api.jobs import bp as jobs_bp
     from api.notifications import bp as notifications_bp
     from api.ops import bp as ops_bp
@@ -132,6 +133,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         signing_bp,
         commands_bp,
         executions_bp,
+        flow_bp,
         ops_bp,
         ui_bp,
         notifications_bp,

@@ -80,11 +80,43 @@ class AsyncExecution(_Doc):
     output: str | None
 
 
+class FlowEdge(_Doc):
+    job_id: str
+    kind: Literal["after", "require"] = Field(description="after: the downstream's schedule; require: its requirement.")
+    within_seconds: int
+    exists: bool = Field(description="false: no such job (any more) in the namespace.")
+
+
+class FlowRunning(_Doc):
+    execution_id: str
+    scheduled_for: str = Field(json_schema_extra=_DATE_TIME)
+    attempt: int
+    started_at: str = Field(json_schema_extra=_DATE_TIME)
+    deadline_at: str = Field(json_schema_extra=_DATE_TIME, description="No end reported by then: the attempt fails.")
+    last_heartbeat_at: str | None = Field(json_schema_extra=_DATE_TIME)
+
+
+class FlowMiss(_Doc):
+    execution_id: str
+    scheduled_for: str = Field(json_schema_extra=_DATE_TIME)
+    deadline_at: str = Field(json_schema_extra=_DATE_TIME)
+    status: str | None = Field(description="What history said of the occurrence at its deadline (null: nothing).")
+
+
+class JobFlow(_Doc):
+    job_id: str
+    upstreams: list[FlowEdge] = Field(description="The jobs it waits for (at most 50).")
+    downstreams: list[FlowEdge] = Field(description="The jobs that wait for it (at most 50).")
+    running: list[FlowRunning] = Field(description="Its executions whose work still runs, newest first (at most 20).")
+    deadline_misses: list[FlowMiss] = Field(description="Its latest missed deadlines, newest first (at most 10).")
+
+
 EXECUTION_MODELS: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
     (CompletionReport, "validation"),
     (CompletionRecorded, "serialization"),
     (Heartbeat, "serialization"),
     (AsyncExecution, "serialization"),
+    (JobFlow, "serialization"),
 ]
 
 COMPLETION_TOKEN_SCHEME = {
@@ -176,6 +208,16 @@ def execution_paths(errors: dict[str, Any]) -> dict[str, Any]:
                     "content": {"application/json": {"schema": {"type": "object", "additionalProperties": False}}},
                 },
                 "responses": {"200": _json(_ref("Heartbeat"), "Recorded"), **body},
+            }
+        },
+        "/v1/jobs/{job_id}/flow": {
+            "get": {
+                "summary": "A job's upstreams and downstreams, its work still running and its missed deadlines",
+                "operationId": "getJobFlow",
+                "parameters": [
+                    {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 128}}
+                ],
+                "responses": {"200": _json(_ref("JobFlow"), "The job's flow"), **errors},
             }
         },
         "/v1/executions/{execution_id}": {

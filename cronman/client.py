@@ -282,6 +282,39 @@ class Redelivered(_Answer):
     attempt: int
 
 
+class FlowEdge(_Answer):
+    job_id: str
+    kind: str  # "after" or "require"
+    within_seconds: int
+    exists: bool
+
+
+class FlowRunning(_Answer):
+    execution_id: str
+    scheduled_for: datetime
+    attempt: int
+    started_at: datetime
+    deadline_at: datetime
+    last_heartbeat_at: datetime | None = None
+
+
+class FlowMiss(_Answer):
+    execution_id: str
+    scheduled_for: datetime
+    deadline_at: datetime
+    status: str | None = None
+
+
+class JobFlow(_Answer):
+    """A job's place among others and its work in flight (GET /v1/jobs/{id}/flow)."""
+
+    job_id: str
+    upstreams: list[FlowEdge]
+    downstreams: list[FlowEdge]
+    running: list[FlowRunning]
+    deadline_misses: list[FlowMiss]
+
+
 class CalendarDoc(_Answer):
     """A business calendar: the local dates it excludes, in its time zone (see cronman.model.calendars)."""
 
@@ -579,6 +612,10 @@ class Client:
     def executions(self, job_id: str, *, page_size: int = 100) -> Iterator[Execution]:
         """The job's history, newest first, one item per attempt."""
         return self._all(lambda c: self.executions_page(job_id, limit=page_size, cursor=c))
+
+    def flow(self, job_id: str) -> JobFlow:
+        """The job's upstreams and downstreams, its work still running and its latest missed deadlines."""
+        return self._get_model(JobFlow, "GET", _job_path(job_id, "flow"))
 
     def redeliver(self, job_id: str, execution_id: str) -> Redelivered:
         """Send a failed execution again, under its execution id, as its next attempt."""

@@ -13,7 +13,7 @@ from typing import Any
 from flask import Response, current_app, g, redirect, render_template, request, url_for
 
 from api.common import stops_of
-from api.ui import flow, queries
+from api.ui import queries
 from api.ui.blueprint import bp
 from api.ui.nodes import node_rows
 from api.ui.queries import FailureKind, JobQuery, Sort, State
@@ -42,6 +42,7 @@ from cronman.model.spec import JOB_ID_RE, options_with_defaults
 from cronman.model.targets import redact_target
 from cronman.model.timeutil import from_ms, iso_dt, to_ms
 from cronman.redis.cluster import live_nodes
+from cronman.store import flow
 from cronman.store.backfill_store import BackfillStore
 from cronman.store.calendar_store import CalendarStore, job_timing, names_of
 from cronman.store.health import NO_HEALTH, health_json, paused_reason_of, state_of
@@ -196,7 +197,7 @@ def jobs() -> Response:
         query, page = JobQuery(namespace(), sort=_choice("sort", Sort, Sort.ID)), queries.EMPTY_PAGE
     template = "ui/_jobs_results.html" if request.headers.get("HX-Target") == "results" else "ui/jobs.html"
     health = queries.health_states(_engine(), page.rows)
-    missed = flow.recent_misses(_engine(), page.rows, from_ms(now))
+    missed = flow.recent_misses(_engine(), [r.id for r in page.rows], from_ms(now))
     args = {k: v for k, v in request.args.items() if k not in ("cursor", "done", "n") and v}
     html = render_template(
         template,
@@ -274,7 +275,7 @@ def job(job_id: str) -> Response:
         target=redact_target(record.target),
         payload=json.loads(record.payload),
         delivery={"retry": record.retry, **options_with_defaults(record.options)},
-        flow=flow.job_flow(_engine(), row, record.created_at),
+        flow=flow.job_flow(_engine(), row.namespace, row.id, record.created_at),
         deadline_seconds=record.options.get("deadline_seconds"),
         events=events,
         events_next=events_next,

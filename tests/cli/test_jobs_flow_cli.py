@@ -44,13 +44,24 @@ def test_list_and_get_show_upstreams_downstreams_running_work_and_the_deadline(
     started = now - timedelta(minutes=7)
     with engine.begin() as conn:
         ensure_partitions(conn, [started.date()])
+        # (runs and misses are shown of the job's current incarnation: since it was created)
+        conn.execute(text("UPDATE jobs SET created_at = now() - interval '1 day'"))
         conn.execute(
             text(
-                "INSERT INTO scheduled_jobs (job_id, scheduled_for, attempt, execution_id, status, node, fired_at, "
-                "incarnation, namespace) SELECT 'extract', :t, 2, '11111111-1111-5111-8111-111111111111', 'running', "
-                "'node-a', :t, incarnation, namespace FROM jobs WHERE id = 'extract'"
+                "INSERT INTO async_runs (execution_id, namespace, job_id, scheduled_for, event_index, trigger, "
+                "attempt, status, token_hash, started_at, deadline_at, timeout_at) SELECT "
+                "'11111111-1111-5111-8111-111111111111', namespace, id, :t, 0, 'schedule', 2, 'running', "
+                "'\\x00'::bytea, :t, :t + interval '1 hour', :t + interval '1 hour' FROM jobs WHERE id = 'extract'"
             ),
             {"t": started},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO deadline_misses (namespace, job_id, execution_id, scheduled_for, deadline_at, status) "
+                "SELECT namespace, id, '22222222-2222-5222-8222-222222222222', :t, :t + interval '15 minutes', "
+                "'failed' FROM jobs WHERE id = 'extract'"
+            ),
+            {"t": now - timedelta(minutes=20)},
         )
         conn.execute(
             text(
@@ -64,7 +75,9 @@ def test_list_and_get_show_upstreams_downstreams_running_work_and_the_deadline(
     assert out[1].split()[:2] == ["extract", "default"]
     assert ["downstream", "transform", "after"] in [ln.split() for ln in out]
     running = next(ln.split() for ln in out if ln.startswith("11111111-"))
-    assert running[2:] == ["2", "7m"]
+    assert running[2:4] == ["2", "7m"]
+    missed = next(ln.split() for ln in out if ln.startswith("22222222-"))
+    assert missed[-1] == "failed"
     deadline = next(ln for ln in out if ln.startswith("deadline:"))
     assert deadline.startswith("deadline: 15m after each occurrence; health late since ")
 

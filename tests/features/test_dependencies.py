@@ -220,3 +220,23 @@ def test_writers_of_one_namespace_never_deadlock(client_for: Callable[[str], Fla
         for t in threads:
             t.join(30)
         assert codes == {"batch": 200, "create": 201, "put": 201, "patch": 200}, codes
+
+
+def test_the_flow_of_a_job_is_its_namespaces_alone(client_for: Callable[[str], FlaskClient]) -> None:
+    team, other = client_for("flow-a"), client_for("flow-b")
+    assert send(team, "post", "/v1/jobs", job("extract")).status_code == 201
+    assert send(team, "post", "/v1/jobs", job("transform", schedule=after("extract", within=600))).status_code == 201
+    assert send(team, "post", "/v1/jobs", job("report", require={"jobs": ["transform", "gone"]})).status_code == 201
+    assert send(other, "post", "/v1/jobs", job("theirs", schedule=after("extract"))).status_code == 201
+
+    r = send(team, "get", "/v1/jobs/extract/flow")
+    assert r.status_code == 200, r.json
+    assert r.json["downstreams"] == [{"job_id": "transform", "kind": "after", "within_seconds": 600, "exists": True}]
+    assert r.json["upstreams"] == [] and r.json["running"] == [] and r.json["deadline_misses"] == []
+    r = send(team, "get", "/v1/jobs/report/flow")
+    assert [(e["job_id"], e["kind"], e["exists"]) for e in r.json["upstreams"]] == [
+        ("gone", "require", False),
+        ("transform", "require", True),
+    ]
+    assert send(other, "get", "/v1/jobs/transform/flow").status_code == 404
+    assert send(team, "get", "/v1/jobs/nope/flow").status_code == 404

@@ -13,8 +13,8 @@ from typing import Any
 from flask import Flask
 from sqlalchemy import Engine, text
 
-from api.ui.flow import MISSES_SHOWN
 from cronman.model.execution import execution_id
+from cronman.store.flow import MISSES_SHOWN
 from tests.ui.conftest import Browser, job, keyed, send
 
 HOURLY = {"type": "cron", "expression": "0 * * * *", "timezone": "UTC"}

@@ -1,9 +1,10 @@
-"""What the dashboard reads of a job's place among others and of its work in flight: the jobs it
-waits for and those that wait for it (``job_dependencies``), its executions whose work is still
-running (``async_runs``), and the occurrences that missed its deadline (``deadline_misses``).
+"""A job's place among others and its work in flight, as the dashboard, ``GET
+/v1/jobs/{id}/flow`` and ``cronman jobs get`` show it: the jobs it waits for and those that wait for
+it (``job_dependencies``), its executions whose work is still running (``async_runs``), and the
+occurrences that missed its deadline (``deadline_misses``).
 
 Each read is by the job's namespace and id on an index of its table, bounded in rows; the caller
-has checked the job is the session's to see.
+has checked the job is its to see.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from datetime import datetime
 
 from sqlalchemy import Connection, Engine, TextClause, text
 
-from api.ui.queries import JobRow
 from cronman.model.describe import duration_words
 
 EDGES_SHOWN = 50  # upstreams, and downstreams, shown at most
@@ -112,10 +112,10 @@ WHERE j.id = ANY(CAST(:ids AS text[])) AND j.deleted_at IS NULL
 )
 
 
-def job_flow(engine: Engine, job: JobRow, created_at: datetime) -> Flow:
+def job_flow(engine: Engine, namespace: str, job_id: str, created_at: datetime) -> Flow:
     """The job's upstreams and downstreams, its running executions (newest first) and its missed
     deadlines (newest first), those of its current incarnation (``created_at`` on)."""
-    args = {"ns": job.namespace, "job": job.id}
+    args = {"ns": namespace, "job": job_id}
     with engine.connect() as conn:
         return Flow(
             _edges(conn, _UPSTREAMS, args),
@@ -129,12 +129,12 @@ def _edges(conn: Connection, stmt: TextClause, args: dict[str, str]) -> list[Edg
     return [Edge(r[0], r[1], int(r[2]), bool(r[3])) for r in conn.execute(stmt, {**args, "n": EDGES_SHOWN})]
 
 
-def recent_misses(engine: Engine, rows: Sequence[JobRow], now: datetime) -> dict[str, datetime]:
+def recent_misses(engine: Engine, job_ids: Sequence[str], now: datetime) -> dict[str, datetime]:
     """The deadline of each listed job's latest miss, for those that missed one lately (one index
     probe per job)."""
-    if not rows:
+    if not job_ids:
         return {}
     since = datetime.fromtimestamp(now.timestamp() - MISSED_RECENTLY_MS / 1000, now.tzinfo)
     with engine.connect() as conn:
-        found = conn.execute(_RECENT_MISSES, {"ids": [r.id for r in rows], "since": since})
+        found = conn.execute(_RECENT_MISSES, {"ids": list(job_ids), "since": since})
         return {r[0]: r[1] for r in found}
