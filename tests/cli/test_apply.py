@@ -12,6 +12,7 @@ from sqlalchemy import Engine, text
 
 from cronman.cli.apply import Action, _carry_out, changes, load_sources, make_plan
 from cronman.client import Client
+from cronman.model.spec import parse_job
 from cronman.store.apikeys import ApiKeyStore
 from tests.cli.conftest import job
 
@@ -327,3 +328,47 @@ def test_yaml_aliases_are_refused(cli: Any, tmp_path: Path, cron: Client) -> Non
     assert r.rc == 1 and r.out == ""
     assert r.err.startswith(f"cronman: {bomb}: not valid YAML: found the alias *a: aliases are not accepted")
     assert list(cron.list_jobs()) == []
+
+
+PIPELINE = """\
+namespace: default
+jobs:
+  - id: load
+    schedule: {type: after, jobs: [transform, audit], within_seconds: 7200}
+    target: {type: http, url: https://example.com/load}
+    deadline_seconds: 900
+  - id: transform
+    schedule: {type: after, jobs: [extract]}
+    target: {type: http, url: https://example.com/transform}
+  - id: extract
+    schedule: {type: cron, expression: "30 8 * * *"}
+    target: {type: http, url: https://example.com/extract}
+    completion: {mode: callback, timeout_seconds: 3600, heartbeat_seconds: 300}
+  - id: audit
+    schedule: {type: cron, expression: "0 8 * * *"}
+    target: {type: http, url: https://example.com/audit}
+    require: {jobs: [extract], within_seconds: 86400, wait_seconds: 3600}
+"""
+
+
+def test_a_pipeline_applies_in_any_order_and_exports_as_written(cli: Any, tmp_path: Path, cron: Client) -> None:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(PIPELINE)
+    r = cli("apply", "-f", str(path))
+    assert r.rc == 0, r.err
+    exported = {j["id"]: parse_job(json.dumps(j)) for j in yaml.safe_load(cli("export").out)["jobs"]}
+    for doc in yaml.safe_load(PIPELINE)["jobs"]:
+        written, got = parse_job(json.dumps(doc)), exported[doc["id"]]
+        for field in ("schedule", "completion", "require", "deadline_seconds"):
+            assert getattr(got, field) == getattr(written, field), (doc["id"], field)  # (defaults left out)
+    again = cli("apply", "-f", str(path))
+    assert "plan: 0 to create, 0 to update, 0 to delete, 4 unchanged" in again.out, again.out
+    # a cycle is refused with the reason, and nothing of it is stored
+    path.write_text(
+        PIPELINE.replace('schedule: {type: cron, expression: "30 8 * * *"}', "schedule: {type: after, jobs: [load]}")
+    )
+    refused = cli("apply", "-f", str(path))
+    told = refused.out + refused.err
+    assert refused.rc != 0, told
+    assert "extract -> load -> transform -> extract" in told and "dependency_cycle" in told, told
+    assert cron.get_job("extract").schedule["type"] == "cron"
