@@ -8,6 +8,10 @@ in the transaction that writes the upstream's history row (so exactly once, whoe
 - An upstream that failed (permanently_failed, or skipped because its own upstream failed or was
   missing) makes the ``after`` job record a skipped execution with the reason, which passes on down
   the chain; that upstream's earlier success no longer counts.
+- Each upstream execution counts once per ``after`` job, whatever rows say it ended: a success
+  written over the row of a failure of the same attempt (a takeover's), a second success of one
+  execution (sent again after a loss of Redis's data), a row written again. The ``after`` job keeps
+  the ids of the upstream executions it has counted (the last APPLIED_KEPT of each upstream).
 
 Pure: the PostgreSQL store (scheduler_node.store.dependencies) and the simulation's both apply it.
 """
@@ -22,6 +26,7 @@ from scheduler_node.history import HistoryRow
 from scheduler_node.store.port import Upstreams
 
 MAX_REASON = 500  # a skip's reason, passed down a chain, is cut to this many characters
+APPLIED_KEPT = 50  # upstream executions remembered as counted, per upstream of an after job
 
 
 def counts_upstream(row: HistoryRow) -> bool:
@@ -33,10 +38,21 @@ def counts_upstream(row: HistoryRow) -> bool:
 
 @dataclass(slots=True)
 class Wait:
-    """An ``after`` job's upstream successes since it last fired: upstream -> (execution id, ms)."""
+    """An ``after`` job's upstream successes since it last fired (upstream -> (execution id, ms)),
+    and the upstream executions it has counted (upstream -> their ids, oldest first)."""
 
     pending: dict[str, tuple[str, int]] = field(default_factory=dict)
     last_fired_ms: int | None = None
+    applied: dict[str, list[str]] = field(default_factory=dict)
+
+    def first_time(self, upstream: str, execution_id: str) -> bool:
+        """Whether this upstream execution is counted now for the first time (and remember it)."""
+        seen = self.applied.setdefault(upstream, [])
+        if execution_id in seen:
+            return False
+        seen.append(execution_id)
+        del seen[:-APPLIED_KEPT]
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +76,8 @@ def advance(
         return t
 
     for upstream, row in ends:
+        if not wait.first_time(upstream, row.execution_id):
+            continue
         if row.status == "succeeded":
             wait.pending[upstream] = (row.execution_id, row.finished_ms or now_ms)
             ready = [wait.pending.get(u) for u in upstreams]

@@ -49,6 +49,10 @@ class FinishHost(Protocol):
     def accepted(self, e: Execution) -> None:
         """The receiver accepted ``e``'s asynchronous work: it waits for the work's end."""
 
+    def unaccepted(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
+        """The receiver did not accept ``e``'s asynchronous work: its run is closed, then the outcome is
+        dealt with (Finisher.outcome again, as reported)."""
+
 
 class Finisher:
     def __init__(
@@ -133,6 +137,11 @@ class Finisher:
                 self.leases.let_go(e)
             else:
                 self.host.accepted(e)
+            return
+        if job.opts.completion is not None and not reported and not e.superseded:
+            # Not accepted: its run is closed first, so that no late report of its work counts, and
+            # a report that came first (the work ended before the answer failed) is the outcome.
+            self.host.unaccepted(e, outcome, fired, finished)
             return
         if status is not Status.FAILED:
             self.tracing.finish(e.id, job.id, e.scheduled_ms, status.value, finished)

@@ -430,6 +430,10 @@ class Firer:
         """The receiver accepted ``e``'s asynchronous work (see Waits.accepted)."""
         self.waits.accepted(e)
 
+    def unaccepted(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
+        """The receiver did not accept ``e``'s asynchronous work (see Waits.unaccepted)."""
+        self.waits.unaccepted(e, outcome, fired, finished)
+
     def finish_with(self, e: Execution, status: Status, reason: str, summary: SkipSummary | None = None) -> None:
         self.finisher.finish_with(e, status, reason, summary)
 

@@ -50,6 +50,7 @@ RUNNING_RECHECK_MS = 15_000  # a running execution's claim is parked this long a
 REQUIRE_RECHECK_MS = 5_000  # an unmet requirement is looked at again this often while it may wait
 UNAVAILABLE_RETRY_MS = 2_000  # PostgreSQL away: the execution is looked at again this much later
 POLL_S = 1.0  # the runs parked here are read this often
+REPORTED = (Status.SUCCEEDED.value, Status.FAILED.value)  # the ends a work reports
 
 
 class WaitHost(Protocol):
@@ -240,6 +241,8 @@ class Waits:
             outcome = Outcome(True, None, None, output)
         elif run.status == "timed_out":
             outcome = Outcome(False, None, "its work reported no end by its deadline (completion timeout)")
+        elif run.status == "unaccepted":
+            outcome = Outcome(False, None, "its receiver did not accept the attempt")
         else:
             outcome = Outcome(False, None, "its work reported failure" + (f": {run.output}" if run.output else ""))
         self.finisher.outcome(e, outcome, run.started_ms, run.reported_ms or now)
@@ -250,6 +253,31 @@ class Waits:
         c = e.job.opts.completion
         assert c is not None
         self._park_running(e, min(c.timeout_ms, c.heartbeat_ms or c.timeout_ms))
+
+    def unaccepted(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
+        """The receiver's answer to ``e``'s attempt was a failure: its run is closed (``unaccepted``),
+        so that a report of its work arriving later changes nothing (sim seed 9000039: a receiver
+        that accepted after the attempt's timeout, whose work then reported success, while the
+        execution had permanently failed); a report that came first is the attempt's end."""
+        self.spawn(self._unaccepted(e, outcome, fired, finished))
+
+    async def _unaccepted(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
+        run: AsyncRun | None = None
+        try:
+            run = (await self.store.unaccept_runs([(e.id, e.attempt)])).get(e.id)
+        except TransientError as exc:  # the failure stands; a late report may then be taken (logged)
+            log.warning(
+                "could not close an attempt its receiver did not accept: %s",
+                exc,
+                extra={"job_id": e.d.job_id, "execution_id": e.id},
+            )
+        if e.stage is Stage.OVER:
+            return
+        if run is not None and run.attempt == e.attempt and run.status in REPORTED:
+            self._report(e, run)
+            return
+        e.reported = True  # (the failure is this attempt's outcome: dealt with as any)
+        self.finisher.outcome(e, outcome, fired, finished)
 
     def _park_running(self, e: Execution, remaining_ms: int) -> None:
         self._park(e, self.clock() + max(100, min(remaining_ms, RUNNING_RECHECK_MS)))

@@ -74,6 +74,7 @@ def upgrade() -> None:
         sa.Column("namespace", sa.Text(), nullable=False),
         sa.Column("downstream", sa.Text(), nullable=False),
         sa.Column("pending", postgresql.JSONB(), nullable=False, server_default="{}"),
+        sa.Column("applied", postgresql.JSONB(), nullable=False, server_default="{}"),
         sa.Column("last_fired_ms", sa.BigInteger()),
         sa.PrimaryKeyConstraint("namespace", "downstream"),
     )

@@ -485,6 +485,8 @@ after_waits = Table(
     Column("namespace", Text, nullable=False),
     Column("downstream", Text, nullable=False),
     Column("pending", JSONB, nullable=False, server_default="{}"),
+    # the upstream executions counted already: {upstream: [execution id, ...]} (each counts once)
+    Column("applied", JSONB, nullable=False, server_default="{}"),
     Column("last_fired_ms", BigInteger),
     PrimaryKeyConstraint("namespace", "downstream"),
 )

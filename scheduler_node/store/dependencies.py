@@ -28,7 +28,7 @@ _LAST_SUCCESS = (
 )
 _LOCK_WAIT = (
     "INSERT INTO after_waits (namespace, downstream) VALUES (%s, %s) ON CONFLICT DO NOTHING; "
-    "SELECT pending::text, last_fired_ms, floor(extract(epoch from clock_timestamp()) * 1000)::bigint "
+    "SELECT pending::text, applied::text, last_fired_ms, floor(extract(epoch from clock_timestamp()) * 1000)::bigint "
     "FROM after_waits WHERE namespace = %s AND downstream = %s FOR UPDATE"
 )
 _DOWNSTREAM = (
@@ -37,7 +37,10 @@ _DOWNSTREAM = (
     "WHERE id = %s AND namespace = %s AND deleted_at IS NULL AND schedule->>'type' = 'after'), "
     "(SELECT incarnation FROM jobs WHERE id = %s AND namespace = %s AND deleted_at IS NULL)"
 )
-_SAVE_WAIT = "UPDATE after_waits SET pending = %s::jsonb, last_fired_ms = %s WHERE namespace = %s AND downstream = %s"
+_SAVE_WAIT = (
+    "UPDATE after_waits SET pending = %s::jsonb, applied = %s::jsonb, last_fired_ms = %s "
+    "WHERE namespace = %s AND downstream = %s"
+)
 _TRIGGER = (
     "INSERT INTO job_triggers (job_id, requested_at, requested_by, change_xid, kind, incarnation, namespace) "
     "VALUES (%s, timestamptz 'epoch' + %s * interval '1 millisecond', 'after', pg_current_xact_id()::text::bigint, "
@@ -49,9 +52,11 @@ _UPSTREAMS = (
 )
 
 
-def record_dependencies(cur: Any, fresh: list[HistoryRow]) -> int:
-    """Apply new rows to the jobs downstream of theirs; returns the executions fired."""
-    rows = [r for r in fresh if counts_upstream(r)]
+def record_dependencies(cur: Any, written: list[HistoryRow]) -> int:
+    """Apply rows written (new ones, and those that replaced a row: a success over a failure of the
+    same attempt) to the jobs downstream of theirs; returns the executions fired. An upstream
+    execution counts once per downstream however often its rows are written (Wait.first_time)."""
+    rows = [r for r in written if counts_upstream(r)]
     if not rows:
         return 0
     ns_of = {id(r): r.namespace or DEFAULT_NAMESPACE for r in rows}
@@ -93,17 +98,16 @@ def record_dependencies(cur: Any, fresh: list[HistoryRow]) -> int:
 
 def _advance(cur: Any, ns: str, downstream: str, ends: list[tuple[str, HistoryRow]]) -> int:
     cur.execute(_LOCK_WAIT, (ns, downstream, ns, downstream))
-    pending_text, last_fired, now_ms = cur.fetchone()
+    pending_text, applied_text, last_fired, now_ms = cur.fetchone()
     cur.execute(_DOWNSTREAM, (ns, downstream, downstream, ns, downstream, ns))
     upstreams, within_ms, incarnation = cur.fetchone()
     if not upstreams or within_ms is None:  # no longer an after job (or gone): nothing to fire
         return 0
     pending = {k: (v[0], int(v[1])) for k, v in json.loads(pending_text).items()}
-    wait = Wait(pending, last_fired)
+    wait = Wait(pending, last_fired, json.loads(applied_text))
     fires = advance(wait, tuple(upstreams), int(within_ms), ends, int(now_ms))
-    cur.execute(
-        _SAVE_WAIT, (json.dumps({k: list(v) for k, v in wait.pending.items()}), wait.last_fired_ms, ns, downstream)
-    )
+    pending_doc = json.dumps({k: list(v) for k, v in wait.pending.items()})
+    cur.execute(_SAVE_WAIT, (pending_doc, json.dumps(wait.applied), wait.last_fired_ms, ns, downstream))
     for f in fires:
         cur.execute(_TRIGGER, (downstream, f.requested_ms, incarnation, ns))
         cur.execute(

@@ -134,8 +134,9 @@ class History:
                             cur.execute(_INSERT, array_columns(again))
                             returned = list(cur.fetchall())
                         paused = record_outcomes(cur, fresh) if fresh else []
-                        if fresh:
-                            record_dependencies(cur, fresh)  # jobs that wait for these
+                        # Jobs that wait for these: rows written again count too (a success over a
+                        # failure of its attempt), each upstream execution once (sim seed 9000032).
+                        record_dependencies(cur, rows)
                     finally:
                         cur.close()
                     raw.commit()

@@ -212,6 +212,9 @@ class PgNodeStore(NodeStore):
     async def time_out_runs(self, items: Sequence[tuple[str, int]]) -> dict[str, AsyncRun]:
         return await self._call(self.waits.time_out_runs, list(items))
 
+    async def unaccept_runs(self, items: Sequence[tuple[str, int]]) -> dict[str, AsyncRun]:
+        return await self._call(self.waits.unaccept_runs, list(items))
+
     async def last_successes(self, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, int]]:
         return await self._call(self.waits.last_successes, list(wanted))
 

@@ -186,6 +186,12 @@ class NodeStore(abc.ABC):
         the rows as they stand after."""
 
     @abc.abstractmethod
+    async def unaccept_runs(self, items: Sequence[tuple[str, int]]) -> dict[str, AsyncRun]:
+        """(execution id, attempt): the receiver did not accept that attempt (its answer was a
+        failure): ``unaccepted`` if still running at that attempt, so that no report for it counts;
+        the rows as they stand after (a report that came first is the attempt's end)."""
+
+    @abc.abstractmethod
     async def last_successes(self, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, int]]:
         """(namespace, job id) -> (execution id, ms) of the job's latest success, for jobs others depend on."""
 

@@ -44,6 +44,11 @@ _TIME_OUT = text(
     "FROM unnest(CAST(:ids AS uuid[]), CAST(:a AS int[])) AS v(id, a) "
     "WHERE r.execution_id = v.id AND r.attempt = v.a AND r.status = 'running' AND r.deadline_at <= now()"
 )
+_UNACCEPT = text(
+    "UPDATE async_runs r SET status = 'unaccepted', reported_at = now() "
+    "FROM unnest(CAST(:ids AS uuid[]), CAST(:a AS int[])) AS v(id, a) "
+    "WHERE r.execution_id = v.id AND r.attempt = v.a AND r.status = 'running'"
+)
 _LAST_SUCCESS = text(
     f"SELECT s.namespace, s.job_id, s.execution_id::text, {_MS.format('s.succeeded_at')} FROM job_last_success s "
     "JOIN unnest(CAST(:ns AS text[]), CAST(:jobs AS text[])) AS v(ns, job) "
@@ -107,6 +112,13 @@ class Waits:
             return {}
         with self.engine.begin() as conn:
             conn.execute(_TIME_OUT, {"ids": [i for i, _ in items], "a": [a for _, a in items]})
+            return {r[0]: _run(r) for r in conn.execute(_READ, {"ids": [i for i, _ in items]})}
+
+    def unaccept_runs(self, items: Sequence[tuple[str, int]]) -> dict[str, AsyncRun]:
+        if not items:
+            return {}
+        with self.engine.begin() as conn:
+            conn.execute(_UNACCEPT, {"ids": [i for i, _ in items], "a": [a for _, a in items]})
             return {r[0]: _run(r) for r in conn.execute(_READ, {"ids": [i for i, _ in items]})}
 
     def last_successes(self, wanted: Sequence[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, int]]:
