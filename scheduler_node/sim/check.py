@@ -14,7 +14,12 @@ states it):
 4. occurrences due while no node ran at all get their job's misfire policy, in every slot;
 5. a deleted or paused job gets no further attempt once the change has reached the nodes;
 6. every execution delivered ends with a final row in history (unless Redis lost it in between);
-7. no exception escapes: nothing is logged with a traceback, no task dies unobserved.
+7. no exception escapes: nothing is logged with a traceback, no task dies unobserved;
+8. jobs that wait (the seeds that draw them, world.CHAINS_FROM): asynchronous work ends in history
+   as its work reported it (_async_work); an after job's executions follow successes of each of its
+   upstreams, each used once, and every upstream success fires it or is superseded (_after_jobs);
+   a job that requires others is sent with their recent successes, and skipped only when none was
+   known when it stopped waiting (_requirements).
 
 Boundaries (a job created, paused, deleted; the cluster stopped) are fuzzy by the time a change
 takes to reach the nodes and by the nodes' clock skew: occurrences that close to one are not
@@ -28,12 +33,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from cronman.model.backfills import occurrences
-from cronman.model.execution import Trigger, backfill_trigger, execution_id
+from cronman.model.execution import UPSTREAM_REASON, Trigger, backfill_trigger, execution_id
 from cronman.model.misfire import REASON_PREFIX as MISFIRE_REASON
 from cronman.model.schedule import Timing, timing_from_dict
 from scheduler_node.execution import Descriptor
-from scheduler_node.sim.parts import Arrival
+from scheduler_node.history import HistoryRow
+from scheduler_node.sim.parts import Arrival, Work
 from scheduler_node.sim.world import EPOCH, Fault, JobPlan, Sim, bound_seconds
+from scheduler_node.waits import RUNNING_RECHECK_MS
 
 MAX_SKEW = 1.5  # seconds a node's clock can be off the world's (world.py)
 FUZZ = 3.0  # seconds around a boundary that are not judged (change propagation, clock skew)
@@ -159,6 +166,10 @@ def check(sim: Sim) -> Report:
     _misfires(sim, run.arrivals, run.report, run.deadline)
     _history(run)  # 6
     _exceptions(sim, run.report)  # 7
+    if sim.chains:  # 8
+        _async_work(run)
+        _after_jobs(run)
+        _requirements(run)
     return run.report
 
 
@@ -222,7 +233,17 @@ def _occurrence(run: _Run, job: _Job, t_ms: int, ev: int) -> None:
     report.occurrences += 1
     eid = execution_id(plan.id, t_ms, ev, Trigger.SCHEDULE)
     got = run.arrivals.get(eid)
-    due_by = run.deadline(t)
+    # (one that requires other jobs waits for them up to its bound, then is skipped: _requirements;
+    # asynchronous work recorded as sent by a node that lost it before sending is waited for)
+    due_by = run.deadline(t + _require_wait(plan)) + _unsent_wait(plan)
+    if not got and (_held_back(run.sim, plan, t_ms, ev) or (_unsent_wait(plan) and due_by > run.sim.end)):
+        return  # (or owed after the run's end: an attempt recorded and not sent, waited for)
+    if (
+        not got
+        and _require_wait(plan)
+        and any(t - FUZZ <= x <= t + _require_wait(plan) + FUZZ for x in run.sim.redis.losses)
+    ):
+        return  # parked while it waited, in Redis, which lost it (see _retries)
     if got:
         first = min(a.at for a in got)
         report.worst_lag = max(report.worst_lag, first - t)
@@ -365,6 +386,10 @@ def _retry_span(sim: Sim, job_id: str) -> float:
     longest backoff, and a lease and a sweep should its holder die."""
     doc = sim.jobs[job_id].doc
     timeout = float(doc["target"].get("timeout_seconds", 2.0))
+    # (asynchronous work: its timeout too, and a park while it runs should its holder die)
+    work = doc["options"].get("completion")
+    if work:
+        timeout += float(work["timeout_seconds"]) + RUNNING_RECHECK_MS / 1000
     return timeout + float(doc["retry"].get("max_backoff_seconds", 3)) + 2 * sim.settings.lease_seconds
 
 
@@ -664,8 +689,8 @@ def _misfire_policy(
         eid = execution_id(plan.id, t_ms, 0, Trigger.SCHEDULE)
         return any(a.attempt == 1 and a.at >= back - FUZZ for a in arrivals.get(eid, []))
 
-    def delivered(t_ms: int) -> bool:
-        return bool(arrivals.get(execution_id(plan.id, t_ms, 0, Trigger.SCHEDULE)))
+    def delivered(t_ms: int) -> bool:  # (or held back by its requirement: _requirements)
+        return bool(arrivals.get(execution_id(plan.id, t_ms, 0, Trigger.SCHEDULE))) or _held_back(sim, plan, t_ms, 0)
 
     # What the outage's plan fires is owed from when the nodes are back, like any late
     # occurrence: a pause or a delete after that, before faults let it be delivered, cancels
@@ -712,3 +737,244 @@ def _occurrences_between(timing: Timing, after_ms: float, until_ms: float) -> li
 
 def _at(t: float) -> str:
     return f"t+{t - EPOCH:.3f}s"
+
+
+# --------------------------------------------------------------------------- 8: jobs that wait
+# Three defects of the product these checks find (the violations begin with these words), kept
+# apart so that a run can tell them from anything new (tests/sim: KNOWN_GAPS):
+# - a success that replaces a failed row of the same attempt (the failure written first, by a node
+#   that died after it, say) is not a row written for the first time, and history's writers apply
+#   only those to the jobs downstream (scheduler_node.store.history, record_dependencies): the
+#   downstream job never hears of that success;
+# - the same for an execution that succeeds twice (delivered again after Redis lost its data, its
+#   first attempt failing, its second succeeding): a second row written for the first time, and
+#   the downstream job runs again after that same execution;
+# - the last attempt of asynchronous work whose receiver answered after the node stopped waiting
+#   for its answer ("timed out") is failed for good, but its async_runs row stays running: the API
+#   takes the work's success, which history never shows.
+NEVER_APPLIED = "an upstream success never reached its downstream's wait"
+TIMED_OUT_ACCEPTED = "its work's success was taken after its request timed out"
+DOUBLE_SUCCESS = "an upstream execution that succeeded twice was followed twice"
+
+
+def _require_wait(plan: JobPlan) -> float:
+    """How long an occurrence of the job may wait for what it requires (s)."""
+    req = plan.doc["options"].get("require")
+    return float(req.get("wait_seconds", 0)) if req else 0.0
+
+
+def _unsent_wait(plan: JobPlan) -> float:
+    """How much later than other jobs' an occurrence of asynchronous work may be delivered (s): one
+    completion timeout and its request's (an attempt recorded as sent by a node that lost its
+    claim before sending it is waited for until its deadline, never sent again: scheduler_node.waits)."""
+    work = plan.doc["options"].get("completion")
+    return float(work["timeout_seconds"]) + float(plan.doc["target"].get("timeout_seconds", 2.0)) if work else 0.0
+
+
+def _held_back(sim: Sim, plan: JobPlan, t_ms: int, ev: int) -> bool:
+    """Skipped because what the job requires had not succeeded (see _requirements)."""
+    if not plan.doc["options"].get("require"):
+        return False
+    return any(
+        r.status == "skipped" and (r.error or "").startswith(UPSTREAM_REASON)
+        for r in sim.db.history.values()
+        if (r.job_id, r.scheduled_ms, r.event_index) == (plan.id, t_ms, ev)
+    )
+
+
+def _late_allowance(sim: Sim) -> float:
+    """How long before the run's end something may have happened that the nodes had no time to act
+    on: a park of running work, a lease and its sweep, a timer pass."""
+    return RUNNING_RECHECK_MS / 1000 + 2 * sim.settings.lease_seconds + bound_seconds(sim.settings)
+
+
+def _async_work(run: _Run) -> None:
+    """8: an execution of asynchronous work succeeds in history only if its work reported success
+    (for that attempt or an earlier one: a retry finds the success of the attempt before it), and
+    one whose work's success was taken by the API succeeds (unless reported at the run's end)."""
+    sim = run.sim
+    works: dict[str, list[Work]] = defaultdict(list)
+    for w in sim.receivers.works:
+        works[w.execution_id].append(w)
+    rows: dict[str, list[HistoryRow]] = defaultdict(list)
+    for r in sim.db.history.values():
+        rows[r.execution_id].append(r)
+    late = sim.end - _late_allowance(sim)
+    for plan in sim.jobs.values():
+        if not plan.doc["options"].get("completion"):
+            continue
+        for eid, got in run.arrivals.items():
+            if got[0].job_id != plan.id:
+                continue
+            reported = [(at, w) for w in works[eid] if w.status == "succeeded" and (at := w.applied_at()) is not None]
+            succeeded = [r for r in rows[eid] if r.status == "succeeded"]
+            for r in succeeded:
+                if not any(w.attempt <= r.attempt for _, w in reported):
+                    run.report.violations.append(
+                        f"succeeded without its work reporting success: execution {eid} of {plan.id} attempt "
+                        f"{r.attempt} (reports taken: {[(w.attempt, w.status) for w in works[eid] if w.applied_at()]})"
+                    )
+            first = min(a.at for a in got)
+            if not reported or succeeded or any(x >= first - 1 for x in sim.redis.losses):
+                continue  # (Redis losing its data loses what is parked there: see _history)
+            at, w = min(reported, key=lambda x: x[0])
+            if at >= late:
+                continue
+            statuses = sorted((r.attempt, r.status, r.error) for r in rows[eid])
+            mine = [r for r in rows[eid] if r.attempt == w.attempt]
+            if mine and mine[0].status in ("failed", "permanently_failed") and mine[0].error == "timed out":
+                # The receiver accepted the request after the node's wait for its answer ran out:
+                # the node counted the attempt failed, the row stayed running, the API took the
+                # work's success (KNOWN_GAPS)
+                run.report.violations.append(
+                    f"{TIMED_OUT_ACCEPTED}: execution {eid} of {plan.id} attempt {w.attempt} reported at {_at(at)}; "
+                    f"history: {statuses}"
+                )
+            else:
+                run.report.violations.append(
+                    f"its work reported success but it did not succeed: execution {eid} of {plan.id} attempt "
+                    f"{w.attempt} reported at {_at(at)}; history: {statuses}"
+                )
+
+
+def _after_jobs(run: _Run) -> None:
+    """8: each after job's executions, from the record of every application of its upstreams'
+    ends to its wait (SimDb.applied, in order) and from history."""
+    sim = run.sim
+    succeeded = {r.execution_id: r for r in sim.db.history.values() if r.status == "succeeded"}
+    skipped = {r.execution_id: r for r in sim.db.history.values() if r.status == "skipped"}
+    for plan in sim.jobs.values():
+        schedule = plan.doc["schedule"]
+        if schedule["type"] != "after":
+            continue
+        ups = tuple(sorted(set(schedule["jobs"])))
+        within_ms = int(schedule.get("within_seconds", 86400)) * 1000
+        # every end applied, in order: upstream -> [(order, when, row)]; every fire
+        ends: dict[str, list[tuple[tuple[int, int], int, HistoryRow]]] = defaultdict(list)
+        used: dict[str, int] = defaultdict(int)
+        for n, (now, _, downstream, applied, fires) in enumerate(sim.db.applied):
+            if downstream != plan.id:
+                continue
+            for k, (u, row) in enumerate(applied):
+                ends[u].append(((n, k), now, row))
+            for f in fires:
+                _fired(run, plan.id, f.requested_ms, ups, f.upstreams.skip_reason, succeeded, skipped)
+                for i in f.upstreams.ids if not f.upstreams.skip_reason else ():
+                    used[i] += 1
+                    if used[i] == 2:
+                        twice = sum(
+                            1 for r in sim.db.history.values() if r.execution_id == i and r.status == "succeeded"
+                        )
+                        what = DOUBLE_SUCCESS if twice > 1 else "followed one upstream success twice"
+                        run.report.violations.append(f"{what} ({plan.id}): {i}")
+        for u in ups:
+            for s in (r for r in succeeded.values() if r.job_id == u):
+                if s.execution_id in used:
+                    continue
+                mine = [e for e in ends[u] if e[2].execution_id == s.execution_id and e[2].status == "succeeded"]
+                if not mine:
+                    run.report.violations.append(
+                        f"{NEVER_APPLIED} ({u} -> {plan.id}): execution {s.execution_id} attempt {s.attempt}, "
+                        f"finished {_at((s.finished_ms or 0) / 1000)}"
+                    )
+                    continue
+                order = mine[0][0]
+                if any(e[0] > order for e in ends[u]):
+                    continue  # superseded by a later end of the same upstream
+                # its upstream's last end: it fires once every other upstream's last end is a
+                # success applied after it, all within the window when the last of them came
+                if any(
+                    not ends[o] or ends[o][-1][2].status != "succeeded" or ends[o][-1][0] < order for o in ups if o != u
+                ):
+                    continue
+                them = [mine[0], *(ends[o][-1] for o in ups if o != u)]
+                last = max(them, key=lambda e: e[0])
+                if all((e[2].finished_ms or e[1]) >= last[1] - within_ms for e in them):
+                    run.report.violations.append(
+                        f"{plan.id} never fired after {u}'s success {s.execution_id} (its upstreams all "
+                        f"succeeded by {_at(last[1] / 1000)})"
+                    )
+
+
+def _fired(
+    run: _Run,
+    job_id: str,
+    requested_ms: int,
+    ups: tuple[str, ...],
+    skip_reason: str | None,
+    succeeded: dict[str, HistoryRow],
+    skipped: dict[str, HistoryRow],
+) -> None:
+    """8: one execution an after job got: its upstreams recorded (one success of each, in order),
+    then delivered carrying them, or skipped with the reason (unless made after the faults ended)."""
+    sim = run.sim
+    eid = execution_id(job_id, requested_ms, 0, Trigger.AFTER)
+    rec = sim.db.upstreams.get(eid)
+    if rec is None or rec.skip_reason != skip_reason:
+        run.report.violations.append(f"{job_id}'s execution {eid} has no record of its upstreams ({rec})")
+        return
+    if skip_reason is None and (
+        rec.jobs != ups or any(succeeded.get(i) is None or succeeded[i].job_id != j for j, i in zip(ups, rec.ids))
+    ):
+        run.report.violations.append(f"{job_id}'s execution {eid} follows what did not succeed: {rec}")
+    if requested_ms / 1000 > run.hi:
+        return
+    got = run.arrivals.get(eid, [])
+    if skip_reason is not None:
+        row = skipped.get(eid)
+        if row is None or row.error != skip_reason or got:
+            run.report.violations.append(
+                f"{job_id}'s execution {eid} not skipped for its upstream ({skip_reason!r}): "
+                f"{row and row.error!r}, {len(got)} deliveries"
+            )
+        return
+    if not got:
+        run.report.violations.append(f"{job_id}'s execution {eid} after its upstreams was never delivered")
+    for a in got:
+        if a.upstream_ids != ",".join(rec.ids):
+            run.report.violations.append(
+                f"{job_id}'s execution {eid} attempt {a.attempt} carried {a.upstream_ids!r}, not {rec.ids}"
+            )
+
+
+def _requirements(run: _Run) -> None:
+    """8: an occurrence of a job that requires others is sent carrying successes of each, no older
+    than its window before its time; it is skipped only if no such success had been written when
+    it stopped waiting (its time and its wait, by a clock up to MAX_SKEW early)."""
+    sim = run.sim
+    succeeded = {r.execution_id: r for r in sim.db.history.values() if r.status == "succeeded"}
+    for plan in sim.jobs.values():
+        req = plan.doc["options"].get("require")
+        if not req:
+            continue
+        since_of = int(req.get("within_seconds", 86400)) * 1000
+        wait = float(req.get("wait_seconds", 0))
+        for eid, got in run.arrivals.items():
+            a = got[0]
+            if a.job_id != plan.id or eid != execution_id(plan.id, a.scheduled_ms, 0, Trigger.SCHEDULE):
+                continue
+            for a in got:
+                ids = (a.upstream_ids or "").split(",") if a.upstream_ids else []
+                found = [succeeded.get(i) for i in ids]
+                if len(ids) != len(req["jobs"]) or any(
+                    r is None or r.job_id != j or (r.finished_ms or 0) < a.scheduled_ms - since_of
+                    for j, r in zip(req["jobs"], found)
+                ):
+                    run.report.violations.append(
+                        f"{plan.id}'s execution {eid} attempt {a.attempt} sent without its requirement met: "
+                        f"it carried {a.upstream_ids!r}"
+                    )
+        for r in sim.db.history.values():
+            if r.job_id != plan.id or r.status != "skipped" or not (r.error or "").startswith(UPSTREAM_REASON):
+                continue
+            by = r.scheduled_ms / 1000 + wait - MAX_SKEW - 0.1
+            known = [
+                s
+                for at, _, job, s in sim.db.successes
+                if job in req["jobs"] and at < by and (s.finished_ms or 0) >= r.scheduled_ms - since_of
+            ]
+            if {s.job_id for s in known} >= set(req["jobs"]):
+                run.report.violations.append(
+                    f"{plan.id}'s occurrence at {_at(r.scheduled_ms / 1000)} skipped ({r.error}) though "
+                    f"{known[0].job_id} succeeded ({known[0].execution_id}) before it stopped waiting"
+                )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import random
 from collections.abc import Callable, Collection, Coroutine, Sequence
@@ -14,7 +15,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from cronman.errors import TransientError
+from cronman.model.execution import COMPLETION_TOKEN_HEADER, RUNNING, UPSTREAMS_HEADER, Trigger, execution_id
 from cronman.model.hashing import slot_of
+from cronman.model.namespaces import DEFAULT_NAMESPACE
 from scheduler_node.claims.memory import ClaimSpace, MemoryClaims, _claim_key
 from scheduler_node.history import HistoryRow
 from scheduler_node.jobs import Decoder, JobRow, Loaded
@@ -49,9 +52,15 @@ from scheduler_node.store import (
     Upstreams,
     decide_outage,
     ends,
+    one_row_per_attempt,
     replaces,
     slot_marks_of,
 )
+
+# isort: split
+# (after scheduler_node.store: imported first, scheduler_node.dependencies meets the store's
+# package half made, whose history module imports it back)
+from scheduler_node.dependencies import Fire, Wait, advance, counts_upstream  # noqa: E402
 
 LATENCY = 0.001  # a round trip to Redis or PostgreSQL
 
@@ -346,6 +355,13 @@ class SimDb:
     runs: dict[str, list[Any]] = field(default_factory=dict)
     last_success: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
     upstreams: dict[str, Upstreams] = field(default_factory=dict)
+    # The after jobs' waits by (namespace, downstream), and each application of upstream ends to
+    # one (the checks' record): (when, namespace, downstream, the ends in order, the fires made).
+    waits: dict[tuple[str, str], Wait] = field(default_factory=dict)
+    applied: list[tuple[int, str, str, list[tuple[str, HistoryRow]], list[Fire]]] = field(default_factory=list)
+    # every success of a job others depend on, when it was written: (world s, namespace, job, row)
+    successes: list[tuple[float, str, str, HistoryRow]] = field(default_factory=list)
+    _edges: tuple[int, list[tuple[str, str, str, str, int]]] = (-1, [])
 
     def now_ms(self) -> int:
         return int(self.world.now * 1000)
@@ -456,9 +472,97 @@ class SimDb:
     def write(self, rows: list[HistoryRow], node: str = "") -> int:
         if self._down(node):
             raise TransientError("database: connection refused")
+        fresh = [r for r in one_row_per_attempt(rows) if r.key not in self.history]
         dups = self._write(rows)
+        if fresh:
+            self._depend(fresh)  # in the same transaction (scheduler_node.store.dependencies)
         self.answer()
         return dups
+
+    # -- jobs that wait for other jobs, as scheduler_node.store.dependencies applies new rows
+    def edges(self) -> list[tuple[str, str, str, str, int]]:
+        """job_dependencies as the API keeps it from the live jobs' documents: (namespace, upstream,
+        downstream, kind, within ms), in the order PostgreSQL reads them."""
+        if self._edges[0] != self.version:
+            out = []
+            for job in self.jobs.values():
+                if job.deleted:
+                    continue
+                if job.schedule.get("type") == "after":
+                    within = int(job.schedule.get("within_seconds", 86400)) * 1000
+                    out += [(job.namespace, u, job.id, "after", within) for u in set(job.schedule["jobs"])]
+                req = job.options.get("require")
+                if req and req.get("jobs"):
+                    within = int(req.get("within_seconds", 86400)) * 1000
+                    out += [(job.namespace, u, job.id, "require", within) for u in set(req["jobs"])]
+            self._edges = (self.version, sorted(out, key=lambda e: (e[0], e[2], e[1])))
+        return self._edges[1]
+
+    def _depend(self, fresh: list[HistoryRow]) -> None:
+        rows = [r for r in fresh if counts_upstream(r)]
+        if not rows:
+            return
+        ns_of = {id(r): r.namespace or DEFAULT_NAMESPACE for r in rows}
+        keys = {(ns_of[id(r)], r.job_id) for r in rows}
+        edges = [e for e in self.edges() if (e[0], e[1]) in keys]
+        if not edges:
+            return
+        latest = {
+            (ns_of[id(r)], r.job_id): r
+            for r in sorted(rows, key=lambda r: r.finished_ms or 0)
+            if r.status == "succeeded"
+        }
+        for k, r in sorted(latest.items()):
+            self.successes.append((self.world.now, k[0], k[1], r))
+            ms = r.finished_ms or r.scheduled_ms
+            if k not in self.last_success or ms >= self.last_success[k][1]:
+                self.last_success[k] = (r.execution_id, ms)
+        downstreams: dict[tuple[str, str], set[str]] = {}
+        for ns, upstream, downstream, kind, _ in edges:
+            if kind == "after":
+                downstreams.setdefault((ns, downstream), set()).add(upstream)
+        for (ns, downstream), ups in sorted(downstreams.items()):
+            ends = sorted(
+                ((r.job_id, r) for r in rows if ns_of[id(r)] == ns and r.job_id in ups),
+                key=lambda end: (end[1].finished_ms or 0, end[1].execution_id),
+            )
+            self._advance(ns, downstream, ends)
+
+    def _advance(self, ns: str, downstream: str, ends: list[tuple[str, HistoryRow]]) -> None:
+        wait = self.waits.setdefault((ns, downstream), Wait())
+        job = self.jobs.get(downstream)
+        if job is None or job.deleted or job.namespace != ns or job.schedule.get("type") != "after":
+            return  # no longer an after job (or gone): nothing to fire
+        upstreams = tuple(sorted({u for n, u, d, kind, _ in self.edges() if (n, d, kind) == (ns, downstream, "after")}))
+        within_ms = int(job.schedule.get("within_seconds", 86400)) * 1000
+        now = self.now_ms()
+        fires = advance(wait, upstreams, within_ms, ends, now)
+        self.applied.append((now, ns, downstream, ends, fires))
+        for f in fires:
+            self.change += 1
+            self.trigger_ids += 1
+            row = TriggerRow(self.trigger_ids, downstream, f.requested_ms, kind="after", incarnation=job.incarnation)
+            self.triggers.append((self.change, row, job.slot))
+            self.upstreams.setdefault(execution_id(downstream, f.requested_ms, 0, Trigger.AFTER), f.upstreams)
+
+    # -- what the API's :complete does (POST /v1/executions/{id}:complete with the token)
+    def complete(self, execution_id: str, token: str, status: str, output: str | None) -> str:
+        """The work's end, reported with its token: "applied", or why not ("unavailable": the
+        database cannot be reached, the work tries again)."""
+        if self._down("") or self.world.now < self.hang_until:
+            return "unavailable"
+        r = self.runs.get(execution_id)
+        if r is None:
+            return "unknown execution"
+        if r[8] != hashlib.sha256(token.encode()).digest():
+            return "another attempt's token"
+        if r[1] != RUNNING:
+            return f"already {r[1]}"
+        now = self.now_ms()
+        if now >= r[3]:
+            return "past its deadline"
+        r[1], r[6], r[7] = status, now, output
+        return "applied"
 
     def _write(self, rows: list[HistoryRow]) -> int:
         dups = 0
@@ -825,8 +929,8 @@ class SimStore(NodeStore):
     @_answered
     async def record_upstreams(self, rows: Sequence[tuple[str, str, str, Upstreams]]) -> None:
         await self.db.call(self.node)
-        for execution_id, _, _, ups in rows:
-            self.db.upstreams.setdefault(execution_id, ups)
+        for eid, _, _, ups in rows:
+            self.db.upstreams.setdefault(eid, ups)
 
     def write_history(self, rows: list[HistoryRow]) -> int:
         return self.db.write(rows, self.node)
@@ -852,21 +956,49 @@ class Arrival:
     scheduled_ms: int
     attempt: int
     ok: bool
+    upstream_ids: str | None = None  # the Cronman-Upstream-Execution-Ids header, if sent
+
+
+@dataclass
+class Work:
+    """Asynchronous work a receiver accepted: what it will report, when (never: None), and what
+    the API answered each time it reported (the last answer last)."""
+
+    accepted: float
+    execution_id: str
+    job_id: str
+    attempt: int
+    token: str | None
+    status: str
+    report_at: float | None
+    answers: list[tuple[float, str]] = field(default_factory=list)
+
+    def applied_at(self) -> float | None:
+        return next((t for t, a in self.answers if a == "applied"), None)
 
 
 @dataclass
 class Receivers:
     """Every receiver's behaviour and everything that reached them. Behaviours: ``ok``;
     ``fail_first`` (the first attempt of each execution fails); ``flaky`` (fails one time in
-    three, decided by the seed); ``slow`` (answers after 3 s)."""
+    three, decided by the seed); ``slow`` (answers after 3 s); ``async`` (a receiver of
+    asynchronous work: accepts nine requests in ten, one in twenty only after 3 s, and its work
+    reports its end through the API later, or never: see accept_work)."""
 
     world: World
     rng: Any
     behaviour: dict[str, str] = field(default_factory=dict)
     arrivals: list[Arrival] = field(default_factory=list)
+    # asynchronous work: the database its reports reach (as the API's :complete writes it), the
+    # draws of its fate (a generator of their own), and every piece of work accepted
+    db: SimDb | None = None
+    work_rng: random.Random = field(default_factory=lambda: random.Random(0))
+    works: list[Work] = field(default_factory=list)
 
     def answer(self, receiver: str, attempt: int) -> tuple[bool, float]:
         kind = self.behaviour.get(receiver, "ok")
+        if kind == "async":
+            return self.work_rng.random() > 0.1, (3.0 if self.work_rng.random() < 0.05 else 0.002)
         if kind == "fail_first":
             return attempt > 1, 0.005
         if kind == "flaky":
@@ -874,6 +1006,31 @@ class Receivers:
         if kind == "slow":
             return True, 3.0
         return True, 0.002
+
+    def accept_work(self, delivery: Delivery) -> None:
+        """An accepted request of asynchronous work: it ends later, within 0.2 to 1.3 times its
+        completion timeout (so sometimes past its deadline), as a success (three in four) or a
+        failure, or never (one in ten); it reports with the token its request carried, and tries
+        again each second while the database is away."""
+        assert self.db is not None
+        rng, now = self.work_rng, self.world.now
+        job = self.db.jobs.get(delivery.job_id)
+        timeout = float((job.options.get("completion") or {}).get("timeout_seconds", 10)) if job else 10.0
+        fate = rng.random()
+        status = "failed" if fate < 0.25 else "succeeded"
+        at = None if fate < 0.1 else now + rng.uniform(0.2, 1.3 * timeout)
+        token = dict(delivery.extra).get(COMPLETION_TOKEN_HEADER)
+        work = Work(now, delivery.execution_id, delivery.job_id, delivery.attempt, token, status, at)
+        self.works.append(work)
+        if at is not None and token is not None:
+            self.world.at(at, functools.partial(self._report, work, 0))
+
+    def _report(self, work: Work, tries: int) -> None:
+        assert self.db is not None and work.token is not None
+        answer = self.db.complete(work.execution_id, work.token, work.status, f"work {work.status}")
+        work.answers.append((self.world.now, answer))
+        if answer == "unavailable" and tries < 120:
+            self.world.at(self.world.now + 1.0, functools.partial(self._report, work, tries + 1))
 
 
 class SimSender(Sender):
@@ -905,8 +1062,11 @@ class SimSender(Sender):
                     _ms(delivery.scheduled_for),
                     delivery.attempt,
                     ok,
+                    dict(delivery.extra).get(UPSTREAMS_HEADER),
                 )
             )
+            if ok and self.receivers.behaviour.get(target.receiver) == "async":
+                self.receivers.accept_work(delivery)
             outcome = Outcome(True, 200, None) if ok else Outcome(False, 500, "HTTP 500: \x00receiver\ud800 error")
 
             def reply() -> None:

@@ -37,6 +37,11 @@ LONG_REDIS_DOWN_FROM = 980_000
 # phases (SimConfig.phases), and run for at least twice the drawn heartbeat TTL; the seeds below
 # (7,300,001-7,301,500 among them, a sweep of 60 s runs) replay the runs they always had.
 TIMINGS_FROM = 7_500_000
+# Seeds from here on add jobs that wait (SimConfig.chains): asynchronous work, whose receivers
+# accept it and report its end later (or never); chains extract -> transform -> load, load after
+# transform and audit (a fan-in); jobs that require an extract's recent success. Drawn from a
+# generator of their own; every seed below replays the run it always had.
+CHAINS_FROM = 9_000_000
 EPOCH = 1_893_456_000.0  # 2030-01-01T00:00:00Z: a fixed start, so runs do not depend on today
 
 FAULTS = (
@@ -172,6 +177,8 @@ class SimConfig:
     # or "one" (all of them, and a burst of jobs more, due at the same instants); None: drawn, for
     # the seeds that draw their timings (the others keep the workload they always had).
     phases: str | None = None
+    # The jobs that wait besides the workload's (see CHAINS_FROM); None: seeds from CHAINS_FROM on.
+    chains: bool | None = None
 
 
 @dataclass
@@ -277,6 +284,9 @@ class Sim:
         self.redis = SimRedis(self.world)
         self.db = SimDb(self.world, cfg.slots)
         self.receivers = Receivers(self.world, random.Random(self.rng.random()))
+        self.receivers.db = self.db
+        self.chains = cfg.chains if cfg.chains is not None else cfg.seed >= CHAINS_FROM
+        self.waiting: set[str] = set()  # the jobs of the chains' workload (_waiting_jobs)
         # the timings of the seeds that do not draw them (validated with the drawn ones: accepted)
         fixed: dict[str, Any] = {
             "heartbeat_interval_seconds": 1.0,
@@ -389,6 +399,8 @@ class Sim:
             plan = self.jobs[job_id] = JobPlan(job_id, doc, receiver)
         if self.cfg.phases is not None:
             self._phase(self.cfg.phases)
+        if self.chains:
+            self._waiting_jobs()
         for job_id, plan in self.jobs.items():
             self.db.put_job(job_id, **plan.doc)
             plan.created.append(self.world.now)
@@ -422,6 +434,62 @@ class Sim:
             }
             self.jobs[f"job-{i}"] = JobPlan(f"job-{i}", doc, f"r-{i}")
 
+    def _waiting_jobs(self) -> None:
+        """Jobs that wait (from a generator of their own): one to three of asynchronous work
+        (completion timeout 2-20 s, no heartbeat); one or two chains extract-k (asynchronous one
+        time in two) -> transform-k (after extract-k) -> load-k (after transform-k and audit-k);
+        most chains with a report-k that requires extract-k's recent success. Their receivers
+        answer well or badly (a flaky one with two attempts fails an execution for good one time
+        in nine: the chain below it is skipped)."""
+        rng = random.Random(f"chains/{self.cfg.seed}")
+        self.receivers.work_rng = random.Random(rng.random())
+
+        def repeating() -> dict[str, Any]:
+            if rng.random() < 0.5:
+                return {"type": "interval", "every_seconds": rng.randint(3, 8)}
+            return {"type": "cron", "expression": f"*/{rng.choice([3, 4, 5, 6])} * * * * *"}
+
+        def completion() -> dict[str, Any]:
+            return {"mode": "callback", "timeout_seconds": rng.randint(2, 20)}
+
+        def add(job_id: str, schedule: dict[str, Any], ns: str, options: dict[str, Any]) -> None:
+            receiver = f"r-{job_id}"
+            if "completion" in options:
+                self.receivers.behaviour[receiver] = "async"
+            else:
+                self.receivers.behaviour[receiver] = rng.choices(["ok", "fail_first", "flaky"], [0.6, 0.2, 0.2])[0]
+            doc = {
+                "schedule": schedule,
+                "target": {"type": "http", "url": receiver, "timeout_seconds": 2.0},
+                "retry": {
+                    "max_attempts": rng.randint(2, 4),
+                    "backoff_seconds": rng.choice([0.2, 0.5, 1.0]),
+                    "max_backoff_seconds": 3,
+                },
+                "options": options,
+                "namespace": ns,
+            }
+            self.jobs[job_id] = JobPlan(job_id, doc, receiver)
+            self.waiting.add(job_id)
+
+        for k in range(rng.randint(1, 3)):
+            add(f"async-{k}", repeating(), rng.choice(["a", "b"]), {"completion": completion()})
+        for k in range(rng.randint(1, 2)):
+            ns = rng.choice(["a", "b"])
+            add(f"extract-{k}", repeating(), ns, {"completion": completion()} if rng.random() < 0.5 else {})
+            within = rng.choice([30, 120, 86400])
+            add(f"transform-{k}", {"type": "after", "jobs": [f"extract-{k}"], "within_seconds": within}, ns, {})
+            add(f"audit-{k}", repeating(), ns, {})
+            fan_in = {"type": "after", "jobs": [f"transform-{k}", f"audit-{k}"], "within_seconds": within}
+            add(f"load-{k}", fan_in, ns, {"completion": completion()} if rng.random() < 0.3 else {})
+            if rng.random() < 0.7:
+                require = {
+                    "jobs": [f"extract-{k}"],
+                    "within_seconds": rng.choice([10, 30, 3600]),
+                    "wait_seconds": rng.choice([0, 3, 10]),
+                }
+                add(f"report-{k}", repeating(), ns, {"require": require})
+
     def _job_events(self) -> None:
         """Pauses, resumes, deletes, re-creations and manual triggers during the run."""
         rng = self.rng
@@ -438,8 +506,8 @@ class Sim:
         plan = self.jobs[job_id]
         row = self.db.jobs[job_id]
         now = self.world.now
-        if row.deleted:
-            return
+        if row.deleted or (job_id in self.waiting and what != "trigger"):
+            return  # (the chains' jobs are triggered by hand, never paused nor deleted)
         if what == "trigger":
             t = self.db.trigger(job_id)
             plan.triggers.append((now, t.requested_ms))
@@ -459,7 +527,7 @@ class Sim:
         """A few backfills of the last seconds of repeating jobs, drawn from a generator of their own
         (the other events of a seed stay what they were)."""
         rng = random.Random(self.cfg.seed * 7919 + 1)
-        repeating = sorted(j for j, p in self.jobs.items() if p.doc["schedule"]["type"] != "once")
+        repeating = sorted(j for j, p in self.jobs.items() if p.doc["schedule"]["type"] not in ("once", "after"))
         for n in range(rng.randint(1, 3)):
             at = rng.uniform(self.cfg.warmup + 8, self.cfg.duration - 5)
             job_id, rate = rng.choice(repeating), rng.choice([2.0, 5.0, 20.0])

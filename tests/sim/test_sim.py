@@ -14,11 +14,13 @@ from cronman.settings import Settings
 from scheduler_node import ownership as ownership_module
 from scheduler_node.leases import Leases
 from scheduler_node.lifecycle import Lifecycle
-from scheduler_node.sim.check import Report
+from scheduler_node.sim import parts as sim_parts
+from scheduler_node.sim.check import DOUBLE_SUCCESS, NEVER_APPLIED, TIMED_OUT_ACCEPTED, Report
 from scheduler_node.sim.check import check as check_sim
 from scheduler_node.sim.run import digest, run_seed, run_seeds
 from scheduler_node.sim.world import (
     BACKLOG_FROM,
+    CHAINS_FROM,
     DB_FLAKY_SEEDS,
     FAULTS,
     FLAKY_FROM,
@@ -26,6 +28,7 @@ from scheduler_node.sim.world import (
     SLOW_FROM,
     TIMINGS,
     TIMINGS_FROM,
+    Sim,
     SimConfig,
     accepted,
     bound_seconds,
@@ -712,3 +715,100 @@ def test_cronman_sim_runs_seeds_that_draw_their_timings_by_default() -> None:
     from cronman.cli import build_parser
 
     assert build_parser().parse_args(["sim"]).start == TIMINGS_FROM + 1
+
+
+# Jobs that wait, drawn for seeds from CHAINS_FROM on besides the usual workload: asynchronous work
+# whose receivers report its end later (or never, or past its deadline, or after the node stopped
+# waiting for their answer), chains extract -> transform -> load with a fan-in (load after transform
+# and audit), and jobs that require an extract's recent success. The first 260 seeds of every fault
+# (9,000,001-) found three defects of the product, not fixed here, whose violations the checks name
+# (KNOWN_GAPS, FOUND_GAPS below: 17 of the 260 seeds), and nothing else.
+KNOWN_GAPS = (NEVER_APPLIED, DOUBLE_SUCCESS, TIMED_OUT_ACCEPTED)
+CHAIN_SEEDS = int(os.environ.get("CRONMAN_SIM_CHAIN_SEEDS", "40"))
+
+
+def test_seeds_of_jobs_that_wait_keep_the_guarantee() -> None:
+    started = time.perf_counter()
+    results = run_seeds(range(CHAINS_FROM + 1, CHAINS_FROM + 1 + CHAIN_SEEDS), SimConfig(0, faults=EVERY_FAULT))
+    took = time.perf_counter() - started
+    gaps = sum(1 for r in results for v in r["violations"] if v.startswith(KNOWN_GAPS))
+    print(f"\n{len(results)} seeds of jobs that wait in {took:.1f}s; {gaps} violations of the known gaps")
+    new = [(r["seed"], v) for r in results for v in r["violations"] if not v.startswith(KNOWN_GAPS)]
+    assert not new, [
+        f"{v[:300]} - replay: cronman sim --seed {seed} --faults {','.join(sorted(EVERY_FAULT))} --trace '*'"
+        for seed, v in new[:5]
+    ]
+
+
+# 9000032: extract-0's attempt 1 failed on a node killed by a power cut, its row written; the
+# occurrence, claimed again once Redis came back empty, succeeded as attempt 1, and that success
+# replaced the failed row: not a row written for the first time, so transform-0 never heard of it.
+# 9000066: extract-1's execution succeeded at 38.6 s; Redis lost its data at 55.2 s, the occurrence
+# was claimed and sent again, failed, and its attempt 2 succeeded: transform-1 ran twice after it.
+# 9000039: the last attempt of async-0, accepted by its receiver 3 s later, after the node's 2 s
+# wait: permanently failed, while the API took its work's success 15 s later (the row still running).
+FOUND_GAPS = [(9000032, NEVER_APPLIED), (9000066, DOUBLE_SUCCESS), (9000039, TIMED_OUT_ACCEPTED)]
+
+
+@pytest.mark.xfail(strict=True, reason="a defect of the product the simulation found (see FOUND_GAPS)")
+@pytest.mark.parametrize(("seed", "gap"), FOUND_GAPS)
+def test_seeds_that_found_a_gap_of_jobs_that_wait(seed: int, gap: str) -> None:
+    report = run_seed(seed, SimConfig(seed, faults=EVERY_FAULT))
+    assert not report.violations, report.violations[:3]
+
+
+def test_jobs_that_wait_are_drawn_for_their_seeds_only() -> None:
+    before = Sim(SimConfig(CHAINS_FROM - 1))
+    before._workload()
+    assert not before.waiting and all(k != "async" for k in before.receivers.behaviour.values())
+    after = Sim(SimConfig(CHAINS_FROM + 1))
+    after._workload()
+    assert {"async-0", "extract-0", "transform-0", "audit-0", "load-0"} <= after.waiting
+
+
+def test_jobs_that_wait_run_their_chains_and_their_work() -> None:
+    """Without faults: the chains fire, the work reports, the requirements are met and carried."""
+    sim = Sim(SimConfig(CHAINS_FROM + 1, faults=frozenset()))
+    sim.run()
+    report = check_sim(sim)
+    assert not report.violations, report.violations[:3]
+    fires = [f for *_, made in sim.db.applied for f in made if not f.upstreams.skip_reason]
+    assert len({f.upstreams.jobs for f in fires}) >= 2  # transform after extract, load after both
+    assert any(w.applied_at() and w.status == "succeeded" for w in sim.receivers.works)
+    assert any(a.upstream_ids and a.job_id.startswith("load-") for a in sim.receivers.arrivals)
+    assert any(a.upstream_ids and a.job_id.startswith("report-") for a in sim.receivers.arrivals)
+
+
+@pytest.mark.parametrize(
+    ("broken", "found"),
+    [
+        ("after jobs fire on every second success", "never fired after"),
+        ("asynchronous work is done when accepted", "succeeded without its work reporting success"),
+    ],
+)
+def test_the_simulation_finds_broken_jobs_that_wait(monkeypatch: pytest.MonkeyPatch, broken: str, found: str) -> None:
+    """The checks of jobs that wait can fail."""
+    if broken.startswith("after"):
+        real = sim_parts.advance
+        count = [0]
+
+        def advance(wait, upstreams, within_ms, ends, now_ms):  # type: ignore[no-untyped-def]
+            count[0] += 1
+            fires = real(wait, upstreams, within_ms, ends, now_ms)
+            return fires if count[0] % 2 else []
+
+        monkeypatch.setattr(sim_parts, "advance", advance)
+    else:
+        from scheduler_node.finishing import Finisher
+
+        real_finish = Finisher._finish
+
+        def _finish(self, e, outcome, fired, finished):  # type: ignore[no-untyped-def]
+            e.reported = True  # (the receiver's answer taken for the work's end)
+            real_finish(self, e, outcome, fired, finished)
+
+        monkeypatch.setattr(Finisher, "_finish", _finish)
+    for seed in range(CHAINS_FROM + 1, CHAINS_FROM + 6):
+        if any(found in v for v in run_seed(seed, SimConfig(seed, faults=frozenset())).violations):
+            return
+    pytest.fail(f"no seed noticed that {broken}")
