@@ -67,9 +67,10 @@ class AsyncExecution(_Doc):
     scheduled_for: str | None = Field(json_schema_extra=_DATE_TIME)
     trigger: str
     attempt: int = Field(description="The attempt sent last.")
-    status: Literal["running", "succeeded", "failed", "timed_out"] = Field(
+    status: Literal["running", "succeeded", "failed", "timed_out", "unaccepted"] = Field(
         description="running: accepted, its end not reported; succeeded/failed: reported; timed_out: no end "
-        "reported by the deadline (the attempt failed; a retry follows per the job's retry policy)."
+        "reported by the deadline (the attempt failed; a retry follows if the job's retry policy allows one); "
+        "unaccepted: the receiver's answer to the attempt was a failure, so its work is not awaited."
     )
     started_at: str | None = Field(json_schema_extra=_DATE_TIME)
     deadline_at: str | None = Field(json_schema_extra=_DATE_TIME)
@@ -146,9 +147,9 @@ _EXECUTION_ID = {
     "schema": {"type": "string", "format": "uuid"},
 }
 _REFUSED = (
-    "409: the attempt is no longer awaited: deadline_passed (its deadline passed, a retry follows per the job's "
-    "retry policy), timed_out (the scheduler ended it so), already_completed (another end was reported: the "
-    "error names it and when)."
+    "409: the attempt is no longer awaited: deadline_passed (its deadline passed; a retry follows if the job's "
+    "retry policy allows one), timed_out (the scheduler ended it so), not_accepted (the receiver's answer to the "
+    "attempt was a failure), already_completed (another end was reported: the error names it and when)."
 )
 
 

@@ -91,9 +91,7 @@ def parse_queue(text: str, default_region: str = "us-east-1") -> QueueRef:
     if segments and segments[-1] == "":
         segments.pop()  # one trailing slash
     if len(segments) != 2 or not all(_SEGMENT_RE.match(s) and s not in (".", "..") for s in segments):
-        raise ValueError(
-            "a queue URL's path is exactly /<account>/<queue name>: letters, digits, '-', '_' and '.'"
-        )
+        raise ValueError("a queue URL's path is exactly /<account>/<queue name>: letters, digits, '-', '_' and '.'")
     account, name = segments
     if not _NAME_RE.match(name):
         raise ValueError("a queue name is 1-80 letters, digits, '-' or '_', with .fifo at the end of a FIFO queue")

@@ -27,6 +27,7 @@ RUNNING = "running"
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 TIMED_OUT = "timed_out"
+UNACCEPTED = "unaccepted"  # the receiver's answer to the attempt was a failure: its work is not awaited
 REPORTED = (SUCCEEDED, FAILED)
 _NOW: ColumnElement[datetime] = literal_column("now()")
 _TRIES = 3  # reads of a row a concurrent change moved on
@@ -131,14 +132,22 @@ def _refuse_ended(run: AsyncRun) -> None:
     if run.status == TIMED_OUT:
         raise Conflict(
             f"attempt {run.attempt} of execution {run.execution_id} timed out at {iso_dt(run.deadline_at)} with no "
-            "end reported; its work is no longer awaited and a retry follows per the job's retry policy",
+            "end reported; its work is no longer awaited, and a retry follows if the job's retry policy allows one",
             field="execution_id",
             code="timed_out",
+        )
+    if run.status == UNACCEPTED:
+        raise Conflict(
+            f"attempt {run.attempt} of execution {run.execution_id} was not accepted by its receiver (its answer was "
+            "a failure); its work is not awaited, and a retry follows if the job's retry policy allows one",
+            field="execution_id",
+            code="not_accepted",
         )
     if run.now > run.deadline_at:
         raise Conflict(
             f"attempt {run.attempt} of execution {run.execution_id} passed its deadline at "
-            f"{iso_dt(run.deadline_at)}; its work is no longer awaited and a retry follows per the job's retry policy",
+            f"{iso_dt(run.deadline_at)}; its work is no longer awaited, and a retry follows if the job's retry "
+            "policy allows one",
             field="execution_id",
             code="deadline_passed",
         )

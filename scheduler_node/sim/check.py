@@ -740,18 +740,16 @@ def _at(t: float) -> str:
 
 
 # --------------------------------------------------------------------------- 8: jobs that wait
-# Three defects of the product these checks find (the violations begin with these words), kept
-# apart so that a run can tell them from anything new (tests/sim: KNOWN_GAPS):
+# Three defects of the product these checks found, now fixed (tests/sim: FOUND_WAITING); the
+# violations begin with these words:
 # - a success that replaces a failed row of the same attempt (the failure written first, by a node
-#   that died after it, say) is not a row written for the first time, and history's writers apply
-#   only those to the jobs downstream (scheduler_node.store.history, record_dependencies): the
-#   downstream job never hears of that success;
-# - the same for an execution that succeeds twice (delivered again after Redis lost its data, its
-#   first attempt failing, its second succeeding): a second row written for the first time, and
-#   the downstream job runs again after that same execution;
+#   that died after it, say) was not a row written for the first time, and history's writers applied
+#   only those to the jobs downstream: the downstream job never heard of that success;
+# - an execution that succeeds twice (delivered again after Redis lost its data, its first attempt
+#   failing, its second succeeding): the downstream job ran again after that same execution;
 # - the last attempt of asynchronous work whose receiver answered after the node stopped waiting
-#   for its answer ("timed out") is failed for good, but its async_runs row stays running: the API
-#   takes the work's success, which history never shows.
+#   for its answer ("timed out") was failed for good, but its async_runs row stayed running: the API
+#   took the work's success, which history never shows.
 NEVER_APPLIED = "an upstream success never reached its downstream's wait"
 TIMED_OUT_ACCEPTED = "its work's success was taken after its request timed out"
 DOUBLE_SUCCESS = "an upstream execution that succeeded twice was followed twice"
@@ -825,7 +823,7 @@ def _async_work(run: _Run) -> None:
             if mine and mine[0].status in ("failed", "permanently_failed") and mine[0].error == "timed out":
                 # The receiver accepted the request after the node's wait for its answer ran out:
                 # the node counted the attempt failed, the row stayed running, the API took the
-                # work's success (KNOWN_GAPS)
+                # work's success (seed 9000039)
                 run.report.violations.append(
                     f"{TIMED_OUT_ACCEPTED}: execution {eid} of {plan.id} attempt {w.attempt} reported at {_at(at)}; "
                     f"history: {statuses}"

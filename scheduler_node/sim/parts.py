@@ -472,10 +472,11 @@ class SimDb:
     def write(self, rows: list[HistoryRow], node: str = "") -> int:
         if self._down(node):
             raise TransientError("database: connection refused")
-        fresh = [r for r in one_row_per_attempt(rows) if r.key not in self.history]
+        written = one_row_per_attempt(rows)
         dups = self._write(rows)
-        if fresh:
-            self._depend(fresh)  # in the same transaction (scheduler_node.store.dependencies)
+        # In the same transaction, as scheduler_node.store.dependencies does: every row written, each
+        # upstream execution counted once (seeds 9000032, 9000066).
+        self._depend(written)
         self.answer()
         return dups
 
@@ -498,8 +499,8 @@ class SimDb:
             self._edges = (self.version, sorted(out, key=lambda e: (e[0], e[2], e[1])))
         return self._edges[1]
 
-    def _depend(self, fresh: list[HistoryRow]) -> None:
-        rows = [r for r in fresh if counts_upstream(r)]
+    def _depend(self, written: list[HistoryRow]) -> None:
+        rows = [r for r in written if counts_upstream(r)]
         if not rows:
             return
         ns_of = {id(r): r.namespace or DEFAULT_NAMESPACE for r in rows}
@@ -536,6 +537,15 @@ class SimDb:
         upstreams = tuple(sorted({u for n, u, d, kind, _ in self.edges() if (n, d, kind) == (ns, downstream, "after")}))
         within_ms = int(job.schedule.get("within_seconds", 86400)) * 1000
         now = self.now_ms()
+        # (what is recorded as applied is what counts: an upstream execution counted before is not)
+        seen: set[tuple[str, str]] = set()
+        ends = [
+            (u, r)
+            for u, r in ends
+            if r.execution_id not in wait.applied.get(u, ())
+            and (u, r.execution_id) not in seen
+            and not seen.add((u, r.execution_id))  # type: ignore[func-returns-value]
+        ]
         fires = advance(wait, upstreams, within_ms, ends, now)
         self.applied.append((now, ns, downstream, ends, fires))
         for f in fires:
@@ -914,6 +924,16 @@ class SimStore(NodeStore):
             r = self.db.runs.get(i)
             if r is not None and r[0] == attempt and r[1] == "running" and r[3] <= now:
                 r[1], r[6] = "timed_out", now
+        return {i: run for i, _ in items if (run := self.db.run_of(i)) is not None}
+
+    @_answered
+    async def unaccept_runs(self, items: Sequence[tuple[str, int]]) -> dict[str, AsyncRun]:
+        await self.db.call(self.node)
+        now = self.db.now_ms()
+        for i, attempt in items:
+            r = self.db.runs.get(i)
+            if r is not None and r[0] == attempt and r[1] == "running":
+                r[1], r[6] = "unaccepted", now
         return {i: run for i, _ in items if (run := self.db.run_of(i)) is not None}
 
     @_answered

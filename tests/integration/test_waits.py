@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -200,3 +201,57 @@ def test_overlap_skip_skips_while_the_work_runs_not_only_while_the_call_does(
         exec_id, token = first.headers["Cronman-Execution-Id"], first.headers["Cronman-Completion-Token"]
         assert complete(db, exec_id, token, "succeeded")
         wait_for(lambda: len(receiver.snapshot()) >= 2, 10, "a delivery once the work ended")
+
+
+def test_an_attempt_its_receiver_did_not_accept_takes_no_report_after(
+    client: FlaskClient, node: NodeThread, db: Engine
+) -> None:
+    with Receiver(fail_first=10) as receiver:
+        create(
+            client,
+            "async-refused",
+            {"type": "once", "at": at(0.5)},
+            {"type": "http", "url": receiver.url},
+            completion={"mode": "callback", "timeout_seconds": 60},
+            retry={"max_attempts": 1},
+        )
+        done = wait_for(lambda: rows(db, "async-refused"), 10, "the execution's end")
+        assert [(r["attempt"], r["status"]) for r in done] == [(1, "permanently_failed")]
+        sent = receiver.snapshot()[0]
+        assert not complete(db, done[0]["execution_id"], sent.headers["Cronman-Completion-Token"], "succeeded")
+        with db.connect() as conn:
+            status = conn.execute(
+                text("SELECT status FROM async_runs WHERE execution_id = CAST(:e AS uuid)"),
+                {"e": done[0]["execution_id"]},
+            ).scalar_one()
+        assert status == "unaccepted"
+
+
+@dataclass
+class ReportsThenFails(Receiver):
+    """Its work reports success before the answer to the request goes out, and the answer is a 500."""
+
+    db: Engine | None = None
+
+    def _record(self, rec: Any) -> None:
+        assert self.db is not None
+        complete(self.db, rec.headers["Cronman-Execution-Id"], rec.headers["Cronman-Completion-Token"], "succeeded")
+        super()._record(rec)
+
+
+def test_a_report_that_came_before_a_failed_answer_is_the_attempts_end(
+    client: FlaskClient, node: NodeThread, db: Engine
+) -> None:
+    with ReportsThenFails(fail_first=10, db=db) as receiver:
+        create(
+            client,
+            "async-early",
+            {"type": "once", "at": at(0.5)},
+            {"type": "http", "url": receiver.url},
+            completion={"mode": "callback", "timeout_seconds": 60},
+            retry={"max_attempts": 3, "backoff_seconds": 0.2},
+        )
+        done = wait_for(lambda: rows(db, "async-early"), 10, "the execution's end")
+        time.sleep(1)
+        assert [(r["attempt"], r["status"]) for r in rows(db, "async-early")] == [(1, "succeeded")]
+        assert len(receiver.snapshot()) == 1 and done
