@@ -21,7 +21,6 @@ through the API (GET /v1/jobs/{id}/executions). Figures are printed (run pytest 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 from collections import Counter, defaultdict
@@ -31,8 +30,8 @@ from typing import Any
 
 import aiohttp
 import psutil
-import psycopg2
 import pytest
+import requests
 from aiohttp import web
 
 from cronman.dev.receiver import Received, Receiver
@@ -93,7 +92,6 @@ class ChainReceiver(LedgerReceiver):
         self.work: dict[str, float] = {}
         self.fail: set[int] = set()
         self.api_url = ""
-        self.database_url = ""
         self._client: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -123,10 +121,6 @@ class ChainReceiver(LedgerReceiver):
     async def _complete(self, d: Delivery) -> None:
         await asyncio.sleep(self.work[d.job_id])
         status = "failed" if d.scheduled_ms in self.fail else "succeeded"
-        if self.database_url:  # TEMPORARY: until the API's endpoint lands, what it does to the run
-            ok = await asyncio.get_running_loop().run_in_executor(None, _complete_in_db, self.database_url, d, status)
-            self.reports.append(Report(d.execution_id, status, 200 if ok else 409, "", time.time()))
-            return
         if self._client is None:
             self._client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         try:
@@ -147,20 +141,6 @@ class ChainReceiver(LedgerReceiver):
 
     def of(self, job_id: str) -> list[Delivery]:
         return [d for d in list(self.deliveries) if d.job_id == job_id]
-
-
-def _complete_in_db(url: str, d: Delivery, status: str) -> bool:
-    conn = psycopg2.connect(url)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute(
-                "UPDATE async_runs SET status = %s, output = %s, reported_at = now(), reported_by = 'token' "
-                "WHERE execution_id = %s::uuid AND status = 'running' AND token_hash = %s AND deadline_at > now()",
-                (status, "x", d.execution_id, hashlib.sha256(d.token.encode()).digest()),
-            )
-            return cur.rowcount == 1
-    finally:
-        conn.close()
 
 
 class SenderWatch:
@@ -210,21 +190,6 @@ def chain_jobs(cluster: Cluster) -> list[dict[str, Any]]:
     ]
 
 
-def depend(cluster: Cluster, downstream: str, upstreams: list[str]) -> None:
-    """The dependency rows the API keeps with an after job (until the API writes them itself)."""
-    conn = psycopg2.connect(cluster.database_url)
-    try:
-        with conn, conn.cursor() as cur:
-            for up in upstreams:
-                cur.execute(
-                    "INSERT INTO job_dependencies (namespace, upstream, downstream, kind, within_ms) "
-                    "VALUES ('default', %s, %s, 'after', 86400000) ON CONFLICT DO NOTHING",
-                    (up, downstream),
-                )
-    finally:
-        conn.close()
-
-
 def install_receiver(cluster: Cluster) -> ChainReceiver:
     """A chain receiver in place of the cluster's ledger receiver (stopped with the cluster)."""
     receiver = ChainReceiver()
@@ -238,10 +203,7 @@ def start_chain(cluster: Cluster, nodes: list[str]) -> ChainReceiver:
     receiver = install_receiver(cluster)
     receiver.work["extract"] = WORK_S
     receiver.api_url = cluster.start_api()
-    receiver.database_url = cluster.database_url
     cluster.create_jobs(chain_jobs(cluster), threads=1)
-    depend(cluster, "transform", ["extract"])
-    depend(cluster, "load", ["transform", "audit"])
     cluster.start_nodes(nodes)
     cluster.wait_settled(nodes, timeout=60)
     return receiver
@@ -309,6 +271,16 @@ def check_loads(
             if named.setdefault(i, load_id) != load_id:
                 wrong.append(f"{i} is named by loads {named[i]} and {load_id}")
     return wrong
+
+
+def shown_differently(receiver: ChainReceiver, *histories: dict[str, dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Deliveries whose upstream ids the API's executions list does not show as they were sent."""
+    shown = {i: r.get("upstream_execution_ids") for h in histories for i, r in h.items()}
+    return [
+        (d.job_id, d.execution_id, d.upstream_ids, shown.get(d.execution_id))
+        for d in receiver.of("transform") + receiver.of("load")
+        if shown.get(d.execution_id) != list(d.upstream_ids)
+    ]
 
 
 # ------------------------------------------------------------------------------------ tests
@@ -397,6 +369,9 @@ def test_a_chain_carries_its_upstreams_ids_and_a_failed_extract_skips_it(cluster
     assert skipped_loads[0]["error"].startswith("upstream transform was skipped: upstream extract failed"), (
         skipped_loads
     )
+    assert skipped_transforms[0]["upstream_execution_ids"] == [failing_id], skipped_transforms
+    assert skipped_loads[0]["upstream_execution_ids"] == [skipped_transforms[0]["execution_id"]], skipped_loads
+    assert not shown_differently(receiver, transforms, loads), shown_differently(receiver, transforms, loads)
     sent = {d.execution_id for d in all_deliveries}
     assert skipped_transforms[0]["execution_id"] not in sent and skipped_loads[0]["execution_id"] not in sent
     assert settled_in_time
@@ -515,6 +490,7 @@ def test_a_node_killed_while_extracts_work_runs_loses_nothing_and_doubles_nothin
     assert all(len(by_extract[i]) == 1 for i in ex_window), {i: by_extract[i] for i in ex_window}
     assert all(transforms[x]["status"] == "succeeded" for i in ex_window for x in by_extract[i])
     assert not check_loads(receiver, transforms, audits), check_loads(receiver, transforms, audits)
+    assert not shown_differently(receiver, transforms, loads), shown_differently(receiver, transforms, loads)
     bound = RUNNING_RECHECK_S + t.bound
     assert victim_transform and report is not None and victim_transform[0].at - report.at <= bound, (
         victim_transform,
@@ -563,35 +539,56 @@ def start_silent(cluster: Cluster, nodes: list[str], notify_url: str = "") -> tu
     return receiver, due_ms
 
 
-def test_work_that_never_reports_fails_at_its_timeout_and_is_retried_under_the_same_id(cluster: Cluster) -> None:
+def test_work_that_never_reports_fails_at_its_timeout_is_retried_under_the_same_id_and_misses_its_deadline_once(
+    cluster: Cluster,
+) -> None:
     """Two nodes; one occurrence of a job whose receiver accepts (200) and whose work never
     reports (completion timeout 5 s, its target's timeout 2 s: an attempt has 7 s; retry
-    max_attempts 2, backoff 1 s). Attempt 1 fails 7 s after it was sent (as soon as a node looks:
-    its park, or the poll of a second), recorded failed with the reason; attempt 2 goes out under
-    the same execution id (Cronman-Execution-Id), Cronman-Attempt 2, with a new token (the first
-    no longer completes anything), and fails the same way: permanently_failed."""
+    max_attempts 2, backoff 1 s; deadline_seconds 5), and a notification rule for
+    execution.deadline_missed to an HTTP receiver. Attempt 1 fails 7 s after it was sent (as soon
+    as a node looks: its park, or the poll of a second), recorded failed with the reason; attempt 2
+    goes out under the same execution id (Cronman-Execution-Id), Cronman-Attempt 2, with a new
+    token (the first is refused from then on: 403), and fails the same way: permanently_failed (a
+    report that comes after that is refused: 409, and changes nothing). The deadline, 5 s after the
+    scheduled time, is missed once: one execution.deadline_missed, whichever of the two nodes or
+    the API's watch leads the watchdog, and no second one while the attempts go on failing."""
     nodes = ["node-a", "node-b"]
-    receiver, due_ms = start_silent(cluster, nodes)
     budget_s = SILENT_TIMEOUT_S + SILENT_TARGET_TIMEOUT_S
+    with Receiver() as notes:
+        receiver, due_ms = start_silent(cluster, nodes, notify_url=f"{notes.url}/notify")
+        sent = wait_for(lambda: receiver.of("silent")[1:] and receiver.of("silent"), 3 + budget_s + 15, "attempt 2")
+        assert sent is not None
+        stale = complete(cluster, sent[0], "succeeded")  # attempt 1's token, attempt 2 running
 
-    def ended() -> list[dict[str, Any]] | None:
-        rows = cluster.executions("silent")
-        return rows if any(r["status"] == "permanently_failed" for r in rows) else None
+        def ended() -> list[dict[str, Any]] | None:
+            rows = cluster.executions("silent")
+            return rows if any(r["status"] == "permanently_failed" for r in rows) else None
 
-    rows = wait_for(ended, 3 + 2 * budget_s + 15, "the silent job's two attempts to fail", interval=0.5)
-    assert rows is not None
+        rows = wait_for(ended, budget_s + 15, "attempt 2 to fail", interval=0.5)
+        assert rows is not None
+        late = complete(cluster, sent[1], "succeeded")  # attempt 2's token, the attempt over
+        # a second notification would have come by now: the attempts ended 7 s and more ago
+        sleep_until(max(time.time() + 2, due_ms / 1000 + 2 * budget_s + 8))
+        after = cluster.executions("silent")
+        notified = [n for n in notes.snapshot() if _header(n, "Cronman-Event") == "execution.deadline_missed"]
+        job = cluster.session.get(f"{cluster.api_url}/v1/jobs/silent", timeout=10).json()
+        sent = receiver.of("silent")
+        cluster.stop_nodes()
     rows = sorted(rows, key=lambda r: r["attempt"])
-    time.sleep(2.0)  # nothing more is sent
-    sent = receiver.of("silent")
-    cluster.stop_nodes()
     failed_after_send_ms = [
         parse_iso(r["finished_at"]) - int(d.at * 1000) for r, d in zip(rows, sent, strict=False) if r["finished_at"]
     ]
+    bodies = [json.loads(n.body) for n in notified]
     cluster.report(
         deliveries=[(d.execution_id, d.attempt, round(d.at - due_ms / 1000, 3), d.token[:8]) for d in sent],
         history=[(r["attempt"], r["status"], r["finished_at"], r["error"]) for r in rows],
         failed_after_send_ms=failed_after_send_ms,
         attempt_budget_s=budget_s,
+        stale_token_report=stale,
+        late_report=late,
+        deadline_missed_after_due_ms=[int(n.at * 1000) - due_ms for n in notified],
+        deadline_missed=bodies,
+        health=job.get("health"),
     )
     assert [d.attempt for d in sent] == [1, 2], sent
     assert len({d.execution_id for d in sent}) == 1, sent
@@ -605,30 +602,32 @@ def test_work_that_never_reports_fails_at_its_timeout_and_is_retried_under_the_s
     assert all(budget_s * 1000 - 100 <= ms <= (budget_s + POLL_S + 2) * 1000 for ms in failed_after_send_ms), (
         failed_after_send_ms
     )
-
-
-@pytest.mark.skip(reason="the watchdog's deadlines (deadline_misses, execution.deadline_missed) have not landed")
-def test_work_that_never_reports_misses_its_deadline_once(cluster: Cluster) -> None:
-    """The same job, with deadline_seconds 5 and a notification rule for execution.deadline_missed
-    to an HTTP receiver: one notification for the occurrence, whichever of the two nodes or the
-    API's watch looked, and no second one while its attempts go on failing."""
-    with Receiver() as notes:
-        receiver, due_ms = start_silent(cluster, ["node-a", "node-b"], notify_url=f"{notes.url}/notify")
-
-        def deadline_missed() -> list[Received]:
-            return [n for n in notes.snapshot() if n.headers.get("Cronman-Event") == "execution.deadline_missed"]
-
-        first = wait_for(deadline_missed, 3 + SILENT_DEADLINE_S + 20, "execution.deadline_missed", interval=0.5)
-        # both attempts fail meanwhile (14 s and more); a second notification would come by then
-        sleep_until(due_ms / 1000 + 2 * (SILENT_TIMEOUT_S + SILENT_TARGET_TIMEOUT_S) + 8)
-        notified = deadline_missed()
-        cluster.stop_nodes()
-    bodies = [json.loads(n.body) for n in notified]
-    sent = receiver.of("silent")
-    cluster.report(notified_after_due_ms=[int(n.at * 1000) - due_ms for n in notified], bodies=bodies)
-    assert first and len(notified) == 1, bodies
+    assert stale[0] == 403 and stale[1]["error"]["code"] == "invalid_token", stale
+    assert late[0] == 409 and late[1]["error"]["code"] == "timed_out", late
+    assert sorted(after, key=lambda r: r["attempt"]) == rows, "the refused reports changed nothing"
+    # the deadline: missed once, not before it passed
+    assert len(notified) == 1, bodies
     assert bodies[0]["job_id"] == "silent" and bodies[0]["execution_id"] == sent[0].execution_id, bodies
     assert notified[0].at * 1000 >= due_ms + SILENT_DEADLINE_S * 1000, "not before the deadline"
+
+
+def complete(cluster: Cluster, d: Delivery, status: str) -> tuple[int, dict[str, Any]]:
+    """Report the end of ``d``'s work with its token alone (no key): the API's status and body."""
+    r = requests.post(
+        f"{cluster.api_url}/v1/executions/{d.execution_id}:complete",
+        json={"status": status},
+        headers={COMPLETION_TOKEN_HEADER: d.token},
+        timeout=10,
+    )
+    try:
+        body = r.json()
+    except ValueError:
+        body = {"text": r.text}
+    return r.status_code, body
+
+
+def _header(received: Received, name: str) -> str:
+    return next((v for k, v in received.headers.items() if k.lower() == name.lower()), "")
 
 
 # ------------------------------------------------------------------------------------ figures
