@@ -8,7 +8,7 @@ Cronman-Completion-Token it was sent alone, no key) -> ``transform`` (``after: [
 example fires ``extract`` every minute; here it fires every 5 s (cron ``*/5 * * * * *``, six fields),
 the finest schedule that still lets each run's 3 s of work end before the next is due (the poll
 that notices a completion is every second): a minute would give one or two runs a test, this gives
-ten or more, and the chain does the same for each. ``audit`` has the same schedule, so an ``audit``
+six or more in half a minute, and the chain does the same for each. ``audit`` has the same schedule, so an ``audit``
 success comes between any two ``transform`` ends and each ``transform`` success is followed by one
 ``load``.
 
@@ -37,6 +37,7 @@ from aiohttp import web
 from cronman.dev.receiver import Received, Receiver
 from cronman.model.execution import COMPLETION_TOKEN_HEADER, UPSTREAMS_HEADER
 from cronman.model.timeutil import iso, parse_iso
+from scheduler_node.waits import POLL_S, RUNNING_RECHECK_MS
 from tests.cluster.conftest import Cluster, sleep_until
 from tests.cluster.ledger import LedgerReceiver, analyse, expected_occurrences
 from tests.helpers import wait_for
@@ -49,8 +50,7 @@ EVERY_S = 5
 EVERY_5_S = "*/5 * * * * *"  # six fields: seconds first
 WORK_S = 3.0  # how long extract's work runs before it reports its end
 EXTRACT_TIMEOUT_S = 30
-POLL_S = 1.0  # how often a node reads the runs it waits on (scheduler_node/waits.py POLL_S)
-RUNNING_RECHECK_S = 15.0  # a running execution's claim is parked this long at a time (waits.py)
+RUNNING_RECHECK_S = RUNNING_RECHECK_MS / 1000  # a running execution's claim is parked this long at a time
 
 
 # ------------------------------------------------------------------------------------ receiver
