@@ -151,6 +151,7 @@ def run_api_floor(b: Bench) -> dict[str, Any]:
 
     stack = b.stack
     stack.reset()
+    profile = None
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "bench.apifloor", "--port", str(port), "--database-url", stack.database_url]
@@ -159,17 +160,27 @@ def run_api_floor(b: Bench) -> dict[str, Any]:
         server.wait_until(lambda: requests.get(f"{url}/readyz", timeout=1).ok, 60, "the api-floor endpoint")
         parts = {k: v for k, v in stack.processes().items() if k in ("postgres", "bench")}
         parts["api-floor"] = [server.pid]
+        spies = None
+        if b.profile_dir is not None:
+            from bench.profiling import start_py_spy_many, worker_pids
+
+            spies = start_py_spy_many(worker_pids(server.pid), b.p("crud.seconds"), b.profile_dir, stack.logs)
         meter = CpuMeter(parts).start()
         t = time.monotonic()
         single = asyncio.run(
             _crud_single(url, stack.auth, b.receiver_url, b.p("crud.seconds"), b.i("crud.concurrency"))
         )
         cpu = meter.stop()
+        if spies is not None and b.profile_dir is not None:
+            from bench.profiling import finish_py_spy_many
+
+            profile = finish_py_spy_many(spies, b.profile_dir, "api-floor", "api-floor workers (single creates)")
         b.say(f"  api-floor: {single['created']} creates in {time.monotonic() - t:.1f}s ({single['per_s']}/s)")
     finally:
         server.stop(15)
     per_s = single["per_s"]
     return {
+        **({"profile": profile} if profile is not None else {}),
         "creates_per_s": per_s,
         "single": single,
         "cpu": cpu,

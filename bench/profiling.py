@@ -1,4 +1,5 @@
-"""Profiling one scheduler node during the steady scenario with py-spy (a sampling profiler that
+"""Profiling one scheduler node during the steady scenario, and the API's workers (and the
+api-floor endpoint's) during the single creates of crud (and api-floor), with py-spy (a sampling profiler that
 reads the process from outside; ``pip install -e '.[bench]'`` installs it; it needs ptrace
 permission, which root has and a container gets with the SYS_PTRACE capability).
 
@@ -86,6 +87,58 @@ def finish_py_spy(run: SpyRun, name: str, timeout: float = 60.0) -> dict[str, An
         "svg": str(run.out_dir / f"{name}.svg"),
         "top": str(run.out_dir / f"{name}-top.txt"),
     }
+    return summary
+
+
+def worker_pids(pid: int) -> list[int]:
+    """A server's worker processes (gunicorn's children), or the process itself when it has none."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return [pid]
+    return [c.pid for c in children] or [pid]
+
+
+def start_py_spy_many(pids: list[int], seconds: float, out_dir: Path, logs: Path, rate: int = 100) -> list[SpyRun]:
+    """One py-spy per process (a server's workers), each into a directory of its own."""
+    return [start_py_spy(pid, seconds, out_dir / f"py-spy-{pid}", logs, rate) for pid in pids]
+
+
+def finish_py_spy_many(
+    runs: list[SpyRun], out_dir: Path, name: str, title: str, timeout: float = 60.0
+) -> dict[str, Any]:
+    """The stacks of every process of ``runs`` together (a server's workers as one), written as
+    :func:`finish_py_spy` writes one node's."""
+    stacks: list[tuple[list[str], int]] = []
+    errors: list[str] = []
+    for run in runs:
+        try:
+            run.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            run.proc.kill()
+            run.proc.wait(5)
+        if run.raw.exists():
+            stacks.extend(read_collapsed(run.raw))
+            run.raw.unlink()
+        else:
+            errors.append(f"py-spy wrote no profile (exit {run.proc.returncode})")
+        shutil.rmtree(run.out_dir, ignore_errors=True)
+    if not stacks:
+        return {"error": "; ".join(errors) or "no samples"}
+    collapsed = out_dir / f"{name}.collapsed"
+    collapsed.write_text("".join(f"{';'.join(frames)} {n}\n" for frames, n in stacks))
+    summary = summarise(stacks)
+    (out_dir / f"{name}-top.txt").write_text(render_top(summary, name))
+    (out_dir / f"{name}.svg").write_text(flamegraph_svg(stacks, title))
+    summary["files"] = {
+        "collapsed": str(collapsed),
+        "svg": str(out_dir / f"{name}.svg"),
+        "top": str(out_dir / f"{name}-top.txt"),
+    }
+    if errors:
+        summary["errors"] = errors
     return summary
 
 

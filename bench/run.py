@@ -256,8 +256,11 @@ def _write_json(doc: dict[str, Any], json_path: Path, say: Callable[[str], None]
 def main(args: Any) -> int:
     scenarios = parse_scenarios(args.scenarios or ("steady" if args.profile else "all"))
     profile_dir = Path(args.profile_dir) if args.profile else None
-    if profile_dir is not None and "steady" not in scenarios:
-        raise SystemExit("cronman bench: --profile records a node during the steady scenario; include steady")
+    if profile_dir is not None and not {"steady", "crud", "api-floor"} & set(scenarios):
+        raise SystemExit(
+            "cronman bench: --profile records a node during steady, the API's workers during crud and "
+            "the api-floor endpoint's during api-floor; include one of them"
+        )
     if profile_dir is not None:
         from bench.profiling import py_spy_binary
 

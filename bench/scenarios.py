@@ -772,9 +772,19 @@ def run_crud(b: Bench) -> dict[str, Any]:
     stack.reset()
     url = stack.ensure_api()
     seconds = b.p("crud.seconds")
+    spies = None
+    if b.profile_dir is not None:  # the API's workers during the single creates (py-spy slows them down)
+        from bench.profiling import start_py_spy_many, worker_pids
+
+        spies = start_py_spy_many(worker_pids(stack.processes()["api"][0]), seconds, b.profile_dir, stack.logs)
     meter = CpuMeter(stack.processes()).start()
     single = asyncio.run(_crud_single(url, stack.auth, b.receiver_url, seconds, b.i("crud.concurrency")))
     single_cpu = meter.stop()
+    profile = None
+    if spies is not None and b.profile_dir is not None:
+        from bench.profiling import finish_py_spy_many
+
+        profile = finish_py_spy_many(spies, b.profile_dir, "api", "cronman API workers (crud single creates)")
     b.say(f"  crud: {single['created']} single creates in {single['seconds']}s ({single['per_s']}/s)")
     meter = CpuMeter(stack.processes()).start()
     batch = asyncio.run(
@@ -795,6 +805,7 @@ def run_crud(b: Bench) -> dict[str, Any]:
         "single": single,
         "batch": batch,
         "api_workers": Settings.model_fields["api_workers"].default,
+        **({"profile": profile} if profile is not None else {}),
     }
 
 
