@@ -31,6 +31,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy import exc as sqlalchemy_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
@@ -115,6 +116,44 @@ def make_engine(
     )
 
 
+def _first_row_alone(engine: Engine, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The first row of one statement that commits by itself, sent through the DBAPI connection of
+    one of ``engine``'s pooled connections, switched to autocommit for it (as SQLAlchemy's pre-ping
+    does). SQLAlchemy's ``execution_options(isolation_level="AUTOCOMMIT")`` did the same through
+    its connection and result objects, which cost a create more of the API's CPU than the
+    statement's own client side, and its reset when the connection went back to the pool set the
+    isolation level again, which psycopg2 sends as a ``SET`` (a round trip a create). The values
+    are the driver's, as ``exec_driver_sql`` returns them; an error is raised as it raises it
+    (``sqlalchemy.exc.OperationalError`` for a lost server, which the API answers with 503), and a
+    lost connection marks the pool's as stale, as SQLAlchemy's connections do."""
+    dbapi_error = engine.dialect.loaded_dbapi.Error
+    fairy = engine.raw_connection()
+    dbapi_connection = fairy.dbapi_connection
+    try:
+        if dbapi_connection.isolation_level is not None:  # (a level such a reset left: the default's)
+            dbapi_connection.isolation_level = None  # outside autocommit, psycopg2 sends nothing
+        dbapi_connection.autocommit = True
+        try:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(sql, params)
+                return cursor.fetchone()  # type: ignore[no-any-return]
+            finally:
+                cursor.close()
+        finally:
+            if not dbapi_connection.closed:
+                dbapi_connection.autocommit = False  # (the isolation level is the default's: no SET)
+    except dbapi_error as exc:
+        lost = engine.dialect.is_disconnect(exc, dbapi_connection, None)
+        if lost:
+            engine.pool._invalidate(fairy, exc)  # (what Connection does on a disconnect)
+        raise sqlalchemy_exc.DBAPIError.instance(
+            sql, params, exc, dbapi_error, connection_invalidated=lost, dialect=engine.dialect
+        ) from exc
+    finally:
+        fairy.close()
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     id: str
@@ -180,6 +219,8 @@ def document_of(spec: JobSpec, job_id: str) -> dict[str, Any]:
 
 
 _RETURNED = ", ".join(c.name for c in _RETURNING)
+# (a created job's row is read as JobRecord(*row): the same columns in the same order)
+assert tuple(c.name for c in _RETURNING) == JobRecord.__slots__
 # The jobs quota in the same statement: the namespace's count is read under its row's lock (the
 # latest committed value; the statement's trigger adds this job to it before the lock goes), so
 # concurrent creates of one namespace cannot pass the quota together.
@@ -706,21 +747,31 @@ class JobStore:
             "quota": _NO_QUOTA if self.quota is None else self.quota,
         }
         edges = dependencies.edges_of(spec)
-        with self._begin() if spec.calendars or edges else self._single_statement() as conn:
-            _require_throttle(conn, spec, namespace)
-            refused = _unknown_calendars(conn, [(spec, job_id)], namespace)
-            if refused:
-                raise refused[0]
-            if edges:
-                dependencies.guard(conn, namespace, job_id, edges)
-            row = conn.exec_driver_sql(_CREATE_SQL, params).mappings().first()
-            if row is None and self.quota is not None and not _live_id(conn, job_id):
-                raise _over_quota(namespace, _usage(conn, namespace), self.quota)
-            if row is not None and edges:
-                dependencies.replace(conn, namespace, job_id, edges)
-        if row is None:  # a live job has this id: a tombstoned one would have been revived
+        if self._conn is None and not (spec.calendars or edges) and spec.throttle is None:
+            # Nothing to check first: the statement alone.
+            found = _first_row_alone(self.engine, _CREATE_SQL, params)
+            if found is None and self.quota is not None:
+                with self._connect() as conn:
+                    if not _live_id(conn, job_id):
+                        raise _over_quota(namespace, _usage(conn, namespace), self.quota)
+            record = None if found is None else JobRecord(*found)
+        else:
+            with self._begin() if spec.calendars or edges else self._single_statement() as conn:
+                _require_throttle(conn, spec, namespace)
+                refused = _unknown_calendars(conn, [(spec, job_id)], namespace)
+                if refused:
+                    raise refused[0]
+                if edges:
+                    dependencies.guard(conn, namespace, job_id, edges)
+                row = conn.exec_driver_sql(_CREATE_SQL, params).mappings().first()
+                if row is None and self.quota is not None and not _live_id(conn, job_id):
+                    raise _over_quota(namespace, _usage(conn, namespace), self.quota)
+                if row is not None and edges:
+                    dependencies.replace(conn, namespace, job_id, edges)
+            record = None if row is None else JobRecord.from_row(row)
+        if record is None:  # a live job has this id: a tombstoned one would have been revived
             raise Conflict(f"a job with id {job_id!r} already exists", field="id")
-        return JobRecord.from_row(row)
+        return record
 
     def put(
         self, spec: JobSpec, job_id: str, namespace: str | None = "default", actor: Actor = NOBODY
