@@ -49,6 +49,10 @@ class ChangeNotifier:
     def notify(self, stops: Sequence[Stop] = ()) -> None:
         with self._cond:
             self._stops.extend(stops)
+            # The thread waits for a first pending change, or for stops during its interval: a
+            # change while one is already pending need not wake it (a burst of creates woke it once
+            # each, only for it to go back to waiting).
+            wake = bool(stops) or not self._pending
             self._pending = True
             self._asked += 1
             ticket = self._asked
@@ -56,7 +60,8 @@ class ChangeNotifier:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="cronman-notify", daemon=True)
                 self._thread.start()
-            self._cond.notify_all()
+            if wake:
+                self._cond.notify_all()
             if stops:
                 self._cond.wait_for(lambda: self._done >= ticket, self._wait)
 
