@@ -47,7 +47,8 @@ def actor() -> Actor:
 def requested_namespace() -> str | None:
     """The ``namespace`` query parameter: the admin key's way to act in a namespace; a namespace
     key may name only its own."""
-    requested = request.args.get("namespace")
+    # (without a query string there is none, and nothing to parse: most writes have none)
+    requested = request.args.get("namespace") if request.query_string else None
     if requested is None:
         return None
     check_namespace(requested)
