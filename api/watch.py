@@ -23,10 +23,14 @@ def start_watch(settings: Settings) -> threading.Thread | None:
     and the advisory lock with the worker's connection)."""
     if not settings.watch_enabled:
         return None
+    # Imported here, before the worker serves, not by the thread: its imports (a third of a second
+    # of CPU) would otherwise run beside the first requests, and hold the import lock they need.
+    from scheduler_node.senders import registered
+    from scheduler_node.watch import Watch, watch_senders
+
+    registered()  # (the senders' modules, imported once)
 
     def run() -> None:
-        from scheduler_node.watch import Watch, watch_senders
-
         engine = make_engine(settings.database_url, pool_size=2, max_overflow=2)
         executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="cronman-watch")
         m = api_metrics()
