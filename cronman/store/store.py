@@ -128,7 +128,7 @@ def _first_row_alone(engine: Engine, sql: str, params: Mapping[str, Any]) -> tup
     lost connection marks the pool's as stale, as SQLAlchemy's connections do."""
     dbapi_error = engine.dialect.loaded_dbapi.Error
     fairy = engine.raw_connection()
-    dbapi_connection = fairy.dbapi_connection
+    dbapi_connection: Any = fairy.dbapi_connection  # (psycopg2's: checked out, never None)
     try:
         if dbapi_connection.isolation_level is not None:  # (a level such a reset left: the default's)
             dbapi_connection.isolation_level = None  # outside autocommit, psycopg2 sends nothing
