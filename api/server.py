@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.glogging import Logger
 
 from cronman.logs import logconfig_dict
 from cronman.settings import Settings
@@ -48,6 +49,15 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         app = create_app(self._settings)
         start_watch(self._settings)  # in each worker, after the fork
         return app
+
+
+class _Logger(Logger):  # type: ignore[misc]
+    """gunicorn's logger without its access log (:mod:`api.metrics` writes one line per request).
+    gunicorn counts its access log as on whenever a logging configuration is given, and so built
+    every request's line before the ``gunicorn.access`` logger, at WARNING, dropped it."""
+
+    def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
+        return None
 
 
 def prepare_multiprocess_dir(environ: MutableMapping[str, str] = os.environ) -> tuple[Path, bool]:
@@ -85,6 +95,7 @@ def gunicorn_options(settings: Settings) -> dict[str, Any]:
         "limit_request_fields": 100,
         "limit_request_field_size": 8190,
         "accesslog": None,
+        "logger_class": _Logger,
         "errorlog": "-",
         "loglevel": settings.log_level.lower(),
         "logconfig_dict": logconfig_dict(settings.log_level),
