@@ -164,7 +164,8 @@ def run_api_floor(b: Bench) -> dict[str, Any]:
         if b.profile_dir is not None:
             from bench.profiling import start_py_spy_many, worker_pids
 
-            spies = start_py_spy_many(worker_pids(server.pid), b.p("crud.seconds"), b.profile_dir, stack.logs)
+            workers = worker_pids(server.pid, Settings.model_fields["api_workers"].default)
+            spies = start_py_spy_many(workers, b.p("crud.seconds"), b.profile_dir, stack.logs)
         meter = CpuMeter(parts).start()
         t = time.monotonic()
         single = asyncio.run(

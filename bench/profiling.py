@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,15 +91,21 @@ def finish_py_spy(run: SpyRun, name: str, timeout: float = 60.0) -> dict[str, An
     return summary
 
 
-def worker_pids(pid: int) -> list[int]:
-    """A server's worker processes (gunicorn's children), or the process itself when it has none."""
+def worker_pids(pid: int, expected: int = 1, timeout: float = 10.0) -> list[int]:
+    """A server's worker processes (gunicorn's children), once ``expected`` of them are up (a server
+    answers as soon as its first worker does), or as many as there are after ``timeout`` seconds;
+    the process itself when it has none."""
     import psutil
 
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return [pid]
-    return [c.pid for c in children] or [pid]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            children = [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            return [pid]
+        if len(children) >= expected or time.monotonic() > deadline:
+            return children or [pid]
+        time.sleep(0.1)
 
 
 def start_py_spy_many(pids: list[int], seconds: float, out_dir: Path, logs: Path, rate: int = 100) -> list[SpyRun]:
@@ -137,6 +144,7 @@ def finish_py_spy_many(
         "svg": str(out_dir / f"{name}.svg"),
         "top": str(out_dir / f"{name}-top.txt"),
     }
+    summary["processes"] = len(runs)
     if errors:
         summary["errors"] = errors
     return summary

@@ -776,7 +776,8 @@ def run_crud(b: Bench) -> dict[str, Any]:
     if b.profile_dir is not None:  # the API's workers during the single creates (py-spy slows them down)
         from bench.profiling import start_py_spy_many, worker_pids
 
-        spies = start_py_spy_many(worker_pids(stack.processes()["api"][0]), seconds, b.profile_dir, stack.logs)
+        workers = worker_pids(stack.processes()["api"][0], Settings.model_fields["api_workers"].default)
+        spies = start_py_spy_many(workers, seconds, b.profile_dir, stack.logs)
     meter = CpuMeter(stack.processes()).start()
     single = asyncio.run(_crud_single(url, stack.auth, b.receiver_url, seconds, b.i("crud.concurrency")))
     single_cpu = meter.stop()
