@@ -8,10 +8,11 @@ in the transaction that writes the upstream's history row (so exactly once, whoe
 - An upstream that failed (permanently_failed, or skipped because its own upstream failed or was
   missing) makes the ``after`` job record a skipped execution with the reason, which passes on down
   the chain; that upstream's earlier success no longer counts.
-- Each upstream execution counts once per ``after`` job, whatever rows say it ended: a success
-  written over the row of a failure of the same attempt (a takeover's), a second success of one
-  execution (sent again after a loss of Redis's data), a row written again. The ``after`` job keeps
-  the ids of the upstream executions it has counted (the last APPLIED_KEPT of each upstream).
+- Each upstream execution's success counts once per ``after`` job, whatever rows say it ended: a
+  success written over the row of a failure of the same attempt (a takeover's), a second success
+  of one execution (sent again after a loss of Redis's data), a row written again; its failure
+  counts once, and not after its success. The ``after`` job keeps the upstream executions' ends it
+  has counted (the last APPLIED_KEPT of each upstream).
 
 Pure: the PostgreSQL store (scheduler_node.store.dependencies) and the simulation's both apply it.
 """
@@ -45,12 +46,21 @@ class Wait:
     last_fired_ms: int | None = None
     applied: dict[str, list[str]] = field(default_factory=dict)
 
-    def first_time(self, upstream: str, execution_id: str) -> bool:
-        """Whether this upstream execution is counted now for the first time (and remember it)."""
-        seen = self.applied.setdefault(upstream, [])
-        if execution_id in seen:
+    def counted(self, upstream: str, row: HistoryRow) -> bool:
+        """Whether this end of an upstream execution was counted already: its success, once; its
+        failure, once, and not after its success (a success counts after its failure did: history
+        keeps the success, sim seed 9000250)."""
+        seen = self.applied.get(upstream, ())
+        if f"s:{row.execution_id}" in seen:
+            return True
+        return row.status != "succeeded" and f"f:{row.execution_id}" in seen
+
+    def first_time(self, upstream: str, row: HistoryRow) -> bool:
+        """Whether this end is counted now for the first time (and remember it)."""
+        if self.counted(upstream, row):
             return False
-        seen.append(execution_id)
+        seen = self.applied.setdefault(upstream, [])
+        seen.append(("s:" if row.status == "succeeded" else "f:") + row.execution_id)
         del seen[:-APPLIED_KEPT]
         return True
 
@@ -76,7 +86,7 @@ def advance(
         return t
 
     for upstream, row in ends:
-        if not wait.first_time(upstream, row.execution_id):
+        if not wait.first_time(upstream, row):
             continue
         if row.status == "succeeded":
             wait.pending[upstream] = (row.execution_id, row.finished_ms or now_ms)

@@ -262,15 +262,24 @@ class Waits:
         self.spawn(self._unaccepted(e, outcome, fired, finished))
 
     async def _unaccepted(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
+        """Tried until PostgreSQL answers (the attempt stays in flight meanwhile, its lease renewed:
+        its work may have reported success before the answer failed, sim seed 9000265); a node that
+        stops leaves it to its lease, and whoever takes it over settles it by its row."""
         run: AsyncRun | None = None
-        try:
-            run = (await self.store.unaccept_runs([(e.id, e.attempt)])).get(e.id)
-        except TransientError as exc:  # the failure stands; a late report may then be taken (logged)
-            log.warning(
-                "could not close an attempt its receiver did not accept: %s",
-                exc,
-                extra={"job_id": e.d.job_id, "execution_id": e.id},
-            )
+        for attempt in range(10**6):  # bound: PostgreSQL answers, or the node stops
+            if e.stage is Stage.OVER or e.superseded or self.host.stopping:
+                return
+            try:
+                run = (await self.store.unaccept_runs([(e.id, e.attempt)])).get(e.id)
+                break
+            except TransientError as exc:
+                if attempt % 20 == 0:
+                    log.warning(
+                        "cannot close an attempt its receiver did not accept, trying again: %s",
+                        exc,
+                        extra={"job_id": e.d.job_id, "execution_id": e.id},
+                    )
+                await asyncio.sleep(min(0.25 * (attempt + 1), 2.0))
         if e.stage is Stage.OVER:
             return
         if run is not None and run.attempt == e.attempt and run.status in REPORTED:

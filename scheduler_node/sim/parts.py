@@ -538,13 +538,13 @@ class SimDb:
         within_ms = int(job.schedule.get("within_seconds", 86400)) * 1000
         now = self.now_ms()
         # (what is recorded as applied is what counts: an upstream execution counted before is not)
-        seen: set[tuple[str, str]] = set()
+        seen: set[tuple[str, str, bool]] = set()
         ends = [
             (u, r)
             for u, r in ends
-            if r.execution_id not in wait.applied.get(u, ())
-            and (u, r.execution_id) not in seen
-            and not seen.add((u, r.execution_id))  # type: ignore[func-returns-value]
+            if not wait.counted(u, r)
+            and (u, r.execution_id, r.status == "succeeded") not in seen
+            and not seen.add((u, r.execution_id, r.status == "succeeded"))  # type: ignore[func-returns-value]
         ]
         fires = advance(wait, upstreams, within_ms, ends, now)
         self.applied.append((now, ns, downstream, ends, fires))
