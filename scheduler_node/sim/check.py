@@ -235,7 +235,10 @@ def _occurrence(run: _Run, job: _Job, t_ms: int, ev: int) -> None:
     got = run.arrivals.get(eid)
     # (one that requires other jobs waits for them up to its bound, then is skipped: _requirements;
     # asynchronous work recorded as sent by a node that lost it before sending is waited for)
-    due_by = run.deadline(t + _require_wait(plan)) + _unsent_wait(plan)
+    waits = bool(_unsent_wait(plan) or plan.doc["options"].get("require"))
+    due_by = run.deadline(t + _require_wait(plan), needs_db=waits)
+    if _unsent_wait(plan):  # (and faults after it was recorded delay its timeout and its retry)
+        due_by = run.deadline(due_by + _unsent_wait(plan), needs_db=True)
     if not got and (_held_back(run.sim, plan, t_ms, ev) or (_unsent_wait(plan) and due_by > run.sim.end)):
         return  # (or owed after the run's end: an attempt recorded and not sent, waited for)
     if (
@@ -478,17 +481,20 @@ class _Deadlines:
     def __init__(self, sim: Sim) -> None:
         self.bound = bound_seconds(sim.settings)
         self.spells = sorted([*((f.start, f.end) for f in sim.faults if f.kind in _OUTSIDE), *_nobody_firing(sim)])
+        # Executions that wait for something (what they require, asynchronous work's record) need
+        # PostgreSQL to be sent: a node cut off from it holds them back too (scheduler_node.waits)
+        self.db_spells = sorted([*self.spells, *((f.start, f.end) for f in sim.faults if f.kind == "db_partition")])
         # With a backlog room of 3 (sim.backlog), a catch-up drains a few occurrences a timer pass,
         # as millions of jobs make it; what it owes is late by its length, not by a fault's: the
         # bound is not judged there (everything else is).
         self.judged = not sim.backlog
 
-    def __call__(self, t: float) -> float:
+    def __call__(self, t: float, needs_db: bool = False) -> float:
         if not self.judged:
             return float("inf")
         allowed = self.bound + MAX_SKEW
         due = t + allowed
-        for start, end in self.spells:
+        for start, end in self.db_spells if needs_db else self.spells:
             if start > due:
                 break
             due = max(due, end + allowed)
