@@ -720,8 +720,9 @@ def test_cronman_sim_runs_seeds_that_draw_their_timings_by_default() -> None:
 # Jobs that wait, drawn for seeds from CHAINS_FROM on besides the usual workload: asynchronous work
 # whose receivers report its end later (or never, or past its deadline, or after the node stopped
 # waiting for their answer), chains extract -> transform -> load with a fan-in (load after transform
-# and audit), and jobs that require an extract's recent success. The first 260 seeds of every fault
-# (9,000,001-) found three defects of the product (17 of the 260 seeds), fixed: FOUND_WAITING below.
+# and audit), and jobs that require an extract's recent success. 260 seeds of every fault
+# (9,000,001-) and 600 of every fault for a minute (9,000,001- and 9,100,001-) found three defects
+# of the product (17 of the 260 seeds, 39 of the 600), fixed: FOUND_WAITING below.
 CHAIN_SEEDS = int(os.environ.get("CRONMAN_SIM_CHAIN_SEEDS", "40"))
 
 
