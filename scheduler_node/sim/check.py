@@ -947,6 +947,9 @@ def _requirements(run: _Run) -> None:
     it stopped waiting (its time and its wait, by a clock up to MAX_SKEW early)."""
     sim = run.sim
     succeeded = {r.execution_id: r for r in sim.db.history.values() if r.status == "succeeded"}
+    finished: dict[str, int] = {}
+    for _, _, _, r in sim.db.successes:
+        finished[r.execution_id] = max(finished.get(r.execution_id, 0), r.finished_ms or 0)
     for plan in sim.jobs.values():
         req = plan.doc["options"].get("require")
         if not req:
@@ -960,8 +963,12 @@ def _requirements(run: _Run) -> None:
             for a in got:
                 ids = (a.upstream_ids or "").split(",") if a.upstream_ids else []
                 found = [succeeded.get(i) for i in ids]
+                # (a success is as recent as the latest of its rows written says: an execution
+                # delivered twice has two, each finished by its node's clock, skewed up to MAX_SKEW)
                 if len(ids) != len(req["jobs"]) or any(
-                    r is None or r.job_id != j or (r.finished_ms or 0) < a.scheduled_ms - since_of
+                    r is None
+                    or r.job_id != j
+                    or finished.get(r.execution_id, r.finished_ms or 0) < a.scheduled_ms - since_of - MAX_SKEW * 1000
                     for j, r in zip(req["jobs"], found)
                 ):
                     run.report.violations.append(
