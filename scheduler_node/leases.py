@@ -218,6 +218,26 @@ class Leases:
             self._parking[call] = now
             self.spawn(self._park_queued(call))
 
+    async def bring_back(self, items: list[Execution]) -> None:
+        """Executions parked here wanted back now (their work reported its end): each park moved to
+        now, and only once that has landed does the timer take them back (a take before it lands
+        finds the park's lease live, and waits for it to end: sim seed 9000011, a report taken up
+        10 s late)."""
+        items = [e for e in items if self._still_parked(e)]
+        if not items:
+            return
+        results = await self.claims.renew([Hold(e.ticket, e.attempt, 0) for e in items])
+        now = self.clock()
+        for e, r in zip(items, results, strict=True):
+            if r is RenewResult.LOST:
+                if self.parked.get(e.ticket.member) is e:
+                    self._superseded(e, "lost the claim on an execution whose work ran")
+                    del self.parked[e.ticket.member]
+                    e.stage = Stage.OVER
+            elif self._still_parked(e):
+                e.due_ms = now
+                self.host.retry_at(now, e)
+
     def repark_all(self) -> None:
         """Park again every retry parked here (Redis lost its data: it lost them too)."""
         if self.parked:

@@ -310,7 +310,7 @@ class Waits:
                     rows = await self.store.async_runs([e.id for e in running.values()])
                 except TransientError:
                     continue
-                now = self.clock()
+                back: list[Execution] = []
                 for name, e in list(running.items()):
                     run = rows.get(e.id)
                     if run is None or run.attempt != e.attempt:
@@ -318,7 +318,12 @@ class Waits:
                     ended = run.status != RUNNING or run.remaining_ms <= 0
                     if ended and e.stage is Stage.PARKED and self.leases.parked.get(e.ticket.member) is e:
                         del running[name]
-                        self._park(e, now)  # taken back at once, then settled by its row
+                        back.append(e)
+                if back:  # taken back at once, then settled by their rows
+                    try:
+                        await self.leases.bring_back(back)
+                    except TransientError:  # (taken back when their parks end)
+                        continue
         finally:
             self._polling = False
 
