@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from flask import Flask
@@ -33,3 +34,19 @@ def job(job_id: str | None = "job-1", url: str = "https://example.com/hook", **e
     if job_id is not None:
         doc["id"] = job_id
     return doc
+
+
+def create(client: FlaskClient, job_id: str, schedule: dict[str, Any], target: dict[str, Any], **extra: Any) -> dict:
+    """Create a job through the API (asserting the 201); returns the record."""
+    r = client.post(
+        "/v1/jobs",
+        data=json.dumps({"id": job_id, "schedule": schedule, "target": target, **extra}),
+        content_type="application/json",
+    )
+    assert r.status_code == 201, r.json
+    return r.json  # type: ignore[no-any-return]
+
+
+def at(seconds: float) -> str:
+    """The instant ``seconds`` from now, as the API takes it (ISO-8601, milliseconds, Z)."""
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"

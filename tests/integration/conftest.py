@@ -9,6 +9,7 @@ from sqlalchemy import text
 from api import create_app
 from cronman.settings import Settings
 from cronman.store.store import make_engine
+from tests.clients import keyed
 from tests.conftest import ADMIN_KEY
 
 
@@ -25,6 +26,14 @@ def client(app) -> FlaskClient:  # type: ignore[no-untyped-def]
     client = app.test_client()
     client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {ADMIN_KEY}"
     return client
+
+
+@pytest.fixture
+def api(settings: Settings) -> Iterator[FlaskClient]:
+    """The API (an app of its own) through a test client with the admin key."""
+    app = create_app(settings)
+    yield keyed(app, ADMIN_KEY)
+    app.extensions["cronman"].store.engine.dispose()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import boto3
@@ -21,21 +21,8 @@ from cronman.dev.receiver import Receiver
 from cronman.model import signing
 from cronman.model.timeutil import parse_iso
 from cronman.settings import Settings
+from tests.clients import at, create
 from tests.helpers import NodeThread, wait_for
-
-
-def create(client: FlaskClient, job_id: str, schedule: dict[str, Any], target: dict[str, Any], **extra: Any) -> dict:
-    r = client.post(
-        "/v1/jobs",
-        data=json.dumps({"id": job_id, "schedule": schedule, "target": target, **extra}),
-        content_type="application/json",
-    )
-    assert r.status_code == 201, r.json
-    return r.json
-
-
-def at(seconds: float) -> str:
-    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def history(client: FlaskClient, job_id: str) -> list[dict[str, Any]]:

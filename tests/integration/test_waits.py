@@ -8,11 +8,9 @@ failure; require. The API's own endpoints have their tests in tests/features."""
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -21,21 +19,8 @@ from sqlalchemy import Engine, text
 
 from cronman.dev.receiver import Receiver
 from cronman.settings import Settings
+from tests.clients import at, create
 from tests.helpers import NodeThread, wait_for
-
-
-def create(client: FlaskClient, job_id: str, schedule: dict[str, Any], target: dict[str, Any], **extra: Any) -> dict:
-    r = client.post(
-        "/v1/jobs",
-        data=json.dumps({"id": job_id, "schedule": schedule, "target": target, **extra}),
-        content_type="application/json",
-    )
-    assert r.status_code == 201, r.json
-    return r.json
-
-
-def at(seconds: float) -> str:
-    return (datetime.now(UTC) + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def rows(db: Engine, job_id: str) -> list[dict[str, Any]]:

@@ -19,21 +19,12 @@ import psycopg2
 import pytest
 from flask.testing import FlaskClient
 
-from api import create_app
 from cronman.model.hashing import SLOTS
 from cronman.model.timeutil import iso, parse_iso
 from cronman.settings import Settings
 from scheduler_node.store import PgNodeStore, bitmap
 from scheduler_node.watch import Watch, watch_senders
-from tests.clients import job, keyed, send
-from tests.conftest import ADMIN_KEY
-
-
-@pytest.fixture
-def api(settings: Settings) -> Iterator[FlaskClient]:
-    app = create_app(settings)
-    yield keyed(app, ADMIN_KEY)
-    app.extensions["cronman"].store.engine.dispose()
+from tests.clients import job, send
 
 
 @pytest.fixture

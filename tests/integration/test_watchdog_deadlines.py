@@ -20,7 +20,6 @@ import psycopg2
 import pytest
 from flask.testing import FlaskClient
 
-from api import create_app
 from cronman.model.execution import execution_id
 from cronman.model.timeutil import iso, parse_iso
 from cronman.settings import Settings
@@ -29,19 +28,11 @@ from cronman.store.store import make_engine
 from scheduler_node.history import HistoryRow
 from scheduler_node.store import PgNodeStore
 from scheduler_node.watch import Watch, watch_senders
-from tests.clients import job, keyed, send
-from tests.conftest import ADMIN_KEY
+from tests.clients import job, send
 
 HOURLY = {"type": "cron", "expression": "0 * * * *", "timezone": "UTC"}
 H = 3_600_000
 M = 60_000
-
-
-@pytest.fixture
-def api(settings: Settings) -> Iterator[FlaskClient]:
-    app = create_app(settings)
-    yield keyed(app, ADMIN_KEY)
-    app.extensions["cronman"].store.engine.dispose()
 
 
 @pytest.fixture
