@@ -198,6 +198,7 @@ class Waits:
                 )
             )
         found = await self.store.start_runs(runs) if runs else {}
+        recorded: list[tuple[Execution, AsyncRun]] = []
         for e in items:
             if not self._live(e):
                 continue
@@ -212,25 +213,32 @@ class Waits:
             elif run is None:  # (the row vanished: purged with old history) sent as it is
                 self.delivery.dispatch(e)
             else:
-                await self._settle(e, run)
+                recorded.append((e, run))
+        if recorded:
+            await self._settle(recorded)
 
-    async def _settle(self, e: Execution, run: AsyncRun) -> None:
+    async def _settle(self, recorded: list[tuple[Execution, AsyncRun]]) -> None:
+        """Attempts recorded already, by what their rows say; those running past their deadline
+        timed out first, in one call."""
         trace = self.host.trace
-        if trace:
-            trace("async", e, f"attempt {run.attempt} {run.status} remaining {run.remaining_ms}")
-        e.attempt = max(e.attempt, run.attempt)
-        if run.status == RUNNING and run.remaining_ms <= 0:
-            rows = await self.store.time_out_runs([(e.id, run.attempt)])
+        late: list[tuple[str, int]] = []
+        for e, run in recorded:
+            if trace:
+                trace("async", e, f"attempt {run.attempt} {run.status} remaining {run.remaining_ms}")
+            e.attempt = max(e.attempt, run.attempt)
+            if run.status == RUNNING and run.remaining_ms <= 0:
+                late.append((e.id, run.attempt))
+        rows = await self.store.time_out_runs(late) if late else {}
+        for e, run in recorded:
             if not self._live(e):
-                return
+                continue
             run = rows.get(e.id, run)
-        if run.status == RUNNING:
-            if run.remaining_ms > 0:
+            if run.status != RUNNING:
+                self._report(e, run)
+            elif run.remaining_ms > 0:
                 self._park_running(e, run.remaining_ms)
             else:  # (the database's clock says it has not passed yet after all)
                 self._park_running(e, 100)
-            return
-        self._report(e, run)
 
     def _report(self, e: Execution, run: AsyncRun) -> None:
         """The work's end (or its timeout) is the attempt's outcome."""
