@@ -8,6 +8,7 @@ formats every row in Python (a sixth of a node's own time on the firing path).
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ from cronman.store.partitions import day_of_ms, ensure_partitions
 from cronman.store.pgarray import array_columns
 from scheduler_node.history import HistoryRow
 from scheduler_node.outcomes import record_outcomes
+from scheduler_node.store import copytext
 from scheduler_node.store.dependencies import record_dependencies
 from scheduler_node.store.port import _ENDS, Attempts, Ident, one_row_per_attempt
 from scheduler_node.store.sql import _MS
@@ -67,6 +69,13 @@ _INSERT = (
     + ", occurrences = GREATEST(scheduled_jobs.occurrences, EXCLUDED.occurrences)"
     + ", last_scheduled_for = GREATEST(scheduled_jobs.last_scheduled_for, EXCLUDED.last_scheduled_for)"
     + " RETURNING duplicates"
+)
+# Rows written by COPY when none of them is in the table yet (the usual batch): a copied row costs
+# PostgreSQL about a third of an inserted one (no ON CONFLICT, no expressions, nothing returned).
+_COPY = (
+    "COPY scheduled_jobs (job_id, scheduled_for, event_index, attempt, execution_id, trigger, status, node, "
+    "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, "
+    "response, occurrences, last_scheduled_for) FROM STDIN"
 )
 # Rows written for the first time (the others, already there, go through _INSERT).
 _INSERT_NEW = (
@@ -122,17 +131,21 @@ class History:
                 try:
                     if not days <= self._days:
                         self._ensure_days(days)
+                    rows = one_row_per_attempt(batch)
+                    copied = self._copy(raw, rows)
                     cur = raw.cursor()
                     try:
-                        rows = one_row_per_attempt(batch)
-                        cur.execute(_INSERT_NEW, array_columns(rows))
-                        new = {(r[0], int(r[1]), r[2], r[3], r[4]) for r in cur.fetchall()}
-                        fresh = [r for r in rows if r.key in new]
-                        again = [r for r in rows if r.key not in new]
                         returned: list[tuple[Any, ...]] = []
-                        if again:
-                            cur.execute(_INSERT, array_columns(again))
-                            returned = list(cur.fetchall())
+                        if copied:
+                            fresh = rows
+                        else:
+                            cur.execute(_INSERT_NEW, array_columns(rows))
+                            new = {(r[0], int(r[1]), r[2], r[3], r[4]) for r in cur.fetchall()}
+                            fresh = [r for r in rows if r.key in new]
+                            again = [r for r in rows if r.key not in new]
+                            if again:
+                                cur.execute(_INSERT, array_columns(again))
+                                returned = list(cur.fetchall())
                         paused = record_outcomes(cur, fresh) if fresh else []
                         # Jobs that wait for these: rows written again count too (a success over a
                         # failure of its attempt), each upstream execution once (sim seed 9000032).
@@ -158,6 +171,22 @@ class History:
             raise AssertionError("unreachable")
         finally:
             raw.close()
+
+    def _copy(self, raw: Any, rows: list[HistoryRow]) -> bool:
+        """Write rows that are all new by COPY, the transaction's first statement. False, with the
+        transaction rolled back, when one of them is there already (a row written again, a
+        delivery's second row, a skip of what was delivered: rare, and written by INSERT then)."""
+        if not rows:
+            return False
+        cur = raw.cursor()
+        try:
+            cur.copy_expert(_COPY, io.StringIO(copytext.history_rows(rows)))
+        except pg_errors.UniqueViolation:
+            raw.rollback()
+            return False
+        finally:
+            cur.close()
+        return True
 
     def _ensure_days(self, days: set[Any]) -> None:
         with self.engine.begin() as conn:

@@ -322,3 +322,55 @@ def test_a_summary_row_keeps_the_most_it_has_counted(db) -> None:  # type: ignor
             )
         ).all()
     assert [tuple(r) for r in rows] == [(600, first + 599_000, 0)]
+
+
+def test_rows_written_by_copy_are_stored_as_inserted_rows_are(db) -> None:  # type: ignore[no-untyped-def]
+    """A batch of new rows goes in by COPY; a batch with a row already there goes in by INSERT.
+    The same values, through either, are stored alike: COPY's escaping of text (tabs, newlines,
+    backslashes, a literal ``\\N``, characters beyond ASCII), its NULLs, numbers at their columns'
+    bounds and times to the millisecond (the INSERT computes them in PostgreSQL from the
+    milliseconds, an oracle for the text COPY is sent)."""
+    from scheduler_node.store.history import History
+
+    now = parse_iso(datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    texts = ["a\tb", "line\nnext\r\n", "back\\slash \\t \\\\", "\\N", "", "é — 日本 \u2028 🙂", "x" * 900, "NULL"]
+    values = []
+    for i, t in enumerate(texts):
+        values.append(
+            HistoryRow(
+                f"{i:02d}", now + i * 7 + 1, i % 3, 1 + i, str(uuid.uuid4()), "schedule" if i % 2 else "manual",
+                "failed" if i % 2 else "succeeded", f"node\\{t[:20]}", now + 999 + i,
+                None if i == 3 else 86_399_999_999,
+                -5 if i == 2 else 2**62, None if i % 3 == 0 else 599, t or None,
+                None if i % 2 else 2**40, [None, True, False][i % 3], None if i == 4 else 2**53 + i,
+                None if i == 1 else f"ns\t{i}", t, None if i % 2 else 2**31 - 1, None if i % 2 else now + 10**9,
+            )  # fmt: skip
+        )
+    history = History(db)
+    copied: list[bool] = []
+    copy = history._copy
+    history._copy = lambda raw, rows: copied.append(copy(raw, rows)) or copied[-1]  # type: ignore[method-assign]
+    history.write([r._replace(job_id=f"copy-{r.job_id}") for r in values])
+    first = values[0]._replace(job_id="copy-00")  # already there: the batch goes by INSERT
+    history.write([first, *(r._replace(job_id=f"insert-{r.job_id}") for r in values)])
+    assert copied == [True, False]
+    columns = (
+        "event_index, attempt, execution_id::text, trigger, status, node, fired_at, finished_at, lag_ms, http_status, "
+        "error, throttle_wait_ms, dead_lettered, incarnation, namespace, response, occurrences, last_scheduled_for, "
+        "floor(extract(epoch from scheduled_for) * 1000)::bigint"
+    )
+    with db.connect() as conn:
+        stored = {
+            r[0]: tuple(r[1:])
+            for r in conn.execute(
+                text(
+                    f"SELECT job_id, {columns} FROM scheduled_jobs "
+                    "WHERE job_id LIKE 'copy-%' OR job_id LIKE 'insert-%'"
+                )
+            )
+        }
+    assert len(stored) == 2 * len(values)
+    for r in values:
+        assert stored[f"copy-{r.job_id}"] == stored[f"insert-{r.job_id}"], r.job_id
+        assert stored[f"copy-{r.job_id}"][-1] == r.scheduled_ms
+        assert stored[f"copy-{r.job_id}"][10] == r.error and stored[f"copy-{r.job_id}"][15] == r.response
