@@ -25,7 +25,6 @@ _HEALTH = f"""
 WITH v(job_id, incarnation, namespace, success_ms, failure_ms, failures, lag_ms, delivered_ms, late_ms, late_last_ms)
 AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::bigint[], %s::bigint[], %s::int[], %s::bigint[],
     %s::bigint[], %s::bigint[], %s::bigint[])),
-old AS (SELECT h.job_id, h.incarnation, h.consecutive_failures FROM job_health h JOIN v ON h.job_id = v.job_id),
 up AS (
     INSERT INTO job_health AS h (job_id, incarnation, namespace, last_success_at, last_failure_at,
         consecutive_failures, failures_toward_pause, last_lag_ms, last_delivered_for, late_since, last_late_at)
@@ -59,9 +58,13 @@ up AS (
     RETURNING h.job_id, h.incarnation, h.failures_toward_pause
 )
 SELECT job_id, incarnation, failures_toward_pause, before FROM (
-    SELECT up.job_id, up.incarnation, up.failures_toward_pause,
-        COALESCE(CASE WHEN old.incarnation = up.incarnation THEN old.consecutive_failures END, 0) AS before
-    FROM up LEFT JOIN old ON old.job_id = up.job_id
+    -- the count before this statement: the main query reads job_health in the statement's snapshot,
+    -- which the upsert's changes are not in. One probe by key per job (a join of the batch with
+    -- job_health here was planned as a scan of the whole table, most of the statement's time).
+    SELECT up.job_id, up.incarnation, up.failures_toward_pause, COALESCE((
+        SELECT CASE WHEN o.incarnation = up.incarnation THEN o.consecutive_failures END
+        FROM job_health o WHERE o.job_id = up.job_id), 0) AS before
+    FROM up
 ) c
 -- only the jobs that may recover or pause: a batch of successes after successes returns nothing
 WHERE failures_toward_pause > 0 OR before > 0

@@ -338,12 +338,26 @@ def test_rows_written_by_copy_are_stored_as_inserted_rows_are(db) -> None:  # ty
     for i, t in enumerate(texts):
         values.append(
             HistoryRow(
-                f"{i:02d}", now + i * 7 + 1, i % 3, 1 + i, str(uuid.uuid4()), "schedule" if i % 2 else "manual",
-                "failed" if i % 2 else "succeeded", f"node\\{t[:20]}", now + 999 + i,
+                f"{i:02d}",
+                now + i * 7 + 1,
+                i % 3,
+                1 + i,
+                str(uuid.uuid4()),
+                "schedule" if i % 2 else "manual",
+                "failed" if i % 2 else "succeeded",
+                f"node\\{t[:20]}",
+                now + 999 + i,
                 None if i == 3 else 86_399_999_999,
-                -5 if i == 2 else 2**62, None if i % 3 == 0 else 599, t or None,
-                None if i % 2 else 2**40, [None, True, False][i % 3], None if i == 4 else 2**53 + i,
-                None if i == 1 else f"ns\t{i}", t, None if i % 2 else 2**31 - 1, None if i % 2 else now + 10**9,
+                -5 if i == 2 else 2**62,
+                None if i % 3 == 0 else 599,
+                t or None,
+                None if i % 2 else 2**40,
+                [None, True, False][i % 3],
+                None if i == 4 else 2**53 + i,
+                None if i == 1 else f"ns\t{i}",
+                t,
+                None if i % 2 else 2**31 - 1,
+                None if i % 2 else now + 10**9,
             )  # fmt: skip
         )
     history = History(db)
@@ -364,8 +378,7 @@ def test_rows_written_by_copy_are_stored_as_inserted_rows_are(db) -> None:  # ty
             r[0]: tuple(r[1:])
             for r in conn.execute(
                 text(
-                    f"SELECT job_id, {columns} FROM scheduled_jobs "
-                    "WHERE job_id LIKE 'copy-%' OR job_id LIKE 'insert-%'"
+                    f"SELECT job_id, {columns} FROM scheduled_jobs WHERE job_id LIKE 'copy-%' OR job_id LIKE 'insert-%'"
                 )
             )
         }
@@ -374,3 +387,39 @@ def test_rows_written_by_copy_are_stored_as_inserted_rows_are(db) -> None:  # ty
         assert stored[f"copy-{r.job_id}"] == stored[f"insert-{r.job_id}"], r.job_id
         assert stored[f"copy-{r.job_id}"][-1] == r.scheduled_ms
         assert stored[f"copy-{r.job_id}"][10] == r.error and stored[f"copy-{r.job_id}"][15] == r.response
+
+
+def test_a_success_after_failures_tells_of_the_recovery_once_with_the_count_before_it(db) -> None:  # type: ignore[no-untyped-def]
+    """The count of failures in a row before a batch is read in the statement that updates it (the
+    upsert's own snapshot): a success after three permanent failures is one ``job.recovered`` that
+    says three; successes after it, none; a success of a new incarnation (the job recreated), none."""
+    from scheduler_node.store.history import History
+
+    with db.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO notification_rules (namespace, name, events, target, min_interval_seconds) "
+                "VALUES ('default', 'r', ARRAY['job.recovered'], '{}'::jsonb, 0)"
+            )
+        )
+    now = parse_iso(datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    history = History(db)
+
+    def row(i: int, status: str, incarnation: int = 1, job: str = "rec") -> HistoryRow:
+        return _row_at(now + i * 1000)._replace(job_id=job, status=status, incarnation=incarnation, namespace="default")
+
+    history.write([row(i, "permanently_failed") for i in range(3)])
+    history.write([row(3, "succeeded")])
+    history.write([row(4, "succeeded"), row(5, "succeeded")])
+    history.write([row(6, "permanently_failed", job="other")])
+    history.write([row(7, "succeeded", incarnation=2, job="other")])
+    with db.connect() as conn:
+        events = conn.execute(
+            text(
+                "SELECT job_id, detail ->> 'consecutive_failures' FROM notification_events "
+                "WHERE event = 'job.recovered'"
+            )
+        ).all()
+        health = conn.execute(text("SELECT consecutive_failures FROM job_health WHERE job_id = 'rec'")).scalar()
+    assert [tuple(e) for e in events] == [("rec", "3")]
+    assert health == 0
