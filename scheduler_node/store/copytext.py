@@ -14,7 +14,6 @@ from collections.abc import Iterable
 from typing import Any
 
 NULL = "\\N"
-_SPECIAL = ("\\", "\t", "\n", "\r")
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 _SECONDS: dict[int, str] = {}
 _SECONDS_KEPT = 4096
@@ -72,7 +71,7 @@ def boolean(value: bool | None) -> str:
 
 def history_rows(rows: Iterable[Any]) -> str:
     """History rows (:class:`scheduler_node.history.HistoryRow`, cleaned) in COPY's text format,
-    in the order of ``COPY_COLUMNS``."""
+    a column per field in the order of the fields (``_COLUMNS`` of :mod:`scheduler_node.store.history`)."""
     out: list[str] = []
     append = out.append
     for r in rows:

@@ -29,10 +29,15 @@ from scheduler_node.store.sql import _MS
 
 log = logging.getLogger("cronman.node.store")
 
+# The columns a node writes, in the order of HistoryRow's fields (the INSERT's and the COPY's).
+_COLUMNS = (
+    "job_id, scheduled_for, event_index, attempt, execution_id, trigger, status, node, fired_at, finished_at, "
+    "lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, response, occurrences, "
+    "last_scheduled_for"
+)
+assert _COLUMNS.count(",") + 1 == len(HistoryRow._fields)  # COPY sends every field, in order
 _HISTORY_COLUMNS = (
-    "INSERT INTO scheduled_jobs (job_id, scheduled_for, event_index, attempt, execution_id, trigger, status, node, "
-    "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, "
-    "response, occurrences, last_scheduled_for) "
+    f"INSERT INTO scheduled_jobs ({_COLUMNS}) "
     "SELECT job_id, timestamptz 'epoch' + s * interval '1 millisecond', event_index, attempt, execution_id, trigger, "
     "status, node, timestamptz 'epoch' + f * interval '1 millisecond', timestamptz 'epoch' + fin * interval "
     "'1 millisecond', lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, response, "
@@ -72,11 +77,7 @@ _INSERT = (
 )
 # Rows written by COPY when none of them is in the table yet (the usual batch): a copied row costs
 # PostgreSQL about a third of an inserted one (no ON CONFLICT, no expressions, nothing returned).
-_COPY = (
-    "COPY scheduled_jobs (job_id, scheduled_for, event_index, attempt, execution_id, trigger, status, node, "
-    "fired_at, finished_at, lag_ms, http_status, error, throttle_wait_ms, dead_lettered, incarnation, namespace, "
-    "response, occurrences, last_scheduled_for) FROM STDIN"
-)
+_COPY = f"COPY scheduled_jobs ({_COLUMNS}) FROM STDIN"
 # Rows written for the first time (the others, already there, go through _INSERT).
 _INSERT_NEW = (
     _HISTORY_COLUMNS + "ON CONFLICT (job_id, scheduled_for, event_index, attempt, trigger) DO NOTHING "
