@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -35,6 +35,26 @@ class Arrival(NamedTuple):
     @property
     def scheduled_ms(self) -> int:
         return parse_iso(self.scheduled_for)
+
+
+class _Arrived(Protocol):
+    @property
+    def execution_id(self) -> str: ...
+
+    @property
+    def at(self) -> float: ...
+
+
+A = TypeVar("A", bound=_Arrived)
+
+
+def first_arrivals(arrivals: Iterable[A]) -> dict[str, A]:
+    """The first arrival of each execution id."""
+    first: dict[str, A] = {}
+    for a in arrivals:
+        if a.execution_id not in first or a.at < first[a.execution_id].at:
+            first[a.execution_id] = a
+    return first
 
 
 class LedgerReceiver:

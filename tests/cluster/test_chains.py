@@ -39,7 +39,7 @@ from cronman.model.execution import COMPLETION_TOKEN_HEADER, UPSTREAMS_HEADER
 from cronman.model.timeutil import iso, parse_iso
 from scheduler_node.waits import POLL_S, RUNNING_RECHECK_MS
 from tests.cluster.conftest import Cluster, sleep_until
-from tests.cluster.ledger import LedgerReceiver, analyse, expected_occurrences
+from tests.cluster.ledger import LedgerReceiver, analyse, expected_occurrences, first_arrivals
 from tests.helpers import wait_for
 from tests.timings import DEFAULTS
 
@@ -241,23 +241,15 @@ def in_window(deliveries: Iterable[Delivery], t0: float, t1: float) -> list[Deli
     return [d for d in deliveries if t0 * 1000 <= d.scheduled_ms <= t1 * 1000]
 
 
-def first_of(deliveries: Iterable[Delivery]) -> dict[str, Delivery]:
-    first: dict[str, Delivery] = {}
-    for d in deliveries:
-        if d.execution_id not in first or d.at < first[d.execution_id].at:
-            first[d.execution_id] = d
-    return first
-
-
 def check_loads(
     receiver: ChainReceiver, transforms: dict[str, dict[str, Any]], audits: dict[str, dict[str, Any]]
 ) -> list[str]:
     """Every load delivery names one transform run and one audit run, each one that succeeded and
     was delivered before the load, and no run is named by two loads. Returns what is wrong."""
     wrong: list[str] = []
-    delivered = first_of(receiver.of("transform") + receiver.of("audit"))
+    delivered = first_arrivals(receiver.of("transform") + receiver.of("audit"))
     named: dict[str, str] = {}  # upstream execution id -> the load that named it
-    for load_id, d in first_of(receiver.of("load")).items():
+    for load_id, d in first_arrivals(receiver.of("load")).items():
         jobs = sorted(delivered[i].job_id if i in delivered else "?" for i in d.upstream_ids)
         if jobs != ["audit", "transform"]:
             wrong.append(f"load {load_id} names {d.upstream_ids} (jobs {jobs})")
@@ -431,7 +423,7 @@ def test_a_node_killed_while_extracts_work_runs_loses_nothing_and_doubles_nothin
     cluster.stop_nodes()
 
     all_deliveries = list(receiver.deliveries)
-    first = first_of(all_deliveries)
+    first = first_arrivals(all_deliveries)
     doubled = {i: n for i, n in counts(all_deliveries).items() if n > 1}
     explained = {
         i
@@ -639,7 +631,7 @@ def _report_lags(receiver: ChainReceiver) -> dict[str, int]:
     """From the work's report of a success (the API's answer) to the first delivery of the
     transform that carries the run: the poll that notices it, the history write that fires the
     after job, the change feed that brings its trigger, the send."""
-    carried = first_of(receiver.of("transform"))
+    carried = first_arrivals(receiver.of("transform"))
     by_upstream = {u: d for d in carried.values() for u in d.upstream_ids}
     lags = sorted(
         int((by_upstream[r.execution_id].at - r.at) * 1000)
@@ -652,7 +644,7 @@ def _report_lags(receiver: ChainReceiver) -> dict[str, int]:
 def _chain_lags(receiver: ChainReceiver, ups: dict[str, dict[str, Any]], job_id: str) -> dict[str, int]:
     """From an upstream's end in history to the first delivery of the downstream run carrying it."""
     lags = []
-    for d in first_of(receiver.of(job_id)).values():
+    for d in first_arrivals(receiver.of(job_id)).values():
         for u in d.upstream_ids:
             if u in ups and ups[u].get("finished_at"):
                 lags.append(int(d.at * 1000) - parse_iso(ups[u]["finished_at"]))

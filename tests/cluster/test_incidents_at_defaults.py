@@ -38,7 +38,7 @@ import pytest
 
 from cronman.model.timeutil import iso
 from tests.cluster.conftest import Cluster, sleep_until
-from tests.cluster.ledger import Arrival
+from tests.cluster.ledger import Arrival, first_arrivals
 from tests.timings import DEFAULTS
 
 # timings: the shipped ones; what is measured is how the cluster rides out an incident as users get it
@@ -88,14 +88,6 @@ class PortWatch:
         self._thread.join(5)
         self._sample()
         return self.ports
-
-
-def _first_arrivals(arrivals: list[Arrival]) -> dict[str, Arrival]:
-    first: dict[str, Arrival] = {}
-    for a in arrivals:
-        if a.execution_id not in first or a.at < first[a.execution_id].at:
-            first[a.execution_id] = a
-    return first
 
 
 def test_a_crash_then_a_join_and_a_graceful_leave_within_the_dead_nodes_ttl(cluster: Cluster) -> None:
@@ -160,7 +152,7 @@ def test_a_crash_then_a_join_and_a_graceful_leave_within_the_dead_nodes_ttl(clus
     exits = {n: cluster.nodes[n].child.proc.returncode for n in (VICTIM, LEAVER)}
     cluster.stop_nodes()
 
-    first = _first_arrivals(arrivals)
+    first = first_arrivals(arrivals)
     doubled_ids = {a.execution_id for a in arrivals if (a.job_id, a.scheduled_ms) in whole.doubled_set}
     not_held = sorted(doubled_ids - held_at_kill)
     not_from_victim = sorted(i for i in doubled_ids if first[i].peer_port not in victim_ports)
