@@ -109,6 +109,12 @@ class Settings(BaseSettings):
     # the median lag; docs/performance.md). An occurrence due right after a pass waits for the next.
     timer_tick_seconds: float = Field(0.05, gt=0, le=1)
     history_buffer_max: int = Field(1_000_000, ge=1000)
+    # A node keeps a job's payload in memory only while the job's next occurrence is at most this
+    # far ahead (and payloads of up to 64 bytes always): the rest is read from PostgreSQL ahead of
+    # its time, in batches (scheduler_node.payloads). A PostgreSQL outage shorter than this, less a
+    # read-ahead pass (a twentieth of it, 2 to 30 s), does not delay an occurrence; 0 keeps every
+    # payload in memory (docs/operations.md, "Settings").
+    payload_horizon_seconds: float = Field(600.0, ge=0, le=86400)
     maintain_interval_seconds: float = Field(3600.0, gt=0)
     # The firing core: no namespace holds more than this share of max_in_flight while another
     # waits; how often a node records how far it fired; how long nothing may fire before the

@@ -91,7 +91,8 @@ class Admission:
                 return
             self.finisher.cancel(e, "the job was paused")
             return
-        e.job = current  # a newer definition applies to what has not been sent yet
+        if e.job is not current:  # a newer definition applies to what has not been sent yet
+            e.job, e.payload = current, current.payload
         plan = e.misfire
         if plan is not None:
             for t in plan.skip:

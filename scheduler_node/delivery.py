@@ -1,7 +1,8 @@
-"""Delivery: a won execution waits for a throttle permit, a place at its receiver (its host's
-connections, see gates.PerHost) and a delivery slot (the node's and its namespace's, see
-gates.InFlight), then is sent; its outcome goes back to the firer. It owns the gates, the
-attempts in flight and the executions whose lease must be confirmed before they are sent."""
+"""Delivery: a won execution waits for its job's payload if the node had let it go (see
+scheduler_node.payloads), a throttle permit, a place at its receiver (its host's connections, see
+gates.PerHost) and a delivery slot (the node's and its namespace's, see gates.InFlight), then is
+sent; its outcome goes back to the firer. It owns the gates, the attempts in flight, the
+executions waiting for a payload and those whose lease must be confirmed before they are sent."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from scheduler_node.aio import Trace
 from scheduler_node.execution import Execution, Stage
 from scheduler_node.gates import InFlight, PerHost
 from scheduler_node.parts import Delivery, Outcome
+from scheduler_node.payloads import READ_BATCH, PayloadReader
 from scheduler_node.senders import Senders
+from scheduler_node.store.port import PayloadRow
 from scheduler_node.throttle import ThrottleGate
 from scheduler_node.tracing import Tracing
 
@@ -36,6 +39,16 @@ class DeliveryHost(Protocol):
     def outcome(self, e: Execution, outcome: Outcome, fired: int, finished: int) -> None:
         """``e``'s attempt ended (sent at ``fired``, answered at ``finished``)."""
 
+    def cancel(self, e: Execution, reason: str) -> None:
+        """End ``e`` without an attempt (its job is gone)."""
+
+
+# An execution whose job's payload is not found (the job deleted, or created again, and the change
+# feed has not said so yet) is read again this often, and cancelled after this many reads: the
+# feed's change ends it before then (see Lifecycle.cancel_job, Lifecycle.adopt).
+MISSING_RETRY_S = 1.0
+MISSING_READS = 10
+
 
 class Deliveries:
     def __init__(
@@ -51,6 +64,8 @@ class Deliveries:
         lease_ms: int,
         max_in_flight: int,
         namespace_share: float,
+        payloads: PayloadReader | None = None,
+        spawn: Callable[[Awaitable[None]], None] | None = None,
     ) -> None:
         self.host = host
         self.senders = senders
@@ -64,6 +79,13 @@ class Deliveries:
         self.hosts: PerHost[Execution] = PerHost(senders.places)
         self.sending: dict[asyncio.Future[Outcome], tuple[Execution, int]] = {}
         self.to_confirm: list[Execution] = []  # whose lease may have run out before they were sent
+        # Executions waiting for their job's payload (see scheduler_node.payloads), read in batches
+        # by one task at a time; how often each was read and not found.
+        self.payloads = payloads
+        self.spawn = spawn
+        self.needing: list[Execution] = []
+        self._reading = False
+        self._missing: dict[Execution, int] = {}
 
     def forget(self, which: Callable[[Execution], bool]) -> list[Execution]:
         """Executions ``which`` names are handed over: they no longer wait for a slot, a permit or
@@ -74,6 +96,7 @@ class Deliveries:
         if self.throttle is not None:
             self.throttle.forget(lambda e: not which(e))
         self.to_confirm = [e for e in self.to_confirm if not which(e)]
+        self.needing = [e for e in self.needing if not which(e)]
         return moved
 
     async def confirm(self) -> None:
@@ -92,8 +115,19 @@ class Deliveries:
                 self.unwait(e)
 
     def dispatch(self, e: Execution) -> None:
-        """Deliver now, or wait for a throttle permit, or for delivery capacity."""
+        """Deliver now, or wait for its job's payload, a throttle permit, or delivery capacity."""
         e.stage = Stage.WAITING
+        if e.payload is None:
+            e.payload = e.job.payload
+            if e.payload is None and self.payloads is not None and self.spawn is not None:
+                self.needing.append(e)
+                if not self._reading:
+                    self._reading = True
+                    self.spawn(self._read_payloads())
+                return
+        self._admit(e)
+
+    def _admit(self, e: Execution) -> None:
         policy = self.throttle.policy_of(e) if self.throttle is not None else None
         if policy is None:
             self._start(e)
@@ -101,6 +135,68 @@ class Deliveries:
             assert self.throttle is not None
             self.throttle.wait(policy, e, self.clock())
             self.host.wake()
+
+    async def _read_payloads(self) -> None:
+        """Read the payloads executions wait for, a batch per statement, until none waits; a read
+        that fails is tried again (backing off to 2 s) for as long as the node runs."""
+        assert self.payloads is not None
+        metrics = self.payloads.metrics
+        delay = 0.05
+        try:
+            while self.needing and not self.host.stopping:
+                metrics.waiting_for_payload.set(len(self.needing))
+                batch, self.needing = self.needing[:READ_BATCH], self.needing[READ_BATCH:]
+                live = [e for e in batch if e.stage is Stage.WAITING and not e.superseded]
+                if not live:
+                    continue
+                try:
+                    rows = await self.payloads.read(sorted({e.job.id for e in live}))
+                except TransientError:
+                    self.needing[:0] = live
+                    await asyncio.sleep(delay)
+                    delay = min(2.0, delay * 2)
+                    continue
+                delay = 0.05
+                again = [e for e in live if not self._read_for(e, rows.get(e.job.id))]
+                if again:
+                    self.spawn_later(again)
+        finally:
+            self._reading = False
+            metrics.waiting_for_payload.set(len(self.needing))
+
+    def _read_for(self, e: Execution, row: PayloadRow | None) -> bool:
+        """``e`` goes on with the payload read for it; False when it is to be read again."""
+        if e.stage is not Stage.WAITING or e.superseded or e.payload is not None:
+            self._missing.pop(e, None)
+            if e.stage is Stage.WAITING and not e.superseded:
+                self._admit(e)  # (its job was replaced meanwhile, with its payload)
+            return True
+        assert self.payloads is not None
+        if row is None or row.incarnation != e.job.incarnation:
+            misses = self._missing[e] = self._missing.get(e, 0) + 1
+            if misses < MISSING_READS:
+                return False
+            del self._missing[e]
+            self.host.cancel(e, "the job was deleted: its payload is gone")
+            return True
+        self._missing.pop(e, None)
+        self.payloads.keep(e.job, row)
+        e.payload = row.payload
+        self._admit(e)
+        return True
+
+    def spawn_later(self, executions: list[Execution]) -> None:
+        """Read these executions' payloads again in a while."""
+        assert self.spawn is not None
+
+        async def later() -> None:
+            await asyncio.sleep(MISSING_RETRY_S)
+            self.needing.extend(executions)
+            if not self._reading and not self.host.stopping:
+                self._reading = True
+                await self._read_payloads()
+
+        self.spawn(later())
 
     def granted(self, e: Execution) -> None:
         if e.waiting_since_ms is not None:
@@ -233,8 +329,12 @@ class Deliveries:
 
     def _delivery(self, e: Execution, now_ms: int) -> Delivery:
         job = e.job
+        payload = e.payload if e.payload is not None else job.payload
+        if payload is None:  # (its job was replaced by one without, after the payload was read)
+            e.payload = None
+            raise TransientError("the job's payload was not read yet; the attempt is retried")
         secrets = self.secrets(job.namespace)
-        signature = signing.sign(secrets, job.payload, now_ms // 1000) if secrets else None
+        signature = signing.sign(secrets, payload, now_ms // 1000) if secrets else None
         trace = self.tracing.begin(e.ticket.name, e.id, e.attempt, job.id, now_ms)
         backfill = backfill_of(e.trigger)
         return Delivery(
@@ -242,7 +342,7 @@ class Deliveries:
             e.id,
             iso(e.scheduled_ms),
             e.attempt,
-            job.payload,
+            payload,
             e.event_index,
             signature,
             ((("Cronman-Backfill-Id", backfill),) if backfill else ()) + e.extra,

@@ -70,6 +70,7 @@ class Execution:
         "failed_row",
         "extra",
         "reported",
+        "payload",
     )
 
     def __init__(self, job: OwnedJob, d: Descriptor, *, guarded: bool = False) -> None:
@@ -98,6 +99,9 @@ class Execution:
         self.extra: tuple[tuple[str, str], ...] = ()
         # Its outcome is the end its asynchronous work reported (or its timeout), not an answer
         self.reported = False
+        # What its attempts send: its job's payload when it was made, or read before its first
+        # attempt when the job had none in memory (see scheduler_node.payloads)
+        self.payload: bytes | None = job.payload
 
     @classmethod
     def of(

@@ -267,9 +267,10 @@ class Finisher:
         backfill = backfill_of(e.trigger)
         if backfill:
             extra += (("Cronman-Backfill-Id", backfill),)
-        d = Delivery(
-            job.id, e.id, iso(e.scheduled_ms), e.attempt, job.payload, e.event_index, None, extra, job.namespace
-        )
+        # (what its attempts sent; an execution that never got its payload sends JSON null)
+        payload = e.payload if e.payload is not None else job.payload
+        body = payload if payload is not None else b"null"
+        d = Delivery(job.id, e.id, iso(e.scheduled_ms), e.attempt, body, e.event_index, None, extra, job.namespace)
         dlq = self.senders.by_kind.get("sqs")
         why: str | None = "no SQS sender"
         ok = False

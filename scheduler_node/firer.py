@@ -47,6 +47,7 @@ from scheduler_node.parts import (
     Claims,
     Outcome,
 )
+from scheduler_node.payloads import PayloadReader
 from scheduler_node.progress import Progress
 from scheduler_node.schedule_book import ScheduleBook
 from scheduler_node.senders import Senders
@@ -80,6 +81,9 @@ class FirerConfig:
     # of them join each pass all the same.
     backlog_room: int | None = None
     backlog_min: int = 50
+    # A job keeps its payload in memory while its next occurrence is at most this far ahead (see
+    # scheduler_node.payloads); 0: every job keeps its payload.
+    payload_horizon_ms: int = 0
 
 
 class Firer:
@@ -126,6 +130,14 @@ class Firer:
         # Standing by for the other owner of a slot, when it leads (scheduler_node.standby; the
         # node sets it, the timer defers to it); None: every occurrence is claimed on time.
         self.standby: Standby | None = None
+        # Payloads out of memory beyond the horizon, read again ahead of time (None: kept)
+        self.payloads = (
+            PayloadReader(
+                table=self.table, read=store.payloads, clock=clock, horizon_ms=cfg.payload_horizon_ms, metrics=metrics
+            )
+            if cfg.payload_horizon_ms > 0
+            else None
+        )
         self._compose(cfg, claims, senders, history, store, throttle, secrets, misfire)
         self._compose_timer(cfg)
 
@@ -181,6 +193,8 @@ class Firer:
             lease_ms=cfg.lease_ms,
             max_in_flight=cfg.max_in_flight,
             namespace_share=cfg.namespace_share,
+            payloads=self.payloads,
+            spawn=self.tasks.spawn,
         )
         self.finisher = Finisher(
             self,
@@ -331,6 +345,11 @@ class Firer:
 
     # ------------------------------------------------------------------ the timer
     # (the timer's: see Timer)
+    async def run_payloads(self) -> None:
+        """Read payloads ahead of their jobs' time (when the node lets them go: see scheduler_node.payloads)."""
+        if self.payloads is not None:
+            await self.payloads.run(lambda: self.stopping)
+
     async def run_timer(self) -> None:
         await self.timer.run()
 

@@ -69,7 +69,8 @@ class OwnedJob:
     """One job this node owns. ``key`` is the firer's: its pending timer entry (or, with none
     pending, its place in the firer's table; None when it has none). Its timing is kept as given,
     or, for an interval phased by the job's id, as that interval shared by every job of it (see
-    IdPhasedInterval) and made when asked."""
+    IdPhasedInterval) and made when asked. ``payload`` is None while the job's next occurrence is
+    beyond the payload horizon (see scheduler_node.payloads): it is read again before it is due."""
 
     __slots__ = (
         "id",
@@ -95,7 +96,7 @@ class OwnedJob:
         namespace: str,
         timing: Timing | IdPhasedInterval,
         target: Target,
-        payload: bytes,
+        payload: bytes | None,
         retry: Retry,
         opts: Options,
         paused: bool,
@@ -279,6 +280,18 @@ JOB_COLUMNS = (
     "id, slot, version, schedule::text, target::text, payload, retry::text, paused, "
     "floor(extract(epoch from updated_at) * 1000)::bigint, namespace, options::text, incarnation"
 )
+# Payloads of up to this many bytes stay in memory whatever the payload horizon: a pointer to a
+# shared object ({} and the like) costs less than reading it again.
+ALWAYS_KEPT_BYTES = 64
+
+
+def load_columns(payload_limit: int | None) -> str:
+    """JOB_COLUMNS, with payloads longer than ``payload_limit`` bytes left out (NULL)."""
+    if payload_limit is None:
+        return JOB_COLUMNS
+    return JOB_COLUMNS.replace(
+        " payload,", f" CASE WHEN octet_length(payload) <= {int(payload_limit)} THEN payload END,", 1
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +301,7 @@ class JobRow:
     version: int
     schedule_text: str
     target_text: str
-    payload: str
+    payload: str | None
     retry_text: str
     paused: bool
     updated_ms: int
@@ -319,6 +332,9 @@ class Decoder:
         self._timing_makers: dict[str, TimingMaker] = {}
         self._phased: dict[str, IdPhasedInterval | None] = {}
         self._payloads: dict[bytes, bytes] = {}
+        # Loads leave out payloads of more than this many bytes (read again before their job is
+        # due: scheduler_node.payloads); None: every payload is loaded.
+        self.payload_limit: int | None = None
 
     def target(self, text: str) -> Target:
         t = self._targets.get(text)
@@ -385,9 +401,12 @@ class Decoder:
                 self._phased[schedule_text] = phased
         return self.timing(schedule_text, job_id, namespace) if phased is None else phased
 
-    def payload(self, text: str) -> bytes:
+    def payload(self, text: str | None) -> bytes | None:
         # Equal small payloads (very common: {} or a fixed document per kind of job) share one
         # object. Keyed by the encoded body, which the job keeps anyway: the row's text is not kept.
+        # (None: a load left it out, see Decoder.payload_limit.)
+        if text is None:
+            return None
         body = text.encode()
         if len(body) > 256:
             return body
@@ -421,7 +440,7 @@ class Decoder:
         version: int,
         schedule_text: str,
         target_text: str,
-        payload: str,
+        payload: str | None,
         retry_text: str,
         paused: bool,
         namespace: str,

@@ -83,7 +83,7 @@ class Lifecycle:
             ):
                 if trace:
                     trace("adopt", e, f"by incarnation {job.incarnation}")
-                e.job = job
+                e.job, e.payload = job, job.payload
 
     def adopt_claimed(self, current: OwnedJob, e: Execution) -> None:
         """``e`` was claimed for an earlier incarnation of ``current`` while ``current`` arrived (a
@@ -95,7 +95,7 @@ class Lifecycle:
             trace = self.host.trace
             if trace:
                 trace("adopt", e, f"by incarnation {current.incarnation} (just claimed)")
-            e.job = current
+            e.job, e.payload = current, current.payload
 
     def cancel_job(self, job_id: str, reason: str, keep: int | None = None) -> None:
         """No further attempt of a deleted or paused job (one in flight finishes), except what

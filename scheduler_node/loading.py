@@ -119,6 +119,8 @@ class Loading:
                 pending[job.id] = start_of(job, updated_ms)
             self._caught_up += count  # (the load moves: see moved)
         del loaded
+        if firer.payloads is not None:
+            firer.payloads.wake()  # the payloads of what is due soon, read ahead
         triggers = await store.recent_triggers(added, now - TRIGGER_LOOKBACK_MS)
         node.feed.apply_triggers(triggers, verify=True)
         node.feed.loaded(cursor)
@@ -150,3 +152,5 @@ class Loading:
                     self._caught_up += YIELD_EVERY
                     await asyncio.sleep(0)  # millions of jobs: heartbeats and renewals go on
         tally.log()
+        if firer.payloads is not None:
+            firer.payloads.wake()  # (the jobs have their timer entries now)

@@ -71,6 +71,18 @@ class NodeMetrics:
             "cronman_backlog", "Late occurrences queued (a catch-up) waiting for delivery to keep up", registry=r
         )
         self.changes_applied = Counter("cronman_job_changes_applied", "Job changes applied from the feed", registry=r)
+        # Payloads left out of memory and read again (scheduler_node.payloads): ahead of their
+        # job's time, or when an execution needed one (a manual trigger, a takeover, the read-ahead
+        # behind); reads that failed (PostgreSQL unreachable); executions waiting for one now.
+        self.payloads_read = Counter(
+            "cronman_payloads_read", "Payloads read from PostgreSQL, by why (ahead, needed)", ["why"], registry=r
+        )
+        self.payload_read_failures = Counter(
+            "cronman_payload_read_failures", "Reads of payloads that failed (they are tried again)", registry=r
+        )
+        self.waiting_for_payload = Gauge(
+            "cronman_waiting_for_payload", "Claimed executions waiting for their job's payload to be read", registry=r
+        )
         self.info = Gauge("cronman_node_info", "Node identity", ["node"], registry=r)
         self.info.labels(node=node_id).set(1)
         # The labelled children used on the firing path, looked up once.

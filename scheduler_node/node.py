@@ -43,7 +43,7 @@ from scheduler_node.execution import Execution
 from scheduler_node.feed import Feed
 from scheduler_node.firer import Firer, FirerConfig
 from scheduler_node.history import HistoryRow, HistoryWriter
-from scheduler_node.jobs import Decoder, OwnedJob
+from scheduler_node.jobs import ALWAYS_KEPT_BYTES, Decoder, OwnedJob
 from scheduler_node.loading import Loading
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.ownership import Ownership
@@ -182,6 +182,7 @@ class Node:
                 self.recovery.progress_loop(),
                 self.ownership.standing_loop(),
                 self.backfills.run(lambda: self.ready),
+                firer.run_payloads(),
             )
         ]
         # The firing loops finish the pass they are in when the node stops (a claim made in Redis
@@ -263,6 +264,7 @@ class Node:
                 unrecorded_after_ms=int(s.history_recover_after_seconds * 1000),
                 done_ttl_ms=int(s.done_ttl_seconds * 1000),
                 slots=self.slot_count,
+                payload_horizon_ms=int(s.payload_horizon_seconds * 1000),
                 **self.tuning,
             ),
             clock=self.now_ms,
@@ -295,6 +297,8 @@ class Node:
             namespace_rate=s.quota_backfill_rate_per_namespace,
         )
         self.decoder = Decoder(parts.senders.decode, self.phased_from_ms, self.configuration.calendars)
+        if firer.payloads is not None:  # loads leave the longer payloads out (see scheduler_node.payloads)
+            self.decoder.payload_limit = ALWAYS_KEPT_BYTES
         return firer, history
 
     @staticmethod

@@ -10,6 +10,11 @@ generation ints, against 40 for the int and 12 for the place's pointer and gener
 Each place has a generation: it moves whenever the entries of the place's job become stale
 (another timing, paused or not, the job gone), so what is held back for a slot's leader is let go
 only if it is still owed (see :meth:`Timetable.generation`).
+
+A job whose next occurrence is after ``keep_until`` lets its payload go when it is scheduled, if
+the payload is longer than ALWAYS_KEPT_BYTES (the caller moves ``keep_until`` with the clock, and
+reads the payloads of the jobs due before it again: see :meth:`Timetable.wanting` and
+scheduler_node.payloads).
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from array import array
 from collections.abc import Iterator
 from typing import Any
 
-from scheduler_node.jobs import OwnedJob
+from scheduler_node.jobs import ALWAYS_KEPT_BYTES, OwnedJob
 
 PLACE_BITS = 32
 PLACE = (1 << PLACE_BITS) - 1
+KEEP_ALL = 1 << 62  # keep_until: no payload is let go
 _COMPACT_FROM = 10_000  # jobs; a smaller table is not worth the look
 
 
@@ -39,11 +45,12 @@ def _dict_bytes(n: int) -> int:
 class Timetable:
     """The jobs a node owns, by id, and one timer entry for each job's next occurrence."""
 
-    __slots__ = ("jobs", "fires", "_placed", "_epochs", "_free")
+    __slots__ = ("jobs", "fires", "keep_until", "_placed", "_epochs", "_free")
 
     def __init__(self) -> None:
         self.jobs: dict[str, OwnedJob] = {}
         self.fires: list[int] = []  # the heap of entries (see the module's text)
+        self.keep_until = KEEP_ALL  # (ms) a job next due after this lets its payload go
         self._placed: list[OwnedJob | None] = []
         self._epochs = array("I")
         self._free: list[int] = []  # places no job holds
@@ -58,6 +65,8 @@ class Timetable:
         if old is not None and old.key is not None:
             place = old.key & PLACE
             job.key = old.key if keep else place
+            if keep and old.key >> PLACE_BITS > self.keep_until:
+                _shed(job)
         else:
             place = self._free.pop() if self._free else len(self._placed)
             if place == len(self._placed):
@@ -102,9 +111,36 @@ class Timetable:
         """``job``'s next occurrence, at ``place``, is at ``when`` (None: it has none)."""
         if when is None:
             job.key = place
+            _shed(job)
         else:
             job.key = when << PLACE_BITS | place
             heapq.heappush(self.fires, job.key)
+            if when > self.keep_until:
+                _shed(job)
+
+    def wanting(self, until_ms: int, most: int) -> list[OwnedJob]:
+        """Up to ``most`` jobs without their payload whose pending entry is due by ``until_ms``.
+        The heap is walked from its root down to the first entry past ``until_ms`` on each path,
+        so the walk costs what is due by then, not the size of the table."""
+        fires, placed, jobs = self.fires, self._placed, self.jobs
+        last = until_ms << PLACE_BITS | PLACE
+        n = len(fires)
+        out: list[OwnedJob] = []
+        todo = [0] if n else []
+        while todo and len(out) < most:
+            i = todo.pop()
+            key = fires[i]
+            if key > last:
+                continue
+            job = placed[key & PLACE]
+            if job is not None and job.key == key and job.payload is None and jobs.get(job.id) is job:
+                out.append(job)
+            child = 2 * i + 1
+            if child < n:
+                todo.append(child)
+                if child + 1 < n:
+                    todo.append(child + 1)
+        return out
 
     def head_ms(self) -> int | None:
         """When the earliest entry is due (it may be stale)."""
@@ -152,3 +188,10 @@ class Timetable:
             sized: dict[str, Any] = dict.fromkeys(jobs)  # (made at the size it needs, then given the values)
             sized.update(jobs)
             self.jobs = sized
+
+
+def _shed(job: OwnedJob) -> None:
+    """``job`` lets its payload go, unless it is short (a shared {} costs less than a read)."""
+    payload = job.payload
+    if payload is not None and len(payload) > ALWAYS_KEPT_BYTES:
+        job.payload = None

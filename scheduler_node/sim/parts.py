@@ -46,6 +46,7 @@ from scheduler_node.store import (
     ClusterConfig,
     Ident,
     NodeStore,
+    PayloadRow,
     RunStart,
     SlotMarks,
     TriggerRow,
@@ -671,6 +672,16 @@ class SimStore(NodeStore):
         await self.db.call(self.node)
         jobs = self.db.jobs
         return {i: (jobs[i].incarnation, jobs[i].created_ms) for i in job_ids if i in jobs and not jobs[i].deleted}
+
+    @_answered
+    async def payloads(self, job_ids: Sequence[str]) -> dict[str, PayloadRow]:
+        await self.db.call(self.node)
+        jobs = self.db.jobs
+        return {
+            i: PayloadRow(jobs[i].version, jobs[i].incarnation, jobs[i].payload.encode())
+            for i in job_ids
+            if i in jobs and not jobs[i].deleted
+        }
 
     @_answered
     async def cluster_config(self) -> ClusterConfig:

@@ -18,8 +18,8 @@ from sqlalchemy import Engine, text
 
 from cronman.errors import TransientError
 from cronman.store.pgarray import array_literal
-from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, Loaded
-from scheduler_node.store.port import TriggerRow
+from scheduler_node.jobs import JOB_COLUMNS, Decoder, JobRow, Loaded, load_columns
+from scheduler_node.store.port import PayloadRow, TriggerRow
 from scheduler_node.store.sql import _MS, _XMIN
 
 log = logging.getLogger("cronman.node.store")
@@ -45,9 +45,8 @@ class JobFeed:
             cur: Any = conn.connection.dbapi_connection.cursor(name="cronman_load_slots")  # type: ignore[union-attr]
             cur.itersize = batch
             try:
-                cur.execute(
-                    f"SELECT {JOB_COLUMNS} FROM jobs WHERE deleted_at IS NULL AND slot = ANY(%s)", (list(slots),)
-                )
+                columns = load_columns(decoder.payload_limit)
+                cur.execute(f"SELECT {columns} FROM jobs WHERE deleted_at IS NULL AND slot = ANY(%s)", (list(slots),))
                 job_from = decoder.job_from
                 # Hundreds of thousands of new long-lived objects would set off the cycle collector
                 # over and over, scanning them all each time: it is paused while they are built.
@@ -125,6 +124,14 @@ class JobFeed:
             )
             return {r[0]: (int(r[1]), int(r[2])) for r in rows}
 
+    def payloads(self, job_ids: list[str]) -> dict[str, PayloadRow]:
+        """The payloads of these jobs as stored now (a job deleted has none), by primary key."""
+        if not job_ids:
+            return {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(_PAYLOADS, {"ids": array_literal(job_ids)})
+            return {r[0]: PayloadRow(int(r[1]), int(r[2]), r[3].encode()) for r in rows}
+
     def delete_completed(self, jobs: list[tuple[str, int]]) -> list[str]:
         """One statement for a batch (a burst of one-off jobs completes thousands at once); rows
         are locked in id order, so two writers never wait on each other in a circle."""
@@ -143,6 +150,9 @@ class JobFeed:
 _TRIGGERS = (
     f"SELECT t.id, t.job_id, {_MS.format('t.requested_at')}, t.kind, {_MS.format('t.scheduled_for')}, "
     "t.event_index, t.attempt, t.execution_id::text, t.trigger, t.incarnation FROM job_triggers t "
+)
+_PAYLOADS = text(
+    "SELECT id, version, incarnation, payload FROM jobs WHERE id = ANY(CAST(:ids AS text[])) AND deleted_at IS NULL"
 )
 # Jobs that completed (delete_after_completion) and did not change since: deleted, with a job event.
 _DELETE_BATCH = 5000

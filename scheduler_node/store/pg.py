@@ -30,6 +30,7 @@ from scheduler_node.store.port import (
     ClusterConfig,
     Ident,
     NodeStore,
+    PayloadRow,
     RunStart,
     SlotMarks,
     TriggerRow,
@@ -106,6 +107,9 @@ class PgNodeStore(NodeStore):
 
     async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
         return await self._call(self.feed.live_incarnations, list(job_ids))
+
+    async def payloads(self, job_ids: Sequence[str]) -> dict[str, PayloadRow]:
+        return await self._call(self.feed.payloads, list(job_ids))
 
     async def delete_completed(self, jobs: Sequence[tuple[str, int]]) -> list[str]:
         return await self._call(self.feed.delete_completed, list(jobs))

@@ -32,6 +32,15 @@ class TriggerRow:
 
 
 @dataclass(frozen=True, slots=True)
+class PayloadRow:
+    """A job's payload as stored, with the version and incarnation of the job it belongs to."""
+
+    version: int
+    incarnation: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class AsyncRun:
     """What ``async_runs`` says of an execution of asynchronous work: the attempt sent last, its
     status (running; succeeded or failed as the work reported; timed_out), when it was sent, how
@@ -205,6 +214,11 @@ class NodeStore(abc.ABC):
     @abc.abstractmethod
     async def live_incarnations(self, job_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
         """The live incarnation of each job and when it was created (ms); none for a deleted job."""
+
+    @abc.abstractmethod
+    async def payloads(self, job_ids: Sequence[str]) -> dict[str, PayloadRow]:
+        """The stored payload of each job (none for a deleted job): what a node left out of
+        memory, read ahead of the job's time (scheduler_node.payloads)."""
 
     @abc.abstractmethod
     async def cluster_config(self) -> ClusterConfig: ...

@@ -7,8 +7,7 @@ import json
 import signal
 import time
 import uuid
-from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ from sqlalchemy import text
 
 from cronman.dev.embedded import EmbeddedPostgres
 from cronman.dev.receiver import Receiver
-from cronman.store.migrate import run_maintenance, upgrade
 from cronman.store.store import make_engine
 from tests.conftest import ADMIN_KEY
 from tests.helpers import FreezingProxy, start_api_process, start_node_process, wait_for
@@ -25,20 +23,6 @@ from tests.timings import FAST
 
 # timings: PostgreSQL away or hanging under real processes: mechanics
 pytestmark = [pytest.mark.cluster, pytest.mark.timings(FAST)]
-
-
-@pytest.fixture
-def own_postgres(workdir: Path) -> Iterator[EmbeddedPostgres]:
-    """A PostgreSQL of this test's own, so it can be crashed and restarted; durable, as a production
-    server is (an acknowledged commit survives the crash)."""
-    pg = EmbeddedPostgres(workdir / f"pg-{uuid.uuid4().hex[:6]}" / "data", durable=True)
-    pg.start()
-    upgrade(pg.url())
-    engine = make_engine(pg.url(), pool_size=1)
-    run_maintenance(engine, datetime.now(UTC).date(), 45, 7)
-    engine.dispose()
-    yield pg
-    pg.stop()
 
 
 def _env(settings_env: dict[str, str], database_url: str) -> dict[str, str]:
