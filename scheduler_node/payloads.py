@@ -9,9 +9,10 @@ percent of the payloads, where the payload was most of what a job cost a node's 
   send the same).
 - The read-ahead (:class:`PayloadReader`) moves ``keep_until`` to now plus the horizon every pass
   (a twentieth of the horizon, 2 to 30 s apart) and reads the payloads of the jobs due by then
-  that have none, by primary key, READ_BATCH at a time. A payload read applies to the job only if
-  the job is still the one in the table at the version read (a newer version comes from the
-  change feed with its payload).
+  that have none, by primary key, READ_BATCH at a time: those the table's ``unread`` heap holds
+  (Timetable.unread_by), so a pass costs what came within its reach since the last. A payload
+  read applies to the job only if the job is still the one in the table at the version read (a
+  newer version comes from the change feed with its payload).
 - An execution whose job has no payload when it is about to be delivered (a manual trigger or a
   redelivery of a job due later, a claim taken over, the read-ahead behind) waits, holding its
   claim, for a read of its own, batched with the others waiting (Deliveries). A read that fails
@@ -35,12 +36,12 @@ from scheduler_node.aio import wait_event
 from scheduler_node.jobs import OwnedJob
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.store.port import PayloadRow
-from scheduler_node.timetable import Timetable
+from scheduler_node.timetable import PLACE_BITS, Timetable
 
 log = logging.getLogger("cronman.node")
 
 READ_BATCH = 5000  # payloads read by one statement
-PASS_MOST = 200_000  # payloads read by one pass of the read-ahead (the rest at the next)
+PASS_MOST = 1_000_000  # payloads read by one pass of the read-ahead at most (the rest at the next)
 
 ReadPayloads = Callable[[Sequence[str]], Awaitable[dict[str, PayloadRow]]]
 
@@ -73,6 +74,7 @@ class PayloadReader:
         self._needed = metrics.payloads_read.labels("needed")
         self._wake = asyncio.Event()
         self._failing_since: float | None = None
+        self._left: list[OwnedJob] = []  # taken for a read that failed
 
     def wake(self) -> None:
         """Read ahead soon (jobs were loaded)."""
@@ -107,14 +109,24 @@ class PayloadReader:
         return True
 
     async def ahead(self) -> int:
-        """One pass: jobs next due within the horizon get their payloads; how many did."""
+        """One pass: the jobs next due within the horizon that have no payload get theirs (those
+        scheduled since the last pass, and any a failed read left); how many did."""
         until = self.clock() + self.horizon_ms
         self.table.keep_until = until
-        wanted = self.table.wanting(until, PASS_MOST)
         kept = 0
-        for i in range(0, len(wanted), READ_BATCH):
-            chunk = wanted[i : i + READ_BATCH]
-            rows = await self._call([j.id for j in chunk])
+        for _ in range(PASS_MOST // READ_BATCH):
+            chunk = self._left or self.table.unread_by(until, READ_BATCH)
+            self._left = []
+            chunk = [j for j in chunk if j.payload is None and self.table.jobs.get(j.id) is j]
+            if not chunk:
+                if self.table.unread and self.table.unread[0] >> PLACE_BITS <= until:
+                    continue
+                break
+            try:
+                rows = await self._call([j.id for j in chunk])
+            except TransientError:
+                self._left = chunk  # (read first at the next pass)
+                raise
             self._ahead.inc(len(rows))
             kept += sum(self.keep(job, rows.get(job.id)) for job in chunk)
         return kept

@@ -12,9 +12,12 @@ Each place has a generation: it moves whenever the entries of the place's job be
 only if it is still owed (see :meth:`Timetable.generation`).
 
 A job whose next occurrence is after ``keep_until`` lets its payload go when it is scheduled, if
-the payload is longer than ALWAYS_KEPT_BYTES (the caller moves ``keep_until`` with the clock, and
-reads the payloads of the jobs due before it again: see :meth:`Timetable.wanting` and
-scheduler_node.payloads).
+the payload is longer than ALWAYS_KEPT_BYTES (the caller moves ``keep_until`` with the clock). A
+job scheduled without its payload also puts its entry in a second heap, ``unread`` (the same int
+object: a pointer a job), from which :meth:`Timetable.unread_by` takes the jobs due by a time, for
+the caller to read their payloads again (scheduler_node.payloads): each pass takes what came
+within its reach since the last, not everything within it (a walk of the timer's heap was 400,000
+entries a pass at 10M jobs, half a second of the event loop).
 """
 
 from __future__ import annotations
@@ -45,12 +48,13 @@ def _dict_bytes(n: int) -> int:
 class Timetable:
     """The jobs a node owns, by id, and one timer entry for each job's next occurrence."""
 
-    __slots__ = ("jobs", "fires", "keep_until", "_placed", "_epochs", "_free")
+    __slots__ = ("jobs", "fires", "keep_until", "unread", "_placed", "_epochs", "_free")
 
     def __init__(self) -> None:
         self.jobs: dict[str, OwnedJob] = {}
         self.fires: list[int] = []  # the heap of entries (see the module's text)
         self.keep_until = KEEP_ALL  # (ms) a job next due after this lets its payload go
+        self.unread: list[int] = []  # entries of jobs scheduled without their payload (a heap)
         self._placed: list[OwnedJob | None] = []
         self._epochs = array("I")
         self._free: list[int] = []  # places no job holds
@@ -65,8 +69,8 @@ class Timetable:
         if old is not None and old.key is not None:
             place = old.key & PLACE
             job.key = old.key if keep else place
-            if keep and old.key >> PLACE_BITS > self.keep_until:
-                _shed(job)
+            if keep and old.key != place:
+                self._shed(job, old.key >> PLACE_BITS)
         else:
             place = self._free.pop() if self._free else len(self._placed)
             if place == len(self._placed):
@@ -111,35 +115,34 @@ class Timetable:
         """``job``'s next occurrence, at ``place``, is at ``when`` (None: it has none)."""
         if when is None:
             job.key = place
-            _shed(job)
+            _drop_payload(job)
         else:
             job.key = when << PLACE_BITS | place
             heapq.heappush(self.fires, job.key)
-            if when > self.keep_until:
-                _shed(job)
+            self._shed(job, when)
 
-    def wanting(self, until_ms: int, most: int) -> list[OwnedJob]:
-        """Up to ``most`` jobs without their payload whose pending entry is due by ``until_ms``.
-        The heap is walked from its root down to the first entry past ``until_ms`` on each path,
-        so the walk costs what is due by then, not the size of the table."""
-        fires, placed, jobs = self.fires, self._placed, self.jobs
+    def _shed(self, job: OwnedJob, when: int) -> None:
+        """``job``, pending at ``when``, lets its payload go past ``keep_until``; without one, its
+        entry waits in ``unread`` to be read again."""
+        if when > self.keep_until:
+            _drop_payload(job)
+        if job.payload is None and job.key is not None:
+            heapq.heappush(self.unread, job.key)
+
+    def unread_by(self, until_ms: int, most: int) -> list[OwnedJob]:
+        """Up to ``most`` jobs without their payload whose pending entry is due by ``until_ms``,
+        taken out of ``unread`` (each once: the caller reads them; one scheduled again without its
+        payload comes back). Entries gone stale, or whose job got its payload, are let go."""
+        unread, placed, jobs = self.unread, self._placed, self.jobs
         last = until_ms << PLACE_BITS | PLACE
-        n = len(fires)
         out: list[OwnedJob] = []
-        todo = [0] if n else []
-        while todo and len(out) < most:
-            i = todo.pop()
-            key = fires[i]
-            if key > last:
-                continue
+        while unread and unread[0] <= last and len(out) < most:
+            key = heapq.heappop(unread)
             job = placed[key & PLACE]
-            if job is not None and job.key == key and job.payload is None and jobs.get(job.id) is job:
+            if job is None or job.key != key or job.payload is not None or (out and out[-1] is job):
+                continue  # (equal entries come out one after the other)
+            if jobs.get(job.id) is job:
                 out.append(job)
-            child = 2 * i + 1
-            if child < n:
-                todo.append(child)
-                if child + 1 < n:
-                    todo.append(child + 1)
         return out
 
     def head_ms(self) -> int | None:
@@ -190,7 +193,7 @@ class Timetable:
             self.jobs = sized
 
 
-def _shed(job: OwnedJob) -> None:
+def _drop_payload(job: OwnedJob) -> None:
     """``job`` lets its payload go, unless it is short (a shared {} costs less than a read)."""
     payload = job.payload
     if payload is not None and len(payload) > ALWAYS_KEPT_BYTES:

@@ -19,7 +19,9 @@ states it):
    as its work reported it (_async_work); an after job's executions follow successes of each of its
    upstreams, each used once, and every upstream success fires it or is superseded (_after_jobs);
    a job that requires others is sent with their recent successes, and skipped only when none was
-   known when it stopped waiting (_requirements).
+   known when it stopped waiting (_requirements);
+9. every delivery carries its job's payload, byte for byte (_payloads); with payloads out of
+   memory (world.PAYLOADS_FROM), a node cut off from PostgreSQL holds back what it has to read.
 
 Boundaries (a job created, paused, deleted; the cluster stopped) are fuzzy by the time a change
 takes to reach the nodes and by the nodes' clock skew: occurrences that close to one are not
@@ -166,6 +168,7 @@ def check(sim: Sim) -> Report:
     _misfires(sim, run.arrivals, run.report, run.deadline)
     _history(run)  # 6
     _exceptions(sim, run.report)  # 7
+    _payloads(run)  # 9
     if sim.chains:  # 8
         _async_work(run)
         _after_jobs(run)
@@ -235,7 +238,9 @@ def _occurrence(run: _Run, job: _Job, t_ms: int, ev: int) -> None:
     got = run.arrivals.get(eid)
     # (one that requires other jobs waits for them up to its bound, then is skipped: _requirements;
     # asynchronous work recorded as sent by a node that lost it before sending is waited for)
-    waits = bool(_unsent_wait(plan) or plan.doc["options"].get("require"))
+    # (and with payloads out of memory, one whose payload was not read ahead reads it before it is
+    # sent: a node cut off from PostgreSQL holds it back, as it does what waits)
+    waits = bool(_unsent_wait(plan) or plan.doc["options"].get("require") or run.sim.payload_rng is not None)
     due_by = run.deadline(t + _require_wait(plan), needs_db=waits)
     if _unsent_wait(plan):  # (and faults after it was recorded delay its timeout and its retry)
         due_by = run.deadline(due_by + _unsent_wait(plan), needs_db=True)
@@ -467,6 +472,19 @@ def _nobody_firing(sim: Sim) -> list[tuple[float, float]]:
             down.append((t, a))
         t = max(t, b)
     return down
+
+
+def _payloads(run: _Run) -> None:
+    """9: every delivery carries its job's payload, byte for byte (the workload never changes a
+    payload: a job created again has the one it had)."""
+    jobs = run.sim.db.jobs
+    for a in run.sim.receivers.arrivals:
+        job = jobs.get(a.job_id)
+        if job is not None and a.payload != job.payload.encode():
+            run.report.violations.append(
+                f"delivered another payload than its job's: {a.job_id} execution {a.execution_id} attempt "
+                f"{a.attempt} by {a.holder} at {_at(a.at)}: {a.payload[:60]!r}"
+            )
 
 
 class _Deadlines:

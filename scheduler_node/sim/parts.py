@@ -990,6 +990,7 @@ class Arrival:
     attempt: int
     ok: bool
     upstream_ids: str | None = None  # the Cronman-Upstream-Execution-Ids header, if sent
+    payload: bytes = b""  # what it carried
 
 
 @dataclass
@@ -1096,6 +1097,7 @@ class SimSender(Sender):
                     delivery.attempt,
                     ok,
                     dict(delivery.extra).get(UPSTREAMS_HEADER),
+                    delivery.body,
                 )
             )
             if ok and self.receivers.behaviour.get(target.receiver) == "async":

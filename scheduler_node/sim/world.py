@@ -42,6 +42,11 @@ TIMINGS_FROM = 7_500_000
 # transform and audit (a fan-in); jobs that require an extract's recent success. Drawn from a
 # generator of their own; every seed below replays the run it always had.
 CHAINS_FROM = 9_000_000
+# Seeds from here on give every job a payload of its own of 100-400 bytes and the nodes a payload
+# horizon of 0.5-8 s (SimConfig.payloads; drawn from a generator of their own): payloads are let go
+# and read again (ahead, or when an execution needs one) all through the faults, and every
+# delivery must carry its job's payload. Every seed below replays the run it always had.
+PAYLOADS_FROM = 9_500_000
 EPOCH = 1_893_456_000.0  # 2030-01-01T00:00:00Z: a fixed start, so runs do not depend on today
 
 FAULTS = (
@@ -179,6 +184,9 @@ class SimConfig:
     phases: str | None = None
     # The jobs that wait besides the workload's (see CHAINS_FROM); None: seeds from CHAINS_FROM on.
     chains: bool | None = None
+    # Payloads of their own and a payload horizon of seconds (see PAYLOADS_FROM); None: seeds from
+    # PAYLOADS_FROM on.
+    payloads: bool | None = None
 
 
 @dataclass
@@ -286,6 +294,8 @@ class Sim:
         self.receivers = Receivers(self.world, random.Random(self.rng.random()))
         self.receivers.db = self.db
         self.chains = cfg.chains if cfg.chains is not None else cfg.seed >= CHAINS_FROM
+        payloads = cfg.payloads if cfg.payloads is not None else cfg.seed >= PAYLOADS_FROM
+        self.payload_rng = random.Random(f"payloads/{cfg.seed}") if payloads else None
         self.waiting: set[str] = set()  # the jobs of the chains' workload (_waiting_jobs)
         # the timings of the seeds that do not draw them (validated with the drawn ones: accepted)
         fixed: dict[str, Any] = {
@@ -312,6 +322,9 @@ class Sim:
         )
         if cfg.tick is not None:
             self.settings = self.settings.model_copy(update={"timer_tick_seconds": cfg.tick})
+        if self.payload_rng is not None:
+            horizon = round(self.payload_rng.uniform(0.5, 8.0), 1)
+            self.settings = self.settings.model_copy(update={"payload_horizon_seconds": horizon})
         self.phased = cfg.phased if cfg.phased is not None else (cfg.seed // 10) % 2 == 1
         if cfg.backlog is not None:
             self.backlog = cfg.backlog
@@ -401,6 +414,10 @@ class Sim:
             self._phase(self.cfg.phases)
         if self.chains:
             self._waiting_jobs()
+        if self.payload_rng is not None:
+            for job_id, plan in self.jobs.items():
+                pad = self.payload_rng.randbytes(self.payload_rng.randint(50, 200)).hex()
+                plan.doc["payload"] = {"job": job_id, "pad": pad}
         for job_id, plan in self.jobs.items():
             self.db.put_job(job_id, **plan.doc)
             plan.created.append(self.world.now)
