@@ -420,16 +420,23 @@ def _rss_mb() -> float:
 
 def _measure_load(url: str) -> dict[str, float]:
     """In a fresh process: the node's load of every slot (streamed and decoded, the jobs kept with
-    what each still owes until the node is ready, then installed in a firer), and the resident
-    memory it leaves per job over the process's own."""
+    what each still owes until the node is ready, then installed in a firer, at the product's
+    payload horizon), and the resident memory it leaves per job over the process's own."""
     from cronman.model.hashing import SLOTS
+    from cronman.settings import Settings
     from cronman.store.store import make_engine
+    from scheduler_node.jobs import ALWAYS_KEPT_BYTES
     from scheduler_node.store import PgNodeStore
 
     engine = make_engine(url, pool_size=1)
     executor = ThreadPoolExecutor(1)
     now = int(time.time() * 1000)
     firer, decoder = _installer(now)
+    # with the product's payload horizon: payloads of jobs due past it left out (scheduler_node.payloads)
+    horizon_s = Settings.model_fields["payload_horizon_seconds"].default
+    if horizon_s > 0:
+        firer.table.keep_until = now + int(horizon_s * 1000)
+        decoder.payload_limit = ALWAYS_KEPT_BYTES
     store = PgNodeStore(engine, executor)
     gc.collect()
     base = _rss_mb()

@@ -19,10 +19,11 @@ percent of the payloads, where the payload was most of what a job cost a node's 
   is tried again; one that finds the job deleted (or created again) cancels the execution.
 
 So a PostgreSQL outage shorter than the horizon, less one pass, delays no occurrence: everything
-due in that time was read before it began. A longer one delays the occurrences due after that
-(they wait for PostgreSQL, and are delivered, late, when it is back), where every payload held in
-memory kept them firing: the price of the memory. ``payload_horizon_seconds=0`` keeps every payload
-in memory.
+due in that time was read before it began (after a load, once the read-ahead has reached the
+horizon, soonest due first, over ten passes: see PayloadReader.wake). A longer one delays the
+occurrences due after that (they wait for PostgreSQL, and are delivered, late, when it is back),
+where every payload held in memory kept them firing: the price of the memory.
+``payload_horizon_seconds=0`` keeps every payload in memory.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ class PayloadReader:
         self.horizon_ms = horizon_ms
         self.metrics = metrics
         self.every_s = pass_seconds(horizon_ms)
+        # How far ahead a pass reads: the horizon, reached step by step after a load (see wake)
+        self.step_ms = min(horizon_ms, int(2000 * self.every_s))
+        self.reach_ms = self.step_ms
         self._ahead = metrics.payloads_read.labels("ahead")
         self._needed = metrics.payloads_read.labels("needed")
         self._wake = asyncio.Event()
@@ -77,7 +81,12 @@ class PayloadReader:
         self._left: list[OwnedJob] = []  # taken for a read that failed
 
     def wake(self) -> None:
-        """Read ahead soon (jobs were loaded)."""
+        """Read ahead soon: jobs were loaded, each without its payload. What they need is read
+        over the next passes, soonest due first, a pass reaching a step further than the last
+        (2 passes' worth, up to the horizon): a node starting with millions of jobs read 6 % of
+        them at once (400,000 payloads a node at 10M jobs), a burst of PostgreSQL's and the node's
+        CPU that made every occurrence of the next minute late on a busy machine."""
+        self.reach_ms = self.step_ms
         self._wake.set()
 
     async def read(self, job_ids: Sequence[str]) -> dict[str, PayloadRow]:
@@ -111,8 +120,10 @@ class PayloadReader:
     async def ahead(self) -> int:
         """One pass: the jobs next due within the horizon that have no payload get theirs (those
         scheduled since the last pass, and any a failed read left); how many did."""
-        until = self.clock() + self.horizon_ms
-        self.table.keep_until = until
+        now = self.clock()
+        self.table.keep_until = now + self.horizon_ms
+        until = now + self.reach_ms
+        self.reach_ms = min(self.horizon_ms, self.reach_ms + self.step_ms)
         kept = 0
         for _ in range(PASS_MOST // READ_BATCH):
             chunk = self._left or self.table.unread_by(until, READ_BATCH)

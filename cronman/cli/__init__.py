@@ -479,7 +479,8 @@ def _add_sim_parser(sub: Any) -> None:
         "--start",
         type=int,
         default=7_500_001,
-        help="the first seed (default 7500001: seeds from 7500000 on draw the nodes' timings)",
+        help="the first seed (default 7500001: seeds from 7500000 on draw the nodes' timings; from 9000000 on they"
+        " add jobs that wait, from 9500000 on payloads out of memory: docs/architecture.md, the simulation)",
     )
     s.add_argument("--seed", type=int, default=None, help="run this one seed only")
     s.add_argument(
