@@ -180,7 +180,7 @@ class Deliveries:
             self.host.cancel(e, "the job was deleted: its payload is gone")
             return True
         self._missing.pop(e, None)
-        self.payloads.keep(e.job, row)
+        self.payloads.keep(e.job, row, needed=True)
         e.payload = row.payload
         self._admit(e)
         return True

@@ -37,7 +37,7 @@ from scheduler_node.aio import wait_event
 from scheduler_node.jobs import OwnedJob
 from scheduler_node.metrics import NodeMetrics
 from scheduler_node.store.port import PayloadRow
-from scheduler_node.timetable import PLACE_BITS, Timetable
+from scheduler_node.timetable import PLACE, PLACE_BITS, Timetable
 
 log = logging.getLogger("cronman.node")
 
@@ -103,9 +103,11 @@ class PayloadReader:
             self.metrics.payload_read_failures.inc()
             raise
 
-    def keep(self, job: OwnedJob, row: PayloadRow | None) -> bool:
+    def keep(self, job: OwnedJob, row: PayloadRow | None, needed: bool = False) -> bool:
         """``row``, read for ``job``, becomes its payload if ``job`` is still the table's at that
-        version and has none."""
+        version and has none; one ``needed`` by an execution (a manual trigger of a job due
+        tomorrow) only if the job is due within the horizon: else the job would hold it until its
+        next occurrence."""
         if (
             row is None
             or job.payload is not None
@@ -113,6 +115,8 @@ class PayloadReader:
             or row.incarnation != job.incarnation
             or self.table.jobs.get(job.id) is not job
         ):
+            return False
+        if needed and (job.key is None or job.key <= PLACE or job.key >> PLACE_BITS > self.table.keep_until):
             return False
         job.payload = row.payload
         return True

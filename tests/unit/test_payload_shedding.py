@@ -117,3 +117,19 @@ def test_a_payload_read_applies_only_to_the_job_at_the_version_it_was_read_for()
     assert reader.keep(job, PayloadRow(3, 0, LONG))
     assert job.payload == LONG
     assert not reader.keep(job, PayloadRow(3, 0, b"other")), "a job with its payload keeps it"
+
+
+def test_a_payload_an_execution_needed_stays_only_with_a_job_due_within_the_horizon() -> None:
+    table = Timetable()
+    table.keep_until = 10_000
+    reader = PayloadReader(table=table, read=None, clock=lambda: 0, horizon_ms=10_000, metrics=NodeMetrics("n"))  # type: ignore[arg-type]
+    soon, later, never = _job("soon", None), _job("later", None), _job("never", None)
+    for job, when in ((soon, 5_000), (later, 50_000), (never, None)):
+        table.jobs[job.id] = job
+        table.schedule(job, table.place(job, None), when)
+    row = PayloadRow(1, 0, LONG)
+    assert reader.keep(soon, row, needed=True) and soon.payload == LONG
+    assert not reader.keep(later, row, needed=True), "a manual trigger of a job due past the horizon"
+    assert not reader.keep(never, row, needed=True), "a job with nothing pending"
+    assert later.payload is None and never.payload is None
+    assert reader.keep(later, row), "(read ahead: the caller read it for its time)"
