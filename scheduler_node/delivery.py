@@ -147,6 +147,10 @@ class Deliveries:
                 metrics.waiting_for_payload.set(len(self.needing))
                 batch, self.needing = self.needing[:READ_BATCH], self.needing[READ_BATCH:]
                 live = [e for e in batch if e.stage is Stage.WAITING and not e.superseded]
+                if len(live) < len(batch) and self._missing:
+                    for e in batch:
+                        if e.stage is not Stage.WAITING or e.superseded:
+                            self._missing.pop(e, None)  # (left meanwhile: handed over, cancelled)
                 if not live:
                     continue
                 try:
