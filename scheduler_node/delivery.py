@@ -163,7 +163,7 @@ class Deliveries:
                 delay = 0.05
                 again = [e for e in live if not self._read_for(e, rows.get(e.job.id))]
                 if again:
-                    self.spawn_later(again)
+                    self._read_again_later(again)
         finally:
             self._reading = False
             metrics.waiting_for_payload.set(len(self.needing))
@@ -189,7 +189,7 @@ class Deliveries:
         self._admit(e)
         return True
 
-    def spawn_later(self, executions: list[Execution]) -> None:
+    def _read_again_later(self, executions: list[Execution]) -> None:
         """Read these executions' payloads again in a while."""
         assert self.spawn is not None
 
@@ -335,7 +335,6 @@ class Deliveries:
         job = e.job
         payload = e.payload if e.payload is not None else job.payload
         if payload is None:  # (its job was replaced by one without, after the payload was read)
-            e.payload = None
             raise TransientError("the job's payload was not read yet; the attempt is retried")
         secrets = self.secrets(job.namespace)
         signature = signing.sign(secrets, payload, now_ms // 1000) if secrets else None

@@ -130,9 +130,11 @@ class PayloadReader:
         self.reach_ms = min(self.horizon_ms, self.reach_ms + self.step_ms)
         kept = 0
         for _ in range(PASS_MOST // READ_BATCH):
-            chunk = self._left or self.table.unread_by(until, READ_BATCH)
-            self._left = []
-            chunk = [j for j in chunk if j.payload is None and self.table.jobs.get(j.id) is j]
+            if self._left:  # (what a failed read took: still wanting?)
+                chunk = [j for j in self._left if j.payload is None and self.table.jobs.get(j.id) is j]
+                self._left = []
+            else:
+                chunk = self.table.unread_by(until, READ_BATCH)
             if not chunk:
                 if self.table.unread and self.table.unread[0] >> PLACE_BITS <= until:
                     continue

@@ -115,7 +115,8 @@ class Timetable:
         """``job``'s next occurrence, at ``place``, is at ``when`` (None: it has none)."""
         if when is None:
             job.key = place
-            _drop_payload(job)
+            if self.keep_until < KEEP_ALL:  # (nothing pending: read again if a trigger needs it)
+                _drop_payload(job)
         else:
             job.key = when << PLACE_BITS | place
             heapq.heappush(self.fires, job.key)

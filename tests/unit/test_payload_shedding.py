@@ -104,6 +104,22 @@ def test_an_execution_keeps_the_payload_its_job_had_when_it_was_made() -> None:
     assert Execution.of(job, 5000).payload is None  # (one made now reads it before it is sent)
 
 
+def test_with_every_payload_kept_a_job_with_nothing_pending_keeps_its_payload() -> None:
+    """payload_horizon_seconds=0: nothing reads a payload again, so none may be let go (a manual
+    trigger of a one-off job that already fired would have nothing to send)."""
+    table = Timetable()
+    job = _job("once", LONG)
+    table.jobs["once"] = job
+    place = table.place(job, None)
+    table.schedule(job, place, 10**12)
+    table.schedule(job, place, None)
+    assert job.payload == LONG and not table.unread
+    table.keep_until = 1000
+    table.schedule(job, place, None)
+    assert job.payload is None, "with a horizon, a job with nothing pending lets it go"
+    assert not table.unread, "(and waits for no read ahead: it has no time)"
+
+
 def test_a_payload_read_applies_only_to_the_job_at_the_version_it_was_read_for() -> None:
     table = Timetable()
     reader = PayloadReader(table=table, read=None, clock=lambda: 0, horizon_ms=1000, metrics=NodeMetrics("n"))  # type: ignore[arg-type]
