@@ -12,6 +12,7 @@ import sqlalchemy.exc
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from api.json_provider import FastJSONProvider
 from api.metrics import init_app as init_metrics
 from api.metrics import note_error
 from cronman.errors import CronmanError
@@ -105,15 +106,18 @@ def _error(status: int, code: str, message: str, field: str | None = None):  # t
 def create_app(settings: Settings | None = None) -> Flask:
     settings = settings or load_settings()
     app = Flask("cronman")
+    app.json = FastJSONProvider(app)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    app.json.sort_keys = False  # type: ignore[attr-defined]
-    app.json.compact = True  # type: ignore[attr-defined]
     engine = make_engine(settings.database_url, pre_ping=False)
     client = sync_client(settings, timeout=2.0)
     keys = Keys(settings.redis_prefix)
     notifier = ChangeNotifier(client, keys.changes_channel)
     app.extensions["cronman"] = Services(
-        settings, JobStore(engine, quota=settings.quota_jobs_per_namespace), client, keys, notifier
+        settings,
+        JobStore(engine, quota=settings.quota_jobs_per_namespace, prepare=settings.database_prepared_statements),
+        client,
+        keys,
+        notifier,
     )
 
     from api.backfills import bp as backfills_bp

@@ -29,6 +29,10 @@ class Settings(BaseSettings):
 
     # Stores
     database_url: str = "postgresql://postgres@127.0.0.1:5432/cronman"
+    # The API's busiest statement (a create) prepared once per database session. Off behind a
+    # pooler in transaction mode (PgBouncer's pool_mode=transaction), which moves sessions between
+    # clients (cronman.store.prepared).
+    database_prepared_statements: bool = True
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "cronman:"
 

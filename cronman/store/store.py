@@ -49,6 +49,7 @@ from cronman.store.calendar_store import missing_calendars, unknown_calendar
 from cronman.store.db import async_runs, execution_upstreams, job_triggers, jobs, namespace_usage, scheduled_jobs
 from cronman.store.health import paused_by
 from cronman.store.pgurl import sqlalchemy_url
+from cronman.store.prepared import Prepared
 from cronman.store.throttles import missing_policies, unknown_throttle
 
 _NEXT_VERSION: ColumnElement[int] = literal_column("nextval('jobs_version_seq')")
@@ -116,7 +117,9 @@ def make_engine(
     )
 
 
-def _first_row_alone(engine: Engine, sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
+def _first_row_alone(
+    engine: Engine, sql: str, params: Mapping[str, Any], prepared: Prepared | None = None
+) -> tuple[Any, ...] | None:
     """The first row of one statement that commits by itself, sent through the DBAPI connection of
     one of ``engine``'s pooled connections, switched to autocommit for it (as SQLAlchemy's pre-ping
     does). SQLAlchemy's ``execution_options(isolation_level="AUTOCOMMIT")`` did the same through
@@ -125,7 +128,8 @@ def _first_row_alone(engine: Engine, sql: str, params: Mapping[str, Any]) -> tup
     isolation level again, which psycopg2 sends as a ``SET`` (a round trip a create). The values
     are the driver's, as ``exec_driver_sql`` returns them; an error is raised as it raises it
     (``sqlalchemy.exc.OperationalError`` for a lost server, which the API answers with 503), and a
-    lost connection marks the pool's as stale, as SQLAlchemy's connections do."""
+    lost connection marks the pool's as stale, as SQLAlchemy's connections do. ``prepared``: the
+    same statement, executed prepared when the session may (:mod:`cronman.store.prepared`)."""
     dbapi_error = engine.dialect.loaded_dbapi.Error
     fairy = engine.raw_connection()
     dbapi_connection: Any = fairy.dbapi_connection  # (psycopg2's: checked out, never None)
@@ -136,7 +140,8 @@ def _first_row_alone(engine: Engine, sql: str, params: Mapping[str, Any]) -> tup
         try:
             cursor = dbapi_connection.cursor()
             try:
-                cursor.execute(sql, params)
+                if prepared is None or not prepared.execute(cursor, fairy.info, params):
+                    cursor.execute(sql, params)
                 return cursor.fetchone()  # type: ignore[no-any-return]
             finally:
                 cursor.close()
@@ -691,10 +696,14 @@ class JobStore:
     A store made with :meth:`bound` runs inside the caller's transaction instead of its own (the
     command queue applies a command and records it as applied in one transaction)."""
 
-    def __init__(self, engine: Engine, conn: Connection | None = None, *, quota: int | None = None) -> None:
+    def __init__(
+        self, engine: Engine, conn: Connection | None = None, *, quota: int | None = None, prepare: bool = False
+    ) -> None:
         self.engine = engine
         self._conn = conn
         self.quota = quota  # live jobs per namespace (None: no limit)
+        # The single create's statement, prepared per session (settings.database_prepared_statements).
+        self._create = Prepared("create", _CREATE_SQL) if prepare else None
 
     def bound(self, conn: Connection) -> JobStore:
         return JobStore(self.engine, conn, quota=self.quota)
@@ -749,7 +758,7 @@ class JobStore:
         edges = dependencies.edges_of(spec)
         if self._conn is None and not (spec.calendars or edges) and spec.throttle is None:
             # Nothing to check first: the statement alone.
-            found = _first_row_alone(self.engine, _CREATE_SQL, params)
+            found = _first_row_alone(self.engine, _CREATE_SQL, params, self._create)
             if found is None and self.quota is not None:
                 with self._connect() as conn:
                     if not _live_id(conn, job_id):

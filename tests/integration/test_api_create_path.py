@@ -11,6 +11,9 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import text
 
+from api import create_app
+from tests.clients import keyed
+from tests.conftest import ADMIN_KEY
 from tests.integration.conftest import count
 
 JOB: dict[str, Any] = {
@@ -66,3 +69,61 @@ def test_the_connection_goes_back_to_the_pool_out_of_autocommit(client: FlaskCli
         raise RuntimeError("abandoned")
     assert client.get("/v1/jobs/a").status_code == 200
     assert create(client, "a").status_code == 409  # the same statement, the live job's conflict
+
+
+def _prepared_on_pooled_session(engine) -> list[tuple[str, int]]:  # type: ignore[no-untyped-def]
+    """The statements prepared on the API's pooled session (it has one: requests come one at a time)
+    and how often each was executed."""
+    assert engine.pool.checkedin() == 1
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT name, generic_plans + custom_plans FROM pg_prepared_statements ORDER BY name")
+        ).all()
+    return [(name, int(n)) for name, n in rows]
+
+
+def test_the_create_is_prepared_once_per_session_and_then_only_executed(client: FlaskClient, app, db) -> None:  # type: ignore[no-untyped-def]
+    store = app.extensions["cronman"].store
+    assert app.extensions["cronman"].settings.database_prepared_statements  # (the default)
+    for n in range(4):
+        assert create(client, f"p{n}").status_code == 201
+    # The statement's name carries its text's hash; it ran four times on the one session.
+    assert _prepared_on_pooled_session(store.engine) == [(store._create.name, 4)]
+    assert store._create.name.startswith("cronman_create_")
+    assert count(db, "SELECT count(*) FROM jobs WHERE id LIKE 'p%'") == 4
+    assert count(db, "SELECT count(*) FROM job_events WHERE action = 'create'") == 4
+    # Its answers are the text statement's: here a conflict (tests/features/test_quotas.py: the quota).
+    assert create(client, "p0").status_code == 409
+
+
+def test_a_session_that_lost_the_statement_gets_the_text_and_preparing_stops(  # type: ignore[no-untyped-def]
+    client: FlaskClient, app, db, caplog
+) -> None:
+    # What a pooler in transaction mode does to a client: the next session it hands over has not
+    # seen the PREPARE. Here the session forgets it (DEALLOCATE), which looks the same to the API.
+    store = app.extensions["cronman"].store
+    assert create(client, "q0").status_code == 201
+    with store.engine.connect() as conn:
+        conn.execute(text("DEALLOCATE ALL"))
+        conn.commit()
+    with caplog.at_level("WARNING", logger="cronman.store.prepared"):
+        assert create(client, "q1").status_code == 201  # sent as text: nothing lost, nothing doubled
+    assert "CRONMAN_DATABASE_PREPARED_STATEMENTS=false" in caplog.text
+    assert not store._create.on
+    assert create(client, "q2").status_code == 201
+    assert _prepared_on_pooled_session(store.engine) == []  # never prepared again
+    assert count(db, "SELECT count(*) FROM jobs WHERE id LIKE 'q%'") == 3
+    assert count(db, "SELECT count(*) FROM job_events WHERE action = 'create'") == 3
+
+
+def test_with_preparing_off_the_create_is_sent_as_text(settings, db) -> None:  # type: ignore[no-untyped-def]
+    app = create_app(settings.model_copy(update={"database_prepared_statements": False}))
+    client = keyed(app, ADMIN_KEY)
+    try:
+        assert app.extensions["cronman"].store._create is None
+        for n in range(2):
+            assert create(client, f"t{n}").status_code == 201
+        assert _prepared_on_pooled_session(app.extensions["cronman"].store.engine) == []
+        assert count(db, "SELECT count(*) FROM jobs WHERE id LIKE 't%'") == 2
+    finally:
+        app.extensions["cronman"].store.engine.dispose()
