@@ -7,6 +7,7 @@ Context travels in ``extra`` fields. Values under keys that look like credential
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -14,14 +15,18 @@ import sys
 import time
 from typing import Any
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+import orjson
+
+_STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 REDACTED = "[redacted]"
 _SENSITIVE = re.compile(r"authori[sz]ation|token|secret|passw(or)?d|api[_-]?key|headers|cookie|credential", re.I)
 _MAX_DEPTH = 8
 
 
+@functools.lru_cache(maxsize=4096)
 def is_sensitive(key: str) -> bool:
+    # (cached: the keys of log calls are few, and the API writes a line per request)
     return bool(_SENSITIVE.search(key))
 
 
@@ -54,10 +59,41 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+_second: tuple[int, str] = (-1, "")
+
+
+def _timestamp(created: float, msecs: float) -> str:
+    """``created`` as ``2026-11-29T17:22:31.123Z``; the second's text is kept for the next line."""
+    global _second
+    second = int(created)
+    cached = _second
+    if cached[0] != second:
+        cached = _second = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+    return f"{cached[1]}.{int(msecs):03d}Z"
+
+
+# Times and dataclasses as their str(), as json.dumps(default=str) writes them (orjson has its own forms).
+_AS_STR = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+
+
+def _json_line(doc: dict[str, object]) -> str:
+    """``doc`` as one compact line of JSON, ASCII only (text beyond it as ``\\u`` escapes), values
+    JSON has no type for as their ``str``. orjson writes the usual line in a third of the standard
+    library's time; what it cannot write so (an integer beyond 64 bits, a key that is not a string,
+    text beyond ASCII) goes through ``json.dumps``."""
+    try:
+        line = orjson.dumps(doc, default=str, option=_AS_STR)
+    except TypeError:
+        line = b"\x80"  # (not ASCII: written below)
+    if not line.isascii():
+        return json.dumps(doc, default=str, separators=(",", ":"))
+    return line.decode("ascii")
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, object] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": _timestamp(record.created, record.msecs),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -66,7 +102,7 @@ class JsonFormatter(logging.Formatter):
             doc[key] = value
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
+        return _json_line(doc)
 
 
 QUIET_LOGGERS = ("botocore", "boto3", "urllib3", "aiohttp.access", "gunicorn.access")

@@ -120,3 +120,36 @@ def test_gunicorn_logconfig_writes_redacted_json(capsys: pytest.CaptureFixture[s
     assert {"logger": "gunicorn.error", "msg": "Booting worker with pid: 42"}.items() <= docs[0].items()
     assert docs[1]["logger"] == "cronman.api" and docs[1]["api_key"] == REDACTED
     assert len(docs) == 2
+
+
+def test_every_line_is_ascii_json_whatever_its_values(captured: tuple[logging.Logger, io.StringIO]) -> None:
+    # The usual line goes through orjson; what it cannot write as the standard library does goes
+    # through json.dumps. Either way: one line, ASCII only, the values as given.
+    import datetime
+    import time
+
+    logger, stream = captured
+    odd: list[dict[str, object]] = [
+        {"text": "zürich ☃ \u2028 \ud800"},  # beyond ASCII, a line separator, a lone surrogate
+        {"big": 2**70, "neg": -(2**64)},  # beyond orjson's 64 bits
+        {"keyed": {1: "one", None: "none"}},  # keys that are not strings
+        {"when": datetime.datetime(2026, 11, 29, tzinfo=datetime.UTC), "obj": object()},  # str() of them
+        {"nan": float("nan")},
+    ]
+    for extra in odd:
+        logger.info("odd", extra=extra)
+    raw = stream.getvalue().splitlines()
+    assert len(raw) == len(odd) and all(line.isascii() for line in raw)
+    got = [json.loads(line) for line in raw]
+    assert got[0]["text"] == "zürich ☃ \u2028 \ud800"
+    assert (got[1]["big"], got[1]["neg"]) == (2**70, -(2**64))
+    assert got[2]["keyed"] == {"1": "one", "null": "none"}
+    assert got[3]["when"] == "2026-11-29 00:00:00+00:00" and str(got[3]["obj"]).startswith("<object object")
+    assert got[4]["nan"] is None or got[4]["nan"] != got[4]["nan"]  # (null, or NaN as json.dumps writes it)
+    # The time stamp, kept per second, is the record's own, to the millisecond.
+    record = logging.LogRecord("x", logging.INFO, "", 0, "m", (), None)
+    for created in (record.created, record.created + 1.5, record.created + 86_400.25):
+        record.created, record.msecs = created, (created - int(created)) * 1000
+        ts = json.loads(JsonFormatter().format(record))["ts"]
+        expected = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(record.msecs):03d}Z"
+        assert ts == expected
