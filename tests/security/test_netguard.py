@@ -160,3 +160,30 @@ def test_literal_addresses_are_judged_before_connecting() -> None:
             await dev.address(Origin("http", "169.254.169.254", 80))
 
     asyncio.run(run())
+
+
+def test_a_urls_kept_verdict_is_its_policys() -> None:
+    # check_url keeps the verdict on a URL that needs no lookup (cronman.model.targets._verdict);
+    # the same URL under another policy, and again under the first, is judged by each policy.
+    from cronman.errors import InvalidInput
+    from cronman.model.targets import check_url
+    from cronman.settings import Settings
+
+    strict, dev = Settings(dev_mode=False), Settings(dev_mode=True)
+    listed = Settings(dev_mode=False, callback_allowlist="10.1.0.0/16")
+    assert _rules_allow("http://127.0.0.1:9/x", dev) and not _rules_allow("http://127.0.0.1:9/x", strict)
+    assert _rules_allow("http://10.1.2.3/x", listed) and not _rules_allow("http://10.1.2.3/x", strict)
+    for _ in range(2):
+        for url in ("http://127.0.0.1:9/x", "http://10.1.2.3/x", "http://169.254.169.254/latest"):
+            for s in (strict, dev, listed):
+                expected = _rules_allow(url, s)
+                if expected:
+                    check_url(url, s)
+                else:
+                    with pytest.raises(InvalidInput):
+                        check_url(url, s)
+
+
+def _rules_allow(url: str, settings) -> bool:  # type: ignore[no-untyped-def]
+    """The verdict without the cache: the policy judges the URL itself."""
+    return CallbackPolicy(settings.dev_mode, settings.allowlist).refusal(url) is None
