@@ -223,12 +223,14 @@ def document_of(spec: JobSpec, job_id: str) -> dict[str, Any]:
     return doc | _labels_doc(v["labels"])
 
 
-_RETURNED = ", ".join(c.name for c in _RETURNING)
-# (a created job's row is read as JobRecord(*row): the same columns in the same order)
+# (a job's row is read as a JobRecord: the same columns in the same order)
 assert tuple(c.name for c in _RETURNING) == JobRecord.__slots__
 # The jobs quota in the same statement: the namespace's count is read under its row's lock (the
 # latest committed value; the statement's trigger adds this job to it before the lock goes), so
 # concurrent creates of one namespace cannot pass the quota together.
+# What a create reads back: the columns the server sets. The rest of the record is what was sent
+# (no trigger changes a job's row), so the JSON columns are not decoded again.
+_CREATED = "version, created_at, updated_at, incarnation"
 _CREATE_SQL = f"""
 WITH usage AS (
     SELECT jobs FROM namespace_usage WHERE namespace = %(namespace)s FOR UPDATE
@@ -247,14 +249,14 @@ WITH usage AS (
         created_at = EXCLUDED.created_at, updated_at = EXCLUDED.updated_at, deleted_at = NULL,
         incarnation = EXCLUDED.incarnation, paused_reason = NULL
     WHERE jobs.deleted_at IS NOT NULL
-    RETURNING {_RETURNED}
+    RETURNING id, namespace, {_CREATED}
 ), event AS (
     INSERT INTO job_events (job_id, namespace, action, actor, detail)
     SELECT id, namespace, %(action)s, %(actor)s, %(detail)s::jsonb FROM created
 ), deps AS (
     DELETE FROM job_dependencies d USING created WHERE d.namespace = created.namespace AND d.downstream = created.id
 )
-SELECT {_RETURNED} FROM created
+SELECT {_CREATED} FROM created
 """
 
 
@@ -763,7 +765,6 @@ class JobStore:
                 with self._connect() as conn:
                     if not _live_id(conn, job_id):
                         raise _over_quota(namespace, _usage(conn, namespace), self.quota)
-            record = None if found is None else JobRecord(*found)
         else:
             with self._begin() if spec.calendars or edges else self._single_statement() as conn:
                 _require_throttle(conn, spec, namespace)
@@ -772,15 +773,31 @@ class JobStore:
                     raise refused[0]
                 if edges:
                     dependencies.guard(conn, namespace, job_id, edges)
-                row = conn.exec_driver_sql(_CREATE_SQL, params).mappings().first()
+                row = conn.exec_driver_sql(_CREATE_SQL, params).first()
                 if row is None and self.quota is not None and not _live_id(conn, job_id):
                     raise _over_quota(namespace, _usage(conn, namespace), self.quota)
                 if row is not None and edges:
                     dependencies.replace(conn, namespace, job_id, edges)
-            record = None if row is None else JobRecord.from_row(row)
-        if record is None:  # a live job has this id: a tombstoned one would have been revived
+            found = None if row is None else tuple(row)
+        if found is None:  # a live job has this id: a tombstoned one would have been revived
             raise Conflict(f"a job with id {job_id!r} already exists", field="id")
-        return record
+        version, created_at, updated_at, incarnation = found
+        return JobRecord(
+            job_id,
+            namespace,
+            v["name"],
+            v["schedule"],
+            v["target"],
+            v["payload"],
+            v["retry"],
+            v["paused"],
+            version,
+            created_at,
+            updated_at,
+            v["options"],
+            incarnation,
+            v["labels"],
+        )
 
     def put(
         self, spec: JobSpec, job_id: str, namespace: str | None = "default", actor: Actor = NOBODY
