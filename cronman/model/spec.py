@@ -707,9 +707,16 @@ def options_of(spec: JobSpec) -> dict[str, Any]:
     return {k: dumped[k] for k in OPTION_FIELDS if k in dumped}
 
 
+_OPTION_DEFAULT_ITEMS = tuple(OPTION_DEFAULTS.model_dump(mode="json").items())
+
+
 def options_with_defaults(stored: dict[str, Any]) -> dict[str, Any]:
     """A stored options document with every option present (jobs stored before an option existed)."""
-    return {k: stored.get(k, default) for k, default in OPTION_DEFAULTS.model_dump(mode="json").items()}
+    out = {k: stored.get(k, default) for k, default in _OPTION_DEFAULT_ITEMS}
+    for k, default in _OPTION_DEFAULT_ITEMS:
+        if out[k] is default and isinstance(default, list | dict):
+            out[k] = default.copy()  # (the caller's own: the defaults are shared)
+    return out
 
 
 _TAGS = {"cron", "interval", "once", "after", *TARGET_KINDS}
