@@ -225,12 +225,12 @@ def document_of(spec: JobSpec, job_id: str) -> dict[str, Any]:
 
 # (a job's row is read as a JobRecord: the same columns in the same order)
 assert tuple(c.name for c in _RETURNING) == JobRecord.__slots__
-# The jobs quota in the same statement: the namespace's count is read under its row's lock (the
-# latest committed value; the statement's trigger adds this job to it before the lock goes), so
-# concurrent creates of one namespace cannot pass the quota together.
 # What a create reads back: the columns the server sets. The rest of the record is what was sent
 # (no trigger changes a job's row), so the JSON columns are not decoded again.
 _CREATED = "version, created_at, updated_at, incarnation"
+# The jobs quota in the same statement: the namespace's count is read under its row's lock (the
+# latest committed value; the statement's trigger adds this job to it before the lock goes), so
+# concurrent creates of one namespace cannot pass the quota together.
 _CREATE_SQL = f"""
 WITH usage AS (
     SELECT jobs FROM namespace_usage WHERE namespace = %(namespace)s FOR UPDATE
