@@ -35,7 +35,15 @@ from sqlalchemy import exc as sqlalchemy_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from cronman.errors import Conflict, CronmanError, InvalidInput, NotFound, PreconditionFailed, QuotaExceeded
+from cronman.errors import (
+    Conflict,
+    CronmanError,
+    InvalidInput,
+    NotFound,
+    PreconditionFailed,
+    QuotaExceeded,
+    TransientError,
+)
 from cronman.model.changes import Stop
 from cronman.model.execution import Trigger, execution_id
 from cronman.model.hashing import slot_of
@@ -230,7 +238,10 @@ assert tuple(c.name for c in _RETURNING) == JobRecord.__slots__
 _CREATED = "version, created_at, updated_at, incarnation"
 # The jobs quota in the same statement: the namespace's count is read under its row's lock (the
 # latest committed value; the statement's trigger adds this job to it before the lock goes), so
-# concurrent creates of one namespace cannot pass the quota together.
+# concurrent creates of one namespace cannot pass the quota together. A namespace without a count
+# row has nothing to lock: the statement creates nothing and answers one row of NULLs, and the
+# create makes the row and sends the statement again (_count_row_made). (Counted as 0 there,
+# concurrent first creates each passed: 8 jobs under a quota of 1.)
 _CREATE_SQL = f"""
 WITH usage AS (
     SELECT jobs FROM namespace_usage WHERE namespace = %(namespace)s FOR UPDATE
@@ -240,7 +251,7 @@ WITH usage AS (
     SELECT %(id)s, %(namespace)s, %(name)s, %(schedule)s::jsonb, %(target)s::jsonb, %(payload)s, %(retry)s::jsonb,
             %(paused)s, %(options)s::jsonb, %(slot)s, nextval('jobs_version_seq'),
             pg_current_xact_id()::text::bigint, now(), now(), NULL, %(labels)s::jsonb
-    WHERE coalesce((SELECT jobs FROM usage), 0) < %(quota)s
+    WHERE (SELECT jobs FROM usage) < %(quota)s
     ON CONFLICT (id) DO UPDATE SET
         namespace = EXCLUDED.namespace, name = EXCLUDED.name, schedule = EXCLUDED.schedule,
         target = EXCLUDED.target, payload = EXCLUDED.payload, retry = EXCLUDED.retry, paused = EXCLUDED.paused,
@@ -257,6 +268,7 @@ WITH usage AS (
     DELETE FROM job_dependencies d USING created WHERE d.namespace = created.namespace AND d.downstream = created.id
 )
 SELECT {_CREATED} FROM created
+UNION ALL SELECT NULL, NULL, NULL, NULL WHERE NOT EXISTS (SELECT FROM usage)
 """
 
 
@@ -314,6 +326,20 @@ _NO_QUOTA = 2**62
 
 def _live_id(conn: Connection, job_id: str) -> bool:
     return conn.execute(select(jobs.c.id).where(_live(job_id, None))).first() is not None
+
+
+def _count_row_made(conn: Connection, namespace: str) -> None:
+    """The namespace's row of ``namespace_usage``, made (at 0) if it has none: what a create locks
+    to check the jobs quota (see _CREATE_SQL). A concurrent maker waits for this one's commit."""
+    conn.execute(
+        text("INSERT INTO namespace_usage (namespace, jobs) VALUES (:namespace, 0) ON CONFLICT DO NOTHING"),
+        {"namespace": namespace},
+    )
+
+
+def _no_count_row(row: Any) -> bool:
+    """Whether the create statement answered that the namespace has no count row (see _CREATE_SQL)."""
+    return row is not None and row[0] is None
 
 
 def _usage(conn: Connection, namespace: str) -> int:
@@ -761,6 +787,12 @@ class JobStore:
         if self._conn is None and not (spec.calendars or edges) and spec.throttle is None:
             # Nothing to check first: the statement alone.
             found = _first_row_alone(self.engine, _CREATE_SQL, params, self._create)
+            if _no_count_row(found):  # (a namespace's first create: once)
+                with self.engine.begin() as conn:
+                    _count_row_made(conn, namespace)
+                found = _first_row_alone(self.engine, _CREATE_SQL, params, self._create)
+                if _no_count_row(found):  # (the row was taken away meanwhile: the bench's TRUNCATE)
+                    raise TransientError(f"namespace {namespace!r} has no job count to check its quota; try again")
             if found is None and self.quota is not None:
                 with self._connect() as conn:
                     if not _live_id(conn, job_id):
@@ -774,6 +806,11 @@ class JobStore:
                 if edges:
                     dependencies.guard(conn, namespace, job_id, edges)
                 row = conn.exec_driver_sql(_CREATE_SQL, params).first()
+                if _no_count_row(row):  # (a namespace's first create: its row is made in this transaction)
+                    _count_row_made(conn, namespace)
+                    row = conn.exec_driver_sql(_CREATE_SQL, params).first()
+                    if _no_count_row(row):
+                        raise TransientError(f"namespace {namespace!r} has no job count to check its quota; try again")
                 if row is None and self.quota is not None and not _live_id(conn, job_id):
                     raise _over_quota(namespace, _usage(conn, namespace), self.quota)
                 if row is not None and edges:

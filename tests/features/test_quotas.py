@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -139,6 +140,34 @@ def test_concurrent_creates_do_not_pass_the_jobs_quota(make_app: Callable[..., F
         codes = [code for got in pool.map(create, range(8)) for code in got]
     assert sorted(set(codes)) == [201, 409] and codes.count(201) == 9, codes
     assert rows(engine, "SELECT count(*) FROM jobs WHERE namespace = 'team-a' AND deleted_at IS NULL")[0][0] == 10
+
+
+def test_the_first_creates_of_a_namespace_do_not_pass_the_jobs_quota(make_app: Callable[..., Flask]) -> None:
+    """A namespace's first creates, together: none has a count row to lock yet, so each found the
+    count at 0 and passed (8 jobs under a quota of 1)."""
+    app = make_app(quota_jobs_per_namespace=1)
+    engine: Engine = app.extensions["cronman"].store.engine
+    namespaces = [f"fresh-{i}" for i in range(6)]
+    clients = {ns: _clients(app, *[ns] * 8) for ns in namespaces}
+    for ns in namespaces:
+        start = threading.Barrier(8)
+
+        def create(n: int, ns: str = ns, start: threading.Barrier = start) -> int:
+            start.wait(timeout=10)
+            return int(send(clients[ns][n], "post", "/v1/jobs", _job(f"{ns}-{n}")).status_code)
+
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(create, range(8)))
+        assert sorted(codes) == [201] + [409] * 7, (ns, codes)
+    counts = [
+        tuple(r)
+        for r in rows(engine, "SELECT namespace, count(*) FROM jobs WHERE namespace LIKE 'fresh-%' GROUP BY 1 ORDER BY 1")
+    ]
+    assert counts == [(ns, 1) for ns in namespaces], counts
+    usage = [
+        tuple(r) for r in rows(engine, "SELECT namespace, jobs FROM namespace_usage WHERE namespace LIKE 'fresh-%' ORDER BY 1")
+    ]
+    assert usage == [(ns, 1) for ns in namespaces], usage
 
 
 def _minute(offset_minutes: int) -> str:
