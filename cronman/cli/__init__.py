@@ -188,6 +188,8 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                 "async_runs_purged": report.async_runs_purged,
                 "upstreams_purged": report.upstreams_purged,
                 "dependencies_purged": report.dependencies_purged,
+                "waits_purged": report.waits_purged,
+                "last_successes_purged": report.last_successes_purged,
             }
         )
     )

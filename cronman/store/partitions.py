@@ -89,6 +89,8 @@ class MaintenanceReport:
     upstreams_purged: int = 0
     deadline_misses_purged: int = 0
     dependencies_purged: int = 0
+    waits_purged: int = 0
+    last_successes_purged: int = 0
 
 
 def maintain(
@@ -130,7 +132,8 @@ def purge_dependencies_and_async(conn: Connection, retention_days: int, report: 
     """What goes with the execution history: asynchronous work's rows, the upstream executions an
     execution followed and the recorded deadline misses, older than the retention; and the
     dependency rows of jobs that are no longer live (deleted by the scheduler once completed, or
-    whose id now lives in another namespace: every write through the API keeps them itself)."""
+    whose id now lives in another namespace: every write through the API keeps them itself), with
+    the waits and latest successes that no dependency needs any more."""
     cutoff = {"days": retention_days}
     report.async_runs_purged = conn.execute(
         text(
@@ -152,6 +155,24 @@ def purge_dependencies_and_async(conn: Connection, retention_days: int, report: 
         text(
             "DELETE FROM job_dependencies d WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = d.downstream "
             "AND j.namespace = d.namespace AND j.deleted_at IS NULL)"
+        )
+    ).rowcount
+    # Then what the nodes keep for dependencies no job has any more: an ``after`` job's wait once it
+    # waits for nothing (deleted, or replaced by a job of another schedule; a job created again
+    # under its id starts afresh, as a new job), and the latest success of a job no job depends
+    # on (written only while one does: kept, a namespace that creates and deletes jobs grew them
+    # without end). A job's write and its edges' are one transaction: a replaced job never shows
+    # a moment without its edges.
+    report.waits_purged = conn.execute(
+        text(
+            "DELETE FROM after_waits w WHERE NOT EXISTS (SELECT 1 FROM job_dependencies d "
+            "WHERE d.namespace = w.namespace AND d.downstream = w.downstream AND d.kind = 'after')"
+        )
+    ).rowcount
+    report.last_successes_purged = conn.execute(
+        text(
+            "DELETE FROM job_last_success s WHERE NOT EXISTS (SELECT 1 FROM job_dependencies d "
+            "WHERE d.namespace = s.namespace AND d.upstream = s.job_id)"
         )
     ).rowcount
 

@@ -378,16 +378,39 @@ def test_maintenance_purges_them_with_history(engine: Engine, team_a: FlaskClien
         conn.execute(
             text(
                 "INSERT INTO job_dependencies (namespace, upstream, downstream, kind, within_ms) VALUES "
-                "('team-a', 'extract', 'gone', 'require', 1000), ('team-a', 'extract', 'work', 'require', 1000)"
+                "('team-a', 'extract', 'gone', 'require', 1000), ('team-a', 'extract', 'work', 'require', 1000), "
+                "('team-a', 'load', 'work', 'after', 1000), ('team-a', 'load', 'gone', 'after', 1000)"
+            )
+        )
+        # what the nodes keep for them: the waits of after jobs, the latest successes of upstreams
+        conn.execute(
+            text(
+                "INSERT INTO after_waits (namespace, downstream) VALUES ('team-a', 'work'), ('team-a', 'gone'), "
+                "('team-b', 'work')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO job_last_success (namespace, job_id, execution_id, succeeded_at) VALUES "
+                "('team-a', 'extract', gen_random_uuid(), now()), ('team-a', 'load', gen_random_uuid(), now()), "
+                "('team-a', 'orphan', gen_random_uuid(), now()), ('team-b', 'extract', gen_random_uuid(), now())"
             )
         )
     report = run_maintenance(engine, datetime.now(UTC).date(), 45, 7, 7)
     assert (report.async_runs_purged, report.upstreams_purged, report.deadline_misses_purged) == (1, 1, 1)
-    assert report.dependencies_purged == 1
+    assert report.dependencies_purged == 2
+    # the wait of a job gone, and one in another namespace; the successes no job depends on
+    assert (report.waits_purged, report.last_successes_purged) == (2, 2)
+    assert [tuple(r) for r in rows(engine, "SELECT namespace, downstream FROM after_waits")] == [("team-a", "work")]
+    left = rows(engine, "SELECT namespace, job_id FROM job_last_success ORDER BY 1, 2")
+    assert [tuple(r) for r in left] == [("team-a", "extract"), ("team-a", "load")]
     for table in ("async_runs", "execution_upstreams", "deadline_misses"):
         left = rows(engine, f"SELECT execution_id::text FROM {table}")  # noqa: S608 - a fixed table name
         assert [r[0] for r in left] == [new.execution_id], table
-    assert [tuple(r) for r in rows(engine, "SELECT downstream FROM job_dependencies")] == [("work",)]
+    assert [tuple(r) for r in rows(engine, "SELECT downstream FROM job_dependencies ORDER BY upstream")] == [
+        ("work",),
+        ("work",),
+    ]
 
 
 def test_two_ends_reported_at_once_have_one_winner(app: Flask, engine: Engine, team_a: FlaskClient) -> None:
