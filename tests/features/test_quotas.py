@@ -159,14 +159,10 @@ def test_the_first_creates_of_a_namespace_do_not_pass_the_jobs_quota(make_app: C
         with ThreadPoolExecutor(8) as pool:
             codes = list(pool.map(create, range(8)))
         assert sorted(codes) == [201] + [409] * 7, (ns, codes)
-    counts = [
-        tuple(r)
-        for r in rows(engine, "SELECT namespace, count(*) FROM jobs WHERE namespace LIKE 'fresh-%' GROUP BY 1 ORDER BY 1")
-    ]
-    assert counts == [(ns, 1) for ns in namespaces], counts
-    usage = [
-        tuple(r) for r in rows(engine, "SELECT namespace, jobs FROM namespace_usage WHERE namespace LIKE 'fresh-%' ORDER BY 1")
-    ]
+    fresh = "namespace LIKE 'fresh-%'"
+    counts = rows(engine, f"SELECT namespace, count(*) FROM jobs WHERE {fresh} GROUP BY 1 ORDER BY 1")  # noqa: S608
+    assert [tuple(r) for r in counts] == [(ns, 1) for ns in namespaces], counts
+    usage = [tuple(r) for r in rows(engine, f"SELECT namespace, jobs FROM namespace_usage WHERE {fresh} ORDER BY 1")]  # noqa: S608
     assert usage == [(ns, 1) for ns in namespaces], usage
 
 
