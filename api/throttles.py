@@ -44,7 +44,8 @@ def put_policy(name: str) -> Response:
     raw, _ = json_body()
     check_name(name)
     spec = parse_policy(raw)
-    policy, created = _store().put(target_namespace(), name, spec)
+    quota = services().settings.quota_throttles_per_namespace
+    policy, created = _store().put(target_namespace(), name, spec, quota)
     services().notify_change()
     resp = jsonify(policy_json(policy))
     resp.status_code = 201 if created else 200

@@ -160,6 +160,8 @@ class Settings(BaseSettings):
     # it may deliver; and the rate all backfills of the cluster share (fairly across namespaces).
     quota_jobs_per_namespace: int = Field(1_000_000, ge=1)
     quota_notification_rules_per_namespace: int = Field(100, ge=0, le=100_000)
+    # throttle policies: every node reads every policy every few seconds and on every change
+    quota_throttles_per_namespace: int = Field(100, ge=0, le=100_000)
     quota_backfills_per_namespace: int = Field(20, ge=0, le=100_000)
     quota_backfill_rate_per_namespace: float = Field(100.0, gt=0, le=1_000_000, allow_inf_nan=False)
     backfill_min_per_second: float = Field(0.1, gt=0, le=1000, allow_inf_nan=False)

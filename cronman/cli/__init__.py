@@ -190,6 +190,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
                 "dependencies_purged": report.dependencies_purged,
                 "waits_purged": report.waits_purged,
                 "last_successes_purged": report.last_successes_purged,
+                "secrets_purged": report.secrets_purged,
             }
         )
     )

@@ -91,6 +91,7 @@ class MaintenanceReport:
     dependencies_purged: int = 0
     waits_purged: int = 0
     last_successes_purged: int = 0
+    secrets_purged: int = 0
 
 
 def maintain(
@@ -124,6 +125,15 @@ def maintain(
         cutoff,
     ).rowcount
     report.notifications_purged, report.summaries_purged = purge_notifications(conn, notification_days)
+    # Signing secrets past a namespace's two newest never sign again (a rotation deletes them too;
+    # this is for those kept before it did).
+    report.secrets_purged = conn.execute(
+        text(
+            "DELETE FROM signing_secrets WHERE id IN (SELECT id FROM (SELECT id, row_number() OVER "
+            "(PARTITION BY namespace ORDER BY created_at DESC, id DESC) AS newer FROM signing_secrets) s "
+            "WHERE s.newer > 2)"
+        )
+    ).rowcount
     purge_dependencies_and_async(conn, retention_days, report)
     return report
 

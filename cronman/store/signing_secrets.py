@@ -3,7 +3,9 @@
 A rotation adds a new secret, which signs from then on; the one before it keeps signing too for a
 day after the rotation, so receivers can move to the new secret without refusing a delivery. The
 scheduler nodes apply the same rule when they read the table (scheduler_node.feed). Secrets are
-returned once, when made; listings show only a prefix.
+returned once, when made; listings show only a prefix. A rotation deletes the namespace's secrets
+older than those two, which never sign again: every node reads the whole table every few seconds,
+and a namespace rotating in a loop grew it without end.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, literal_column, select
+from sqlalchemy import Engine, literal_column, select, text
 
 from cronman.model.namespaces import check_namespace
 from cronman.model.signing import new_secret
@@ -28,6 +30,13 @@ class ActiveSecret:
     retires_at: datetime | None  # None: the newest, signing until the next rotation
 
 
+# The namespace's secrets past its two newest (the newest signs; the one before it for a day more).
+_RETIRED = text(
+    "DELETE FROM signing_secrets WHERE namespace = :namespace AND id NOT IN (SELECT id FROM signing_secrets "
+    "WHERE namespace = :namespace ORDER BY created_at DESC, id DESC LIMIT 2)"
+)
+
+
 class SigningSecretStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -41,6 +50,7 @@ class SigningSecretStore:
         )
         with self.engine.begin() as conn:
             created_at = conn.execute(stmt).scalar_one()
+            conn.execute(_RETIRED, {"namespace": namespace})
         return secret, created_at
 
     def active(self, namespace: str) -> list[ActiveSecret]:

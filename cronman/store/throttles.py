@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import Connection, Engine, and_, literal_column, select, tuple_
+from sqlalchemy import Connection, Engine, and_, func, literal_column, select, text, tuple_
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from cronman.errors import InvalidInput, NotFound
+from cronman.errors import InvalidInput, NotFound, QuotaExceeded
 from cronman.model.spec import THROTTLE_NAME_PATTERN, invalid_input
 from cronman.store.db import throttle_policies
 
@@ -86,6 +86,26 @@ def missing_policies(conn: Connection, wanted: Iterable[tuple[str, str]]) -> set
     return pairs - {(r[0], r[1]) for r in found}
 
 
+def _check_quota(conn: Connection, namespace: str, name: str, quota: int) -> None:
+    """A new policy past the namespace's quota is refused. Creates of one namespace's policies take
+    turns (the count holds until commit); a replacement is no new policy."""
+    conn.execute(
+        text("SELECT pg_advisory_xact_lock(hashtextextended('throttle_policies:' || :ns, 0))"), {"ns": namespace}
+    )
+    t = throttle_policies.c
+    names = select(t.name).where(t.namespace == namespace)
+    if conn.execute(names.where(t.name == name)).first() is not None:
+        return
+    count = conn.execute(select(func.count()).where(t.namespace == namespace)).scalar_one()
+    if count >= quota:
+        raise QuotaExceeded(
+            f"namespace {namespace!r} has {count} throttle policies, its quota; delete one first "
+            "(the quota is CRONMAN_QUOTA_THROTTLES_PER_NAMESPACE)",
+            quota="CRONMAN_QUOTA_THROTTLES_PER_NAMESPACE",
+            field="name",
+        )
+
+
 def unknown_throttle(name: str, namespace: str) -> InvalidInput:
     return InvalidInput(
         f"throttle: namespace {namespace!r} has no throttle policy {name!r}; create it first "
@@ -99,8 +119,12 @@ class ThrottleStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def put(self, namespace: str, name: str, spec: ThrottlePolicySpec) -> tuple[ThrottlePolicy, bool]:
-        """Create or replace; returns the policy and whether it was created."""
+    def put(
+        self, namespace: str, name: str, spec: ThrottlePolicySpec, quota: int | None = None
+    ) -> tuple[ThrottlePolicy, bool]:
+        """Create or replace; returns the policy and whether it was created. A new one past the
+        namespace's ``quota`` of policies is refused: every node reads every policy every few
+        seconds, and again on every change."""
         values = {
             "namespace": namespace,
             "name": name,
@@ -117,6 +141,8 @@ class ThrottleStore:
             },
         ).returning(*_COLUMNS, literal_column("xmax = 0").label("inserted"))
         with self.engine.begin() as conn:
+            if quota is not None:
+                _check_quota(conn, namespace, name, quota)
             row = conn.execute(stmt).mappings().one()
         created = bool(row["inserted"])
         return ThrottlePolicy(**{k: v for k, v in row.items() if k != "inserted"}), created

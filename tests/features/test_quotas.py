@@ -69,6 +69,30 @@ def _job(job_id: str) -> dict[str, Any]:
     return job(job_id)
 
 
+def test_throttle_policies_per_namespace(make_app: Callable[..., Flask]) -> None:
+    """Every node reads every policy every few seconds and on every change: a namespace keeps a
+    bounded number; a replacement is no new policy, and another namespace has its own quota."""
+    app = make_app(quota_throttles_per_namespace=3)
+    engine: Engine = app.extensions["cronman"].store.engine
+    a, b = _clients(app, "team-a", "team-b")
+    policy = {"max_in_flight": 5}
+    for i in range(3):
+        assert send(a, "put", f"/v1/throttles/t{i}", policy).status_code == 201
+    _refused(send(a, "put", "/v1/throttles/t3", policy), "CRONMAN_QUOTA_THROTTLES_PER_NAMESPACE")
+    assert send(a, "put", "/v1/throttles/t0", {"max_in_flight": 9}).status_code == 200
+    assert send(b, "put", "/v1/throttles/t3", policy).status_code == 201
+    assert a.delete("/v1/throttles/t1").status_code == 204
+    assert send(a, "put", "/v1/throttles/t3", policy).status_code == 201
+    got = rows(engine, "SELECT namespace, count(*) FROM throttle_policies GROUP BY 1 ORDER BY 1")
+    assert [tuple(r) for r in got] == [("team-a", 3), ("team-b", 1)]
+
+    # concurrent creates of new policies take turns: none passes the quota
+    with ThreadPoolExecutor(8) as pool:
+        clients = _clients(app, *["team-c"] * 8)
+        codes = list(pool.map(lambda n: send(clients[n], "put", f"/v1/throttles/c{n}", policy).status_code, range(8)))
+    assert sorted(codes) == [201] * 3 + [409] * 5, codes
+
+
 def test_jobs_per_namespace(make_app: Callable[..., Flask]) -> None:
     app = make_app(quota_jobs_per_namespace=3)
     engine: Engine = app.extensions["cronman"].store.engine

@@ -15,6 +15,7 @@ from cronman.cli import main
 from cronman.dev.receiver import Receiver
 from cronman.model import signing
 from cronman.settings import Settings
+from cronman.store.partitions import run_maintenance
 from tests.features.conftest import Notifications, job, rows, send
 from tests.helpers import NodeThread, wait_for
 
@@ -54,7 +55,41 @@ def test_rotation_keeps_the_previous_secret_for_a_day(admin: FlaskClient, engine
     with engine.begin() as conn:  # a day later, the newest alone signs
         conn.execute(text("UPDATE signing_secrets SET created_at = created_at - interval '25 hours'"))
     assert [a["prefix"] for a in admin.get("/v1/signing-secrets").json["active"]] == [third["secret"][:10]]
-    assert rows(engine, "SELECT count(*) FROM signing_secrets")[0][0] == 3
+    # the first never signs again: the third's rotation deleted it
+    assert rows(engine, "SELECT count(*) FROM signing_secrets")[0][0] == 2
+
+
+def test_a_namespace_rotating_in_a_loop_keeps_two_secrets(
+    admin: FlaskClient, engine: Engine, client_for: Callable[[str], FlaskClient]
+) -> None:
+    """Every node reads the whole table every few seconds: the secrets that never sign again go
+    at the next rotation, and another namespace's stay."""
+    other = rotate(client_for("team-b"))
+    made = [rotate(admin) for _ in range(12)]
+    kept = rows(engine, "SELECT namespace, secret FROM signing_secrets ORDER BY namespace, created_at, id")
+    assert [tuple(r) for r in kept] == [
+        ("default", made[-2]["secret"]),
+        ("default", made[-1]["secret"]),
+        ("team-b", other["secret"]),
+    ]
+    active = admin.get("/v1/signing-secrets").json["active"]
+    assert [a["prefix"] for a in active] == [made[-1]["secret"][:10], made[-2]["secret"][:10]]
+
+
+def test_maintenance_deletes_secrets_that_never_sign_again(admin: FlaskClient, engine: Engine) -> None:
+    """Secrets kept before rotations deleted them: past a namespace's two newest, they go."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO signing_secrets (namespace, secret, created_at) SELECT ns, ns || '-' || n, "
+                "now() - n * interval '1 hour' FROM unnest(ARRAY['a', 'b']) AS ns, generate_series(1, 5) AS n "
+                "WHERE ns = 'a' OR n = 1"
+            )
+        )
+    report = run_maintenance(engine, datetime.now(UTC).date(), 45, 7, 7)
+    assert report.secrets_purged == 3
+    kept = rows(engine, "SELECT secret FROM signing_secrets ORDER BY namespace, created_at DESC")
+    assert [r[0] for r in kept] == ["a-1", "a-2", "b-1"]
 
 
 def test_secrets_belong_to_a_namespace(admin: FlaskClient, client_for: Callable[[str], FlaskClient]) -> None:
