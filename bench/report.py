@@ -97,6 +97,7 @@ CONTEXT = (
     ("scale.load.copy_s", "scale: COPY of the jobs (s)"),
     ("scale.settled_after_ready_s", "scale: ready to settled (s)"),
     ("scale10m.load.copy_s", "scale10m: COPY of the 10M jobs (s)"),
+    ("scale10m.caught_up_s", "scale10m: owning its share to the load's catch-up delivered (s)"),
     ("scale10m.bytes_per_owned_job", "scale10m: node RSS per owned job (bytes)"),
     ("scale10m.doubled", "scale10m: doubled"),
     ("scale10m.other_per_s", "scale10m: deliveries/s of the other jobs meanwhile"),

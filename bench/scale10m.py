@@ -11,7 +11,10 @@ The job set is what a fleet registers, not ten million copies of one document:
   measured on. The rest fire about a thousand times a second between them, as their phases fall.
 
 Figures: ``node_ready_s`` (node start to every node owning its share, the slowest node),
-``rss_mb_per_node`` (the largest resident set at that point, and settled), ``failover_refire_s``
+``rss_mb_per_node`` (the largest resident set at that point, and settled), ``caught_up_s`` (from
+then until the nodes have no late occurrence queued: what fell due while they loaded, delivered
+late; the warm-up and the window with the kill start after it, so that the failover is measured
+on a cluster that keeps up, not on one still catching up a cold start), ``failover_refire_s``
 (after SIGKILL of one node, the latest delivery of a probe occurrence due in the 15 s after the
 kill, counted from its due time or the kill, whichever is later) and ``missed`` (probe
 occurrences due in the measured window never delivered).
@@ -131,6 +134,7 @@ def run_scale10m(b: Bench) -> dict[str, Any]:
     load = copy_jobs(stack.database_url, generated, count, slots)
     b.say(f"  scale10m: loaded in {load['copy_s']}s ({load['jobs_per_s']:,.0f}/s); starting {b.i('nodes')} nodes")
     nodes, up = _start_nodes(b, slots)
+    caught_up_s = _caught_up(b, nodes)
     w = _kill_window(b, nodes, probe_schedules)
     fig, after, refire = w["fig"], w["after"], w["refire"]
     at_ready, settled_rss, shares = up["rss_mb_at_ready"], up["rss_mb_settled"], up["share"]
@@ -139,6 +143,7 @@ def run_scale10m(b: Bench) -> dict[str, Any]:
         "probes": probes,
         "node_ready_s": up["node_ready_s"],
         "readyz_s": {n.node_id: round(n.ready_after or 0.0, 2) for n in nodes},
+        "caught_up_s": caught_up_s,
         "ready_cpu": up["ready_cpu"],
         "rss_mb_per_node": max(max(at_ready.values()), max(settled_rss.values())),
         "rss_mb_at_ready": at_ready,
@@ -199,6 +204,39 @@ def _start_nodes(b: Bench, slots: dict[int, int]) -> tuple[list[Any], dict[str, 
         "rss_mb_settled": settled_rss,
         "share": shares,
     }
+
+
+def _caught_up(b: Bench, nodes: list[Any]) -> float | None:
+    """Seconds until no node has a late occurrence queued (``cronman_backlog``), twice a second
+    apart: the catch-up of what fell due while the nodes loaded is delivered. None if it was not
+    within ``scale10m.catch_up_timeout`` (the window then starts anyway)."""
+    t0 = time.monotonic()
+    deadline = t0 + b.p("scale10m.catch_up_timeout")
+    quiet = 0
+    while time.monotonic() < deadline:
+        backlog = sum(_gauge(n, "cronman_backlog") for n in nodes)
+        quiet = quiet + 1 if backlog == 0 else 0
+        if quiet >= 2:
+            took = round(time.monotonic() - t0 - 1.0, 1)
+            b.say(f"  scale10m: the catch-up of the load's minutes delivered {took:.1f}s after that")
+            return took
+        time.sleep(1.0)
+    b.say("  scale10m: the nodes still had late occurrences queued at the catch-up timeout")
+    return None
+
+
+def _gauge(node: Any, name: str) -> float:
+    """A gauge of one node's /metrics (0 when it cannot be read)."""
+    import requests
+
+    try:
+        text = requests.get(f"{node.url}/metrics", timeout=5).text
+    except requests.RequestException:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def _kill_window(b: Bench, nodes: list[Any], probe_schedules: dict[str, Any]) -> dict[str, Any]:

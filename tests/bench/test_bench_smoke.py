@@ -18,7 +18,7 @@ KEYS = {
     "ceiling": ("requests_per_s",),
     "crud": ("single_per_s",),
     "limit": ("requests_per_s",),
-    "scale10m": ("node_ready_s", "rss_mb_per_node", "failover_refire_s", "missed"),
+    "scale10m": ("node_ready_s", "caught_up_s", "rss_mb_per_node", "failover_refire_s", "missed"),
 }
 ALWAYS = (
     "limit",
