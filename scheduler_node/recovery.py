@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from cronman.errors import TransientError
@@ -72,6 +73,9 @@ class Recovery:
         # Slots loaded since the firer last claimed through the time they were loaded at: what they
         # owe (their catch-up) is not claimed yet, so this node's progress does not speak for them.
         self._unsettled: dict[int, int] = {}  # slot -> loaded at (ms)
+        # The open work's earliest time as last saved (see open_from): a stopping node hands its
+        # open work over to the slots' owners through Redis, and its last save still speaks for it.
+        self._open_saved: int | None = None
 
     # ------------------------------------------------------------------ outages
     def know_outages(self, outages: list[Outage]) -> None:
@@ -411,6 +415,9 @@ class Recovery:
                 del unsettled[slot]
         firer.progress.forget_verified()
         owned = node.owned.difference(unsettled) if unsettled else node.owned
+        open_ms = open_from(firer.held.values(), firer.parked.values())
+        if node.stopping and self._open_saved is not None:  # (what it held is handed over now)
+            open_ms = self._open_saved if open_ms is None else min(open_ms, self._open_saved)
         try:
             await node.parts.store.save_progress(
                 node.node_id,
@@ -419,9 +426,27 @@ class Recovery:
                 bitmap(owned, node.slot_count),
                 self.epoch,
                 firer.progress.firing_ms,
+                open_ms,
             )
+            self._open_saved = open_ms
         except TransientError as exc:
             log.warning("could not record how far this node fired: %s", exc)
+
+
+def open_from(*groups: Iterable[Execution]) -> int | None:
+    """The earliest scheduled time of the occurrences among ``groups`` (what a node holds, what it
+    has parked: claimed, not ended), or None. Their claims are in Redis only; a loss of its data
+    after this node is gone loses them, and the nodes claim again from no later than this
+    (NodeStore.lose_epoch; sim seed 9712454: an occurrence waiting on PostgreSQL for what its job
+    requires, parked by a node that left while PostgreSQL was away, so that the slot's next owners
+    could not load it, was lost with Redis's data 5 s later and never delivered). Occurrences only:
+    a manual trigger or a redelivery is not claimed again by a loss."""
+    least: int | None = None
+    for group in groups:
+        for e in group:
+            if e.d.trigger == Trigger.SCHEDULE and (least is None or e.d.scheduled_ms < least):
+                least = e.d.scheduled_ms
+    return least
 
 
 def next_of(job: OwnedJob, after_ms: int, timing: Timing | None = None) -> int | None:

@@ -121,9 +121,14 @@ class Verifier:
             if e.stage is not Stage.WAITING:
                 continue
             seen: Attempts | None = found.get(e.ident)
-            if e.taken and e.misfire is None and (seen is None or seen.only_skipped):
+            if e.taken and e.misfire is None and (seen is None or seen.only_skipped) and e.attempt < 2:
                 # Taken over, nothing of it attempted: if it is the occurrence a catch-up claimed
-                # to carry an outage's misfire plan, it carries it again here (seed 930278).
+                # to carry an outage's misfire plan, it carries it again here (seed 930278). Not
+                # one the claim store shows was attempted (taken at its second attempt or later),
+                # whose row is not written yet: its holder sent it during what a node back later
+                # judged an outage (its progress unrecorded, PostgreSQL away), and its retry goes
+                # on (seed 9712417: the retry was skipped as a misfire, the occurrence never
+                # succeeded).
                 e.misfire = self.misfire_of(e)
             if seen is not None and not e.d.suffix:
                 # A skip recorded for an occurrence the claim store shows was attempted, or that a

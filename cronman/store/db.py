@@ -266,6 +266,9 @@ node_progress = Table(
     # the loss leaves standing, and firing_through (never lowered) still says the cluster fired.
     Column("epoch", Text),
     Column("firing_through", DateTime(timezone=True)),
+    # The earliest scheduled time of the occurrences it held or had parked, not yet ended: a loss
+    # of Redis's data after it is gone is claimed again from no later than there.
+    Column("open_from", DateTime(timezone=True)),
     PrimaryKeyConstraint("node_id", "incarnation"),
 )
 

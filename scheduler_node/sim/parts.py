@@ -315,6 +315,12 @@ class Progress:
     epoch: str | None
     firing_through: int
     updated_ms: int = 0
+    open_from: int | None = None  # the earliest scheduled time of its open work (see NodeStore.save_progress)
+
+    @property
+    def reach(self) -> int:
+        """How far back a loss of Redis's data after this node is gone reaches for it."""
+        return self.fired_through if self.open_from is None else min(self.fired_through, self.open_from)
 
 
 @dataclass
@@ -697,6 +703,7 @@ class SimStore(NodeStore):
         slots: bytes,
         epoch: str | None,
         firing_ms: int | None = None,
+        open_ms: int | None = None,
     ) -> None:
         await self.db.call(self.node)
         db = self.db
@@ -709,7 +716,7 @@ class SimStore(NodeStore):
         firing = max(fired_through_ms, firing_ms if firing_ms is not None else fired_through_ms)
         if old is not None:
             firing = max(firing, old.firing_through)
-        db.progress[(node_id, incarnation)] = Progress(ms, slots, epoch, firing, db.now_ms())
+        db.progress[(node_id, incarnation)] = Progress(ms, slots, epoch, firing, db.now_ms(), open_ms)
 
     @_answered
     async def lose_epoch(
@@ -726,7 +733,7 @@ class SimStore(NodeStore):
         since_ms = self._after_earlier(epoch, since_ms, reach_ms)
         if reach_ms is not None and reach_ms < since_ms:
             gone = [
-                p.fired_through
+                p.reach
                 for (_, incarnation), p in db.progress.items()
                 if p.epoch == epoch and p.updated_ms > reach_ms and incarnation not in live
             ]
@@ -761,8 +768,8 @@ class SimStore(NodeStore):
         for p in self.db.progress.values():
             if p.epoch is None or p.epoch == current or p.updated_ms <= reach_ms or p.epoch in self.db.lost_epochs:
                 continue
-            last, least = epochs.get(p.epoch, (p.updated_ms, p.fired_through))
-            epochs[p.epoch] = (max(last, p.updated_ms), min(least, p.fired_through))
+            last, least = epochs.get(p.epoch, (p.updated_ms, p.reach))
+            epochs[p.epoch] = (max(last, p.updated_ms), min(least, p.reach))
         out = []
         for epoch, (last, least) in sorted(epochs.items()):
             since = max(reach_ms, min(last - margin_ms, least))

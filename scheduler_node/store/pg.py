@@ -131,8 +131,11 @@ class PgNodeStore(NodeStore):
         slots: bytes,
         epoch: str | None,
         firing_ms: int | None = None,
+        open_ms: int | None = None,
     ) -> None:
-        await self._call(self.progress.save_progress, node_id, incarnation, fired_through_ms, slots, epoch, firing_ms)
+        await self._call(
+            self.progress.save_progress, node_id, incarnation, fired_through_ms, slots, epoch, firing_ms, open_ms
+        )
 
     async def lose_epoch(
         self,

@@ -232,12 +232,16 @@ class NodeStore(abc.ABC):
         slots: bytes,
         epoch: str | None,
         firing_ms: int | None = None,
+        open_ms: int | None = None,
     ) -> None:
         """This node has claimed every occurrence of ``slots`` through ``fired_through_ms``, in the
         Redis data of ``epoch``. Progress only grows within an epoch; claimed in an epoch recorded
         lost, it counts up to where the loss left it (see :meth:`lose_epoch`). ``firing_ms`` (by
         default the same) is how far its timer ran, whatever late work it still owes and whether
-        its claims reached Redis: the cluster was running through there (``SlotMarks.cluster``)."""
+        its claims reached Redis: the cluster was running through there (``SlotMarks.cluster``).
+        ``open_ms``: the earliest scheduled time of the occurrences it holds or has parked, not
+        ended (None: none), as it is now; a loss of Redis's data after this node is gone reaches
+        back to it (see :meth:`lose_epoch`)."""
 
     @abc.abstractmethod
     async def lose_epoch(
@@ -252,9 +256,10 @@ class NodeStore(abc.ABC):
         """Redis lost the data of ``epoch`` (its claims, done marks, unwritten rows), noticed when
         it answered with ``current``: progress claimed in any other epoch than ``current`` speaks
         for occurrences up to a point only, now and when saved later, and how far the cluster
-        fired stays as it was. The point is ``since_ms``, or earlier: the least progress recorded
-        in ``epoch`` after ``reach_ms`` by an incarnation not in ``live`` (a node gone since, whose
-        claims made after its last record may have been lost before anyone took them over), and
+        fired stays as it was. The point is ``since_ms``, or earlier: the least progress (or open
+        work, see :meth:`save_progress`) recorded in ``epoch`` after ``reach_ms`` by an incarnation
+        not in ``live`` (a node gone since, whose claims made after its last record, or held open
+        since before it, may have been lost before anyone took them over), and
         not before ``reach_ms``; and no later than the point of another loss recorded after
         ``reach_ms`` (not before it either): the data lost held the claims made again after that
         loss, which nodes gone since may have held unresolved (seed 7602338: a fire_once outage's

@@ -21,20 +21,23 @@ class Progress:
         slots: bytes,
         epoch: str | None,
         firing_ms: int | None,
+        open_ms: int | None = None,
     ) -> None:
         # Within an epoch a node's mark only grows; a node that noticed a loss saves in the new
         # epoch the progress it lowered itself. Claimed in an epoch since lost (by a node that has
-        # not noticed yet), the mark goes no further than the loss left it.
+        # not noticed yet), the mark goes no further than the loss left it. Its open work's
+        # earliest time is what it is now.
         with self.engine.begin() as conn:
             conn.execute(
                 text(
                     "INSERT INTO node_progress AS p "
-                    "(node_id, incarnation, fired_through, firing_through, slots, epoch, updated_at) "
+                    "(node_id, incarnation, fired_through, firing_through, slots, epoch, updated_at, open_from) "
                     "SELECT :n, :i, LEAST(t.at, (SELECT since FROM lost_epochs WHERE epoch = :e)), "
-                    "GREATEST(t.at, timestamptz 'epoch' + :f * interval '1 millisecond'), :s, :e, now() "
+                    "GREATEST(t.at, timestamptz 'epoch' + :f * interval '1 millisecond'), :s, :e, now(), "
+                    "timestamptz 'epoch' + CAST(:o AS bigint) * interval '1 millisecond' "
                     "FROM (SELECT timestamptz 'epoch' + :ms * interval '1 millisecond' AS at) t "
                     "ON CONFLICT (node_id, incarnation) DO UPDATE SET slots = EXCLUDED.slots, "
-                    "updated_at = now(), epoch = EXCLUDED.epoch, "
+                    "updated_at = now(), epoch = EXCLUDED.epoch, open_from = EXCLUDED.open_from, "
                     "firing_through = GREATEST(p.firing_through, EXCLUDED.firing_through), "
                     "fired_through = CASE WHEN p.epoch IS NOT DISTINCT FROM EXCLUDED.epoch "
                     "THEN GREATEST(p.fired_through, EXCLUDED.fired_through) ELSE EXCLUDED.fired_through END"
@@ -46,6 +49,7 @@ class Progress:
                     "f": fired_through_ms if firing_ms is None else firing_ms,
                     "s": slots,
                     "e": epoch,
+                    "o": open_ms,
                 },
             )
 
@@ -75,7 +79,7 @@ class Progress:
             if reach_ms is not None and reach_ms < since_ms:
                 least = conn.execute(
                     text(
-                        f"SELECT {_MS.format('min(fired_through)')} FROM node_progress "
+                        f"SELECT {_MS.format('min(LEAST(fired_through, open_from))')} FROM node_progress "
                         "WHERE epoch = :e AND updated_at > timestamptz 'epoch' + :r * interval '1 millisecond' "
                         "AND NOT (incarnation = ANY(CAST(:live AS text[])))"
                     ),
@@ -107,7 +111,8 @@ class Progress:
         with self.engine.connect() as conn:
             rows = conn.execute(
                 text(
-                    f"SELECT epoch, {_MS.format('max(updated_at)')}, {_MS.format('min(fired_through)')} "
+                    f"SELECT epoch, {_MS.format('max(updated_at)')}, "
+                    f"{_MS.format('min(LEAST(fired_through, open_from))')} "
                     "FROM node_progress p WHERE epoch IS NOT NULL AND epoch <> :c "
                     "AND updated_at > timestamptz 'epoch' + :r * interval '1 millisecond' "
                     "AND NOT EXISTS (SELECT 1 FROM lost_epochs l WHERE l.epoch = p.epoch) GROUP BY epoch"

@@ -344,3 +344,51 @@ def test_a_slot_taken_over_after_a_loss_checks_history_before_sending_what_was_f
 
 def _iso(unix: int) -> str:
     return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _open_work_steps(store: NodeStore, age_losses: Callable[[], None]) -> list[int]:
+    """A node gone before the loss held an occurrence open (claimed, parked while it waited, not
+    ended) from before its progress: the loss reaches back to that occurrence (sim seed 9712454).
+    Not for a node still heartbeating (it claims its own again), nor for open work that ended
+    before the node's last save. (Each loss is aged out of the next one's reach.)"""
+    now = int(time.time() * 1000)
+
+    def save(node: str, ms: int, slot: int, epoch: str, open_ms: int | None) -> None:
+        at = None if open_ms is None else now + open_ms
+        asyncio.run(store.save_progress(node, f"{node}-1", now + ms, bitmap(frozenset({slot}), SLOTS), epoch, None, at))
+
+    def lose(epoch: str, live: set[str]) -> int:
+        since = asyncio.run(store.lose_epoch(epoch, "e9", now - 8_000, "a", now - 60_000, live)) - now
+        age_losses()
+        return since
+
+    seen = []
+    save("a", -1_000, 1, "e1", None)
+    save("gone", -1_000, 2, "e1", -25_000)  # its open work from 25 s ago, then it left
+    seen.append(lose("e1", {"a-1"}))
+    save("a", -1_000, 1, "e2", -30_000)  # heartbeating: its own it claims again
+    save("gone", -1_000, 2, "e2", None)
+    seen.append(lose("e2", {"a-1"}))
+    save("a", -1_000, 1, "e3", None)
+    save("gone", -1_000, 2, "e3", -25_000)
+    save("gone", -1_000, 2, "e3", None)  # ended before its last save
+    seen.append(lose("e3", {"a-1"}))
+    save("gone", -1_000, 2, "e4", -90_000)  # from before the reach: no further than asked
+    seen.append(lose("e4", {"a-1"}))
+    return seen
+
+
+def test_a_loss_reaches_back_to_the_open_work_of_a_node_gone_on_both_stores(db) -> None:  # type: ignore[no-untyped-def]
+    expected = [-25_000, -8_000, -8_000, -60_000]
+
+    def age_losses() -> None:
+        with db.begin() as conn:
+            conn.execute(text("UPDATE lost_epochs SET noticed_at = noticed_at - interval '120 seconds'"))
+
+    assert _open_work_steps(PgNodeStore(db, ThreadPoolExecutor(1)), age_losses) == expected
+    sim = SimDb(World(time.time()), SLOTS)
+
+    def sim_age_losses() -> None:
+        sim.lost_at = {e: t - 120_000 for e, t in sim.lost_at.items()}
+
+    assert _open_work_steps(SimStore(sim), sim_age_losses) == expected

@@ -884,3 +884,28 @@ def test_payloads_out_of_memory_are_drawn_for_their_seeds_only_and_read_again() 
     bodies = {a.payload for a in sim.receivers.arrivals}
     assert len(bodies) > 5 and b"{}" not in bodies
     assert not check_sim(sim).violations
+
+
+# Seeds of the payload range (every fault but the opt-in ones) in runs of 60 s, 600 from 9,712,000:
+# four failed, each fixed since.
+FOUND_WITH_PAYLOADS_IN_A_MINUTE = [
+    # (the product's) a retry taken over while its attempt's row was still unwritten was skipped as
+    # an outage's misfire: its holder had sent it while the outage a node back later judged went on
+    9712417,
+    # (the product's) a node died holding executions that waited on PostgreSQL (their payload, a
+    # check of history) with leases of three leases, meant for those queued for capacity: taken
+    # over 36 s and 78 s past the bound
+    9712429,
+    9712193,
+    # (the product's) an occurrence waiting on PostgreSQL for what its job requires, parked by a
+    # node that left while PostgreSQL was away (its slot's next owners could not load it), was lost
+    # with Redis's data 5 s later: the loss claimed again only the recent past and what gone nodes
+    # had not claimed, not what they held open (node_progress.open_from)
+    9712454,
+]
+
+
+@pytest.mark.parametrize("seed", FOUND_WITH_PAYLOADS_IN_A_MINUTE)
+def test_seeds_found_with_payloads_in_runs_of_a_minute_keep_the_guarantee(seed: int) -> None:
+    report = run_seed(seed, SimConfig(seed, duration=60))
+    assert not report.violations, f"{report.violations[:3]} - replay: cronman sim --seed {seed} --duration 60"

@@ -36,7 +36,14 @@ class Store:
         return 0
 
     async def save_progress(
-        self, node_id: str, incarnation: str, ms: int, slots: bytes, epoch: Any, firing_ms: int | None = None
+        self,
+        node_id: str,
+        incarnation: str,
+        ms: int,
+        slots: bytes,
+        epoch: Any,
+        firing_ms: int | None = None,
+        open_ms: int | None = None,
     ) -> None:
         if self.down:
             raise TransientError("database: connection refused")
@@ -55,7 +62,7 @@ def _node(store: Store) -> Node:
     node = Node(settings, clock=lambda: NOW / 1000, parts=parts, slots=8)
     node.history = HistoryWriter(store.write_history, InlineExecutor(), flush_seconds=0.3, max_rows=100)
     node.firer = SimpleNamespace(  # type: ignore[assignment]
-        progress=SimpleNamespace(claimed_ms=NOW, firing_ms=NOW, forget_verified=lambda: None)
+        progress=SimpleNamespace(claimed_ms=NOW, firing_ms=NOW, forget_verified=lambda: None), held={}, parked={}
     )
     node.ready = True
     return node
