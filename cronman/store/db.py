@@ -268,7 +268,11 @@ node_progress = Table(
     Column("firing_through", DateTime(timezone=True)),
     # The earliest scheduled time of the occurrences it held or had parked, not yet ended: a loss
     # of Redis's data after it is gone is claimed again from no later than there.
-    Column("open_from", DateTime(timezone=True)),
+    Column(
+        "open_from",
+        DateTime(timezone=True),
+        comment="the earliest scheduled time of the occurrences it held or had parked, not yet ended",
+    ),
     PrimaryKeyConstraint("node_id", "incarnation"),
 )
 
