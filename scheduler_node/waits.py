@@ -130,6 +130,22 @@ class Waits:
         ids = {execution_id(e.d.job_id, e.scheduled_ms, 0, e.trigger) for e in items if id(e) in after}
         ids |= {e.id for e in items if id(e) in recorded}
         found = await self.store.upstreams_of(sorted(ids)) if ids else {}
+        # A later attempt whose first never checked the requirement checks it now: its first was
+        # skipped, and the skip undone (a misfire plan that counted as missed what a node had
+        # claimed: delivered late, as attempt 2, Verifier), or it never got that far. Sent with
+        # nothing to carry, it went out with its requirement unmet (sim seed 9722235).
+        unchecked = [
+            e
+            for e in items
+            if id(e) in recorded
+            and found.get(e.id) is None
+            and e.trigger == Trigger.SCHEDULE  # (a manual trigger is sent whatever is required)
+            and not e.d.suffix
+        ]
+        if unchecked:
+            checked += unchecked
+            checking |= {id(e) for e in unchecked}
+            recorded -= {id(e) for e in unchecked}
         wanted = sorted({(e.job.namespace, j) for e in checked for j in e.job.opts.require.jobs})  # type: ignore[union-attr]
         successes = await self.store.last_successes(wanted) if wanted else {}
         now = self.clock()
